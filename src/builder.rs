@@ -1,0 +1,417 @@
+//! Taking a lease: the builder with its settings, and the acquisition protocol.
+//!
+//! Owns: one acquisition attempt under the mutex (read, judge, stop a verified hung or leftover
+//! job, bump the durable token high-water mark, write our lease atomically and durably) and the
+//! loop that repeats it while waiting. Must never: take over a lease judged held; start a guard
+//! before its token and lease are durable; take over while a verified process of the old job
+//! still runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, SystemClock, format_rfc3339};
+use crate::error::{Error, Result};
+use crate::fsio;
+use crate::guard::{LeaseGuard, LossReason, Timing};
+use crate::identity::Identity;
+use crate::mutex::{self, MutexGuard, StuckPolicy};
+use crate::observe::Memory;
+use crate::paths::LockPaths;
+use crate::process;
+use crate::record::{Holder, Lease, LeaseState};
+use crate::verdict::{Judge, State, Verdict};
+use crate::wait::Waiter;
+
+type WaitCallback = Box<dyn FnMut(&Verdict) + Send>;
+
+/// Settings for taking a lease on one LOCK path, and the methods that take it.
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), leasehold::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let lock = dir.path().join("deploy.lock");
+/// let guard = leasehold::LeaseBuilder::new(&lock)
+///     .ttl(Duration::from_secs(10))
+///     .note("nightly deploy")
+///     .acquire_timeout(Duration::from_secs(5))?;
+/// // ... do the work, passing guard.token() to the resource ...
+/// assert!(!guard.is_lost());
+/// guard.release_with("exit 0")?;
+/// # Ok(()) }
+/// ```
+pub struct LeaseBuilder {
+    path: PathBuf,
+    ttl: Duration,
+    heartbeat: Option<Duration>,
+    grace: Option<Duration>,
+    note: Option<String>,
+    command: Option<Vec<String>>,
+    clock: Arc<dyn Clock>,
+    identity: Option<Identity>,
+    wall_skew: Option<Duration>,
+    on_lost: Option<Arc<dyn Fn(&LossReason) + Send + Sync>>,
+    on_wait: Option<WaitCallback>,
+    take_over_hung: bool,
+    poll: bool,
+    durable: bool,
+}
+
+impl std::fmt::Debug for LeaseBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBuilder")
+            .field("path", &self.path)
+            .field("ttl", &self.ttl)
+            .field("heartbeat", &self.heartbeat)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Attempt {
+    Taken(Box<LeaseGuard>),
+    Busy(Box<Verdict>),
+}
+
+struct Ctx {
+    paths: LockPaths,
+    timing: Timing,
+    me: Identity,
+}
+
+impl LeaseBuilder {
+    /// Settings for the lock at `path`, with defaults: TTL 30 s, heartbeat TTL/3, grace
+    /// min(5 s, TTL/4), the real clock and identity, hung same-host holders stopped and taken over.
+    pub fn new(path: impl AsRef<Path>) -> Self {
+        LeaseBuilder {
+            path: path.as_ref().to_path_buf(),
+            ttl: Duration::from_secs(30),
+            heartbeat: None,
+            grace: None,
+            note: None,
+            command: None,
+            clock: Arc::new(SystemClock),
+            identity: None,
+            wall_skew: None,
+            on_lost: None,
+            on_wait: None,
+            take_over_hung: true,
+            poll: false,
+            durable: true,
+        }
+    }
+
+    /// Time-to-live: how long others wait, without seeing a heartbeat, before presuming us dead.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+    /// Renewal interval (default TTL/3).
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = Some(every);
+        self
+    }
+    /// SIGTERM-to-SIGKILL grace a wrapper allows when fencing (default min(5 s, TTL/4)); the
+    /// renew deadline leaves room for it.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = Some(grace);
+        self
+    }
+    /// Free text stored in the lease.
+    pub fn note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+    /// The command line to record as what the holder runs (default: this process's argv).
+    pub fn command(mut self, argv: Vec<String>) -> Self {
+        self.command = Some(argv);
+        self
+    }
+    /// Injects a clock (tests use skewed ones).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+    /// Injects an identity (tests play foreign hosts with it).
+    pub fn identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+    /// Opt-in: also judge a foreign lease stale when its holder's own wall-clock heartbeat is
+    /// older than TTL + `skew`. Off by default, because clocks may disagree by minutes.
+    pub fn wall_clock_shortcut(mut self, skew: Duration) -> Self {
+        self.wall_skew = Some(skew);
+        self
+    }
+    /// Called once, from a background thread, when the guard is lost.
+    pub fn on_lost(mut self, f: impl Fn(&LossReason) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(f));
+        self
+    }
+    /// Called when we must wait, and again whenever the holder or its state changes.
+    pub fn on_wait(mut self, f: impl FnMut(&Verdict) + Send + 'static) -> Self {
+        self.on_wait = Some(Box::new(f));
+        self
+    }
+    /// Whether a hung same-host holder (alive, heartbeat stalled a TTL) is stopped (verified
+    /// SIGKILL of its command's process group) and taken over. Default true.
+    pub fn take_over_hung(mut self, yes: bool) -> Self {
+        self.take_over_hung = yes;
+        self
+    }
+    /// Force polling instead of change notifications while waiting (for NFS).
+    pub fn poll(mut self, yes: bool) -> Self {
+        self.poll = yes;
+        self
+    }
+    /// Whether token and lease writes are fsynced (default true; turn off only for tests and
+    /// benchmarks on tmpfs, where fsync costs nothing anyway).
+    pub fn durable(mut self, yes: bool) -> Self {
+        self.durable = yes;
+        self
+    }
+
+    /// The validated timing these settings give.
+    pub fn timing(&self) -> Result<Timing> {
+        Timing::new(self.ttl, self.heartbeat, self.grace)
+    }
+
+    fn ctx(&self) -> Result<Ctx> {
+        Ok(Ctx {
+            timing: self.timing()?,
+            paths: LockPaths::new(&self.path)?,
+            me: self.identity.clone().unwrap_or_else(Identity::current),
+        })
+    }
+
+    /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
+    pub fn try_acquire(&mut self) -> Result<LeaseGuard> {
+        let ctx = self.ctx()?;
+        let mutex_wait = (ctx.timing.ttl / 2).min(Duration::from_millis(500));
+        let mut mem = Memory::default();
+        match self.attempt(&ctx, Some(Instant::now() + mutex_wait), &mut mem)? {
+            Attempt::Taken(g) => Ok(*g),
+            Attempt::Busy(v) => Err(Error::WouldBlock {
+                path: ctx.paths.lock,
+                verdict: v,
+            }),
+        }
+    }
+
+    /// Waits as long as it takes.
+    pub fn acquire(&mut self) -> Result<LeaseGuard> {
+        self.acquire_until(None)
+    }
+
+    /// Waits at most `timeout`; `Error::Timeout` after that.
+    pub fn acquire_timeout(&mut self, timeout: Duration) -> Result<LeaseGuard> {
+        self.acquire_until(Some(Instant::now() + timeout))
+    }
+
+    fn acquire_until(&mut self, deadline: Option<Instant>) -> Result<LeaseGuard> {
+        let ctx = self.ctx()?;
+        let start = Instant::now();
+        let mut mem = Memory::default();
+        let mut waiter = Waiter::new(&ctx.paths, self.poll, ctx.timing.ttl);
+        let mut reported: Option<(String, State)> = None;
+        loop {
+            let v = match self.attempt(&ctx, deadline, &mut mem) {
+                Ok(Attempt::Taken(g)) => return Ok(*g),
+                Ok(Attempt::Busy(v)) => v,
+                Err(Error::MutexStuck { .. }) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Err(Error::Timeout {
+                        path: ctx.paths.lock.clone(),
+                        waited: start.elapsed(),
+                        verdict: Box::new(self.peek(&ctx, &mut mem)),
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(d) = deadline
+                && Instant::now() >= d
+            {
+                return Err(Error::Timeout {
+                    path: ctx.paths.lock,
+                    waited: start.elapsed(),
+                    verdict: v,
+                });
+            }
+            let key = (
+                v.lease.as_ref().map(|l| l.lease_id.clone()).unwrap_or_default(),
+                v.state,
+            );
+            if reported.as_ref() != Some(&key) {
+                if let Some(cb) = self.on_wait.as_mut() {
+                    cb(&v);
+                }
+                reported = Some(key);
+            }
+            waiter.wait(&v, deadline);
+        }
+    }
+
+    /// A judgement without taking anything (used to explain a timeout).
+    fn peek(&self, ctx: &Ctx, mem: &mut Memory) -> Verdict {
+        let judge = self.judge(ctx);
+        match fsio::read_lock(&ctx.paths.lock) {
+            Ok(c) => judge.judge(&c, mem),
+            Err(e) => judge.judge(&fsio::LockContent::Missing, mem).with_reason(e.to_string()),
+        }
+    }
+
+    fn judge<'a>(&'a self, ctx: &'a Ctx) -> Judge<'a> {
+        Judge {
+            paths: &ctx.paths,
+            me: &ctx.me,
+            clock: self.clock.as_ref(),
+            wall_skew: self.wall_skew,
+            persist: true,
+        }
+    }
+
+    fn attempt(&mut self, ctx: &Ctx, deadline: Option<Instant>, mem: &mut Memory) -> Result<Attempt> {
+        let policy = if self.take_over_hung {
+            StuckPolicy::KillStopped
+        } else {
+            StuckPolicy::Report
+        };
+        let m = mutex::lock(&ctx.paths.mutex, deadline, ctx.timing.ttl, policy)?;
+        let content = fsio::read_lock(&ctx.paths.lock)?;
+        let v = self.judge(ctx).judge(&content, mem);
+        match v.state {
+            State::Free => self.take(ctx, m, v.lease.as_ref(), None),
+            State::Stale => {
+                if let Some(l) = &v.lease
+                    && let (Some(pg), false) = (l.holder.pgid, v.remnants.is_empty())
+                {
+                    process::kill_group_verified(pg, l.holder.uid, Duration::from_secs(2))
+                        .map_err(|why| refused(ctx, &v, &why))?;
+                }
+                let prev = v.lease.clone();
+                self.take(ctx, m, prev.as_ref(), Some(v))
+            }
+            State::Hung if self.take_over_hung => {
+                let Some(l) = v.lease.clone() else {
+                    return Ok(Attempt::Busy(Box::new(v)));
+                };
+                stop_hung(&l).map_err(|why| refused(ctx, &v, &why))?;
+                self.take(ctx, m, Some(&l), Some(v))
+            }
+            State::Held | State::Hung => Ok(Attempt::Busy(Box::new(v))),
+        }
+    }
+
+    fn take(
+        &self,
+        ctx: &Ctx,
+        m: MutexGuard,
+        prev: Option<&Lease>,
+        broke: Option<Verdict>,
+    ) -> Result<Attempt> {
+        let token = m
+            .high_water()?
+            .max(prev.map_or(0, |l| l.token))
+            .checked_add(1)
+            .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
+        m.set_high_water(token, self.durable)?;
+        let now = format_rfc3339(self.clock.wall());
+        let lease = Lease {
+            state: LeaseState::Held,
+            heartbeat_seq: 0,
+            heartbeat_at: now.clone(),
+            lease_id: random_id(),
+            token,
+            ttl_ms: ctx.timing.ttl.as_millis().max(1) as u64,
+            acquired_at: now,
+            holder: Holder {
+                pid: std::process::id() as i32,
+                pid_start: process::own_start_time(),
+                child_pid: None,
+                child_start: None,
+                pgid: None,
+                host: ctx.me.host.clone(),
+                boot_id: ctx.me.boot_id.clone(),
+                pid_ns: ctx.me.pid_ns,
+                uid: ctx.me.uid,
+                user: ctx.me.user.clone(),
+                command: self
+                    .command
+                    .clone()
+                    .unwrap_or_else(|| std::env::args().collect()),
+                note: self.note.clone(),
+            },
+            ended: None,
+            damaged: false,
+        };
+        let bytes = lease.to_bytes();
+        // The renew deadline counts from before the lease becomes visible: conservative.
+        let started = Instant::now();
+        fsio::replace(&ctx.paths, &ctx.paths.lock, &bytes, self.durable)?;
+        drop(m);
+        let g = LeaseGuard::start(
+            ctx.paths.clone(),
+            ctx.timing,
+            Arc::clone(&self.clock),
+            lease,
+            bytes,
+            started,
+            self.on_lost.clone(),
+            broke,
+        )?;
+        Ok(Attempt::Taken(Box::new(g)))
+    }
+}
+
+fn refused(ctx: &Ctx, v: &Verdict, why: &str) -> Error {
+    Error::Refused {
+        path: ctx.paths.lock.clone(),
+        why: format!("not taking over ({v}): {why}"),
+    }
+}
+
+/// Stops the processes of a hung same-host holder, verifying each against /proc first: its
+/// command's process group (every member owned by the lease's uid), or the holder itself when it
+/// recorded no command (a library holder).
+fn stop_hung(l: &Lease) -> std::result::Result<(), String> {
+    let h = &l.holder;
+    let wait = Duration::from_secs(2);
+    match (h.pgid, h.child_pid, h.child_start) {
+        (Some(pg), Some(c), Some(cs)) => {
+            // The group must be the recorded child's own group, still led by it or its remnants.
+            if let Ok(Some(s)) = process::stat(c)
+                && s.start == cs
+                && s.pgrp != pg
+            {
+                return Err(format!(
+                    "pid {c} is no longer in process group {pg}; not signalling"
+                ));
+            }
+            process::kill_group_verified(pg, h.uid, wait)
+        }
+        _ => process::kill_verified(h.pid, h.pid_start, h.uid, wait).map(|_| 1),
+    }
+    .map(|_| ())
+}
+
+/// A random 128-bit id in 32 hex digits.
+pub(crate) fn random_id() -> String {
+    let mut b = [0u8; 16];
+    let mut filled = 0;
+    while filled < b.len() {
+        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(_) => {
+                // No getrandom: mix time and pid; ids only need to be unique, not secret.
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos();
+                let x = t ^ (u128::from(std::process::id()) << 64);
+                b.copy_from_slice(&x.to_le_bytes());
+                break;
+            }
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

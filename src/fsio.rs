@@ -1,0 +1,235 @@
+//! Every read and write of LOCK's bytes and of the helper files.
+//!
+//! Owns: opening LOCK safely (never following a symlink, never blocking on a FIFO, refusing
+//! anything but a regular file, size-capped), re-reading until a torn read is gone, atomic
+//! replacement through the one temp file, and the in-place header write a renewal does.
+//! Must never: write LOCK except by renaming a complete record over it or rewriting the fixed
+//! header of a record we verified is ours; unlink anything it did not just create.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use nix::fcntl::OFlag;
+
+use crate::error::{Error, Result, libc_consts};
+use crate::paths::LockPaths;
+use crate::record::{Lease, MAX_LEASE_BYTES, MUTABLE_RANGE, Parsed};
+
+/// How many times a torn read is retried before the record is called damaged.
+const TORN_RETRIES: u32 = 200;
+
+/// What LOCK holds right now.
+#[derive(Debug)]
+pub(crate) enum LockContent {
+    /// No file at LOCK.
+    Missing,
+    /// An empty file (e.g. made by `touch`): free.
+    Empty,
+    /// A lease record, and its exact bytes.
+    Lease(Box<Lease>, Vec<u8>),
+}
+
+/// Opens LOCK for reading or read-write without following a symlink or blocking on a FIFO, and
+/// checks it is a regular file of plausible size. `Ok(None)` when it does not exist.
+pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<File>> {
+    let flags = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let res = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(flags.bits())
+        .open(path);
+    let file = match res {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc_consts::ELOOP) => {
+            return Err(not_a_lease(path, "a symbolic link"));
+        }
+        Err(e) if e.raw_os_error() == Some(libc_consts::ENXIO) => {
+            return Err(not_a_lease(path, "a socket or device"));
+        }
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EISDIR as i32) => {
+            return Err(not_a_lease(path, "a directory"));
+        }
+        Err(e) => return Err(Error::io(path, "open", e)),
+    };
+    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(not_a_lease(path, what));
+    }
+    if meta.len() > MAX_LEASE_BYTES {
+        return Err(not_a_lease(
+            path,
+            &format!("{} bytes, larger than any lease", meta.len()),
+        ));
+    }
+    Ok(Some(file))
+}
+
+fn not_a_lease(path: &Path, what: &str) -> Error {
+    Error::NotALease {
+        path: path.to_path_buf(),
+        what: what.to_string(),
+    }
+}
+
+/// Reads the whole of an open LOCK from offset 0 (at most the size cap plus one byte).
+fn read_all(file: &File, path: &Path, buf: &mut Vec<u8>) -> Result<()> {
+    buf.clear();
+    let mut chunk = [0u8; 4096];
+    let mut off = 0u64;
+    loop {
+        let n = match file.read_at(&mut chunk, off) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(path, "read", e)),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        off += n as u64;
+        if off > MAX_LEASE_BYTES {
+            return Err(not_a_lease(path, "larger than any lease"));
+        }
+    }
+}
+
+/// Parses an open LOCK, re-reading through torn reads. Judges a persistently bad checksum as a
+/// damaged record.
+pub(crate) fn read_open(file: &File, path: &Path) -> Result<LockContent> {
+    let mut buf = Vec::with_capacity(1024);
+    for attempt in 0..TORN_RETRIES {
+        read_all(file, path, &mut buf)?;
+        match Lease::parse(&buf) {
+            Parsed::Empty => return Ok(LockContent::Empty),
+            Parsed::Lease(l) => return Ok(LockContent::Lease(l, buf)),
+            Parsed::Newer(found) => {
+                return Err(Error::NewerFormat {
+                    path: path.to_path_buf(),
+                    found,
+                    supported: crate::record::FORMAT_VERSION,
+                });
+            }
+            Parsed::NotALease(what) => return Err(not_a_lease(path, &what)),
+            Parsed::Torn => {
+                if attempt < 16 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+        }
+    }
+    match Lease::parse_damaged(&buf) {
+        Parsed::Lease(l) => Ok(LockContent::Lease(l, buf)),
+        Parsed::NotALease(what) => Err(not_a_lease(path, &what)),
+        _ => Err(not_a_lease(path, "damaged leasehold record")),
+    }
+}
+
+/// Opens LOCK afresh (close-to-open on NFS) and reads what it holds.
+pub(crate) fn read_lock(path: &Path) -> Result<LockContent> {
+    match open_lock(path, false)? {
+        None => Ok(LockContent::Missing),
+        Some(f) => read_open(&f, path),
+    }
+}
+
+/// Writes the mutable header region of a record in place: no new blocks are needed, so this
+/// works on a full file system.
+pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()> {
+    file.write_all_at(region, MUTABLE_RANGE.start as u64)
+        .map_err(|e| Error::io(path, "rewrite the lease header in place", e))
+}
+
+/// Replaces `target` atomically with `bytes`: write the temp file, optionally fsync it, rename
+/// it over `target`, optionally fsync the directory. Callers hold the mutex, so the one temp
+/// name is never used by two writers at once; a crashed writer's temp file is simply
+/// overwritten by the next.
+pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let tmp = &paths.tmp;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits())
+        .open(tmp)
+        .map_err(|e| Error::io(tmp, "create the temp file", e))?;
+    let meta = f.metadata().map_err(|e| Error::io(tmp, "stat", e))?;
+    if !meta.file_type().is_file() {
+        return Err(not_a_lease(tmp, "the temp file's name is taken by something else"));
+    }
+    if meta.mode() & 0o7777 != 0o644 {
+        // An older temp file keeps its mode through O_TRUNC; a lease must stay readable.
+        let _ = f.set_permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    let result = (|| {
+        f.write_all(bytes)
+            .map_err(|e| Error::io(tmp, "write the temp file", e))?;
+        if durable {
+            f.sync_data()
+                .map_err(|e| Error::io(tmp, "fsync the temp file", e))?;
+        }
+        std::fs::rename(tmp, target).map_err(|e| Error::io(target, "rename into place", e))?;
+        if durable {
+            sync_dir(&paths.dir)?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        // Give back the blocks on a full disk, but only if the name is still our file.
+        if let (Ok(now), Ok(ours)) = (std::fs::symlink_metadata(tmp), f.metadata())
+            && now.ino() == ours.ino()
+            && now.dev() == ours.dev()
+        {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+    result
+}
+
+/// fsync a directory, so that a rename in it is durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    let d = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).bits())
+        .open(dir)
+        .map_err(|e| Error::io(dir, "open the directory", e))?;
+    match d.sync_all() {
+        Ok(()) => Ok(()),
+        // Some file systems refuse fsync on directories; the rename is then as durable as it gets.
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EINVAL as i32) => Ok(()),
+        Err(e) => Err(Error::io(dir, "fsync the directory", e)),
+    }
+}
+
+/// Reads a small helper file by path, following no symlink. `Ok(None)` if missing.
+pub(crate) fn read_small(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, "open", e)),
+    };
+    let mut buf = Vec::new();
+    f.take(cap)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io(path, "read", e))?;
+    Ok(Some(buf))
+}

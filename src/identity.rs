@@ -1,0 +1,75 @@
+//! Who we are: host name, boot id, pid namespace and user, as written into leases and used to
+//! decide whether a holder is "on this host".
+//!
+//! Owns: reading the real identity from the kernel, and the same-host rule (same host name AND
+//! same boot id AND same pid namespace). Must never: treat a holder as same-host on a partial
+//! match, since only then may local process checks decide its fate.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+/// The identity of a host, boot and pid namespace, plus the user we run as.
+///
+/// Real values come from [`Identity::current`]; tests inject others to play foreign hosts.
+///
+/// ```
+/// let me = leasehold::Identity::current();
+/// assert!(!me.host.is_empty());
+/// let mut other = me.clone();
+/// other.host = "elsewhere".into();
+/// assert!(me.same_host(&me));
+/// assert!(!me.same_host(&other));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Host name (uname nodename).
+    pub host: String,
+    /// /proc/sys/kernel/random/boot_id: changes at every boot.
+    pub boot_id: String,
+    /// Inode number of /proc/self/ns/pid: PIDs mean something only within one namespace.
+    pub pid_ns: u64,
+    /// Real user id.
+    pub uid: u32,
+    /// User name, or the uid in decimal when it has none.
+    pub user: String,
+}
+
+impl Identity {
+    /// Reads the identity of this process from the kernel. Never fails: fields that cannot be read
+    /// are filled with values that never match another host's (empty boot id, namespace 0).
+    pub fn current() -> Identity {
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let pid_ns = fs::metadata("/proc/self/ns/pid")
+            .map(|m| m.ino())
+            .unwrap_or(0);
+        let uid = nix::unistd::getuid();
+        let user = nix::unistd::User::from_uid(uid)
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| uid.to_string());
+        Identity {
+            host,
+            boot_id,
+            pid_ns,
+            uid: uid.as_raw(),
+            user,
+        }
+    }
+
+    /// True when `other` is this very host, boot and pid namespace, so that PIDs recorded by it
+    /// can be checked against our /proc. Unknown (empty or zero) parts never match.
+    pub fn same_host(&self, other: &Identity) -> bool {
+        !self.boot_id.is_empty()
+            && self.pid_ns != 0
+            && self.host == other.host
+            && self.boot_id == other.boot_id
+            && self.pid_ns == other.pid_ns
+    }
+}

@@ -1,0 +1,61 @@
+//! # leasehold
+//!
+//! Guard a job with a *lease* on a file instead of a bare lock.
+//!
+//! A lease is a JSON record in the lock file itself — who holds it (PID, process start time,
+//! host, boot id, user, command), since when, a fencing token that grows with every new holder,
+//! and a heartbeat the holder renews while its job runs. A contender judges the lease: a holder
+//! on the same host whose processes are gone is dead at once; a holder anywhere whose heartbeat
+//! has not moved for a full TTL is presumed dead. A holder that cannot renew in time is *lost*
+//! and must stop its work before anyone else may take over.
+//!
+//! ```
+//! use std::time::Duration;
+//! # fn main() -> Result<(), leasehold::Error> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let lock = dir.path().join("backup.lock");
+//!
+//! let guard = leasehold::LeaseBuilder::new(&lock)
+//!     .ttl(Duration::from_secs(30))
+//!     .try_acquire()?;
+//!
+//! // A second contender is refused while the first holds it, and told who holds it.
+//! let err = leasehold::LeaseBuilder::new(&lock).try_acquire().unwrap_err();
+//! assert!(matches!(err, leasehold::Error::WouldBlock { .. }));
+//!
+//! let token = guard.token(); // hand this to the resource you guard
+//! guard.release_with("exit 0")?;
+//!
+//! // The next holder gets a greater token.
+//! let next = leasehold::LeaseBuilder::new(&lock).try_acquire()?;
+//! assert!(next.token() > token);
+//! # Ok(()) }
+//! ```
+//!
+//! The on-disk format and the safety argument are in `docs/PROTOCOL.md`.
+
+#![deny(missing_docs)]
+
+mod builder;
+pub mod cli;
+mod clock;
+mod error;
+mod fsio;
+mod guard;
+mod identity;
+mod mutex;
+mod observe;
+mod paths;
+pub mod process;
+mod record;
+mod verdict;
+mod wait;
+
+pub use builder::LeaseBuilder;
+pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
+pub use error::{Error, Result, exit};
+pub use guard::{LeaseGuard, LossReason, Timing};
+pub use identity::Identity;
+pub use paths::LockPaths;
+pub use record::{Ending, FORMAT_VERSION, Holder, Lease, LeaseState};
+pub use verdict::{State, Verdict};

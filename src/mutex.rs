@@ -1,0 +1,211 @@
+//! The short kernel-lock mutex around reading and changing a lease, and the fencing-token
+//! high-water mark kept in the same file.
+//!
+//! Owns: every flock call leasehold makes (std's `File::try_lock`, flock(2) on Linux), the
+//! inode re-check after locking, bounded waiting by polling try-lock (a blocking flock can hang
+//! for tens of seconds on NFS), and detecting a process that sits on the mutex.
+//! Must never: rename, replace or delete the mutex file; hold the mutex while a job runs; wait
+//! past the caller's deadline.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+
+use crate::error::{Error, Result};
+use crate::process;
+
+const HWM_PREFIX: &str = "leasehold-mutex 1 token ";
+const HWM_LEN: usize = HWM_PREFIX.len() + 20 + 1;
+
+/// The mutex, held. Dropping it closes the file, which releases the kernel lock.
+#[derive(Debug)]
+pub(crate) struct MutexGuard {
+    file: File,
+    path: PathBuf,
+}
+
+/// What to do about a process that has held the mutex for longer than a TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StuckPolicy {
+    /// Report it and give up.
+    Report,
+    /// SIGKILL it if the kernel names it as the holder, it runs as our uid, and it is stopped.
+    KillStopped,
+}
+
+/// Takes the mutex of `path`, polling try-lock with backoff, never past `deadline`. After
+/// `stuck_after` of waiting, the holder named by /proc/locks is judged (see [`StuckPolicy`]).
+pub(crate) fn lock(
+    path: &Path,
+    deadline: Option<Instant>,
+    stuck_after: Duration,
+    policy: StuckPolicy,
+) -> Result<MutexGuard> {
+    let start = Instant::now();
+    let mut backoff = Duration::from_micros(20);
+    loop {
+        let file = open(path)?;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(Error::io(path, "lock the mutex", e));
+                }
+            }
+            let now = Instant::now();
+            if let Some(d) = deadline
+                && now >= d
+            {
+                return Err(Error::MutexStuck {
+                    path: path.to_path_buf(),
+                    waited: now - start,
+                    holder: describe_holder(&file),
+                });
+            }
+            if now - start >= stuck_after {
+                judge_stuck(path, &file, now - start, policy)?;
+            }
+            let mut nap = backoff;
+            if let Some(d) = deadline {
+                nap = nap.min(d.saturating_duration_since(now));
+            }
+            std::thread::sleep(nap);
+            backoff = (backoff * 2).min(Duration::from_millis(5));
+        }
+        // The lock is on the inode we opened; make sure that inode is still the one at `path`.
+        let ours = file
+            .metadata()
+            .map_err(|e| Error::io(path, "stat the mutex", e))?;
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.ino() == ours.ino() && m.dev() == ours.dev() => {
+                return Ok(MutexGuard {
+                    file,
+                    path: path.to_path_buf(),
+                });
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(path, "stat the mutex", e)),
+        }
+        // Replaced or deleted under us: drop this lock and start over on the new file.
+    }
+}
+
+fn open(path: &Path) -> Result<File> {
+    // Read-write: NFSv4 refuses exclusive locks on read-only descriptors.
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path)
+        .map_err(|e| Error::io(path, "open the mutex file", e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat the mutex", e))?;
+    if !meta.file_type().is_file() {
+        return Err(Error::NotALease {
+            path: path.to_path_buf(),
+            what: "the mutex file's name is taken by something that is not a file".into(),
+        });
+    }
+    Ok(file)
+}
+
+impl MutexGuard {
+    /// The highest fencing token ever handed out for this lock (0 if none yet).
+    pub(crate) fn high_water(&self) -> Result<u64> {
+        let mut buf = [0u8; HWM_LEN];
+        let n = self
+            .file
+            .read_at(&mut buf, 0)
+            .map_err(|e| Error::io(&self.path, "read the mutex file", e))?;
+        Ok(std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.strip_prefix(HWM_PREFIX))
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Records a new high-water mark in place (fixed width) and makes it durable.
+    pub(crate) fn set_high_water(&self, token: u64, durable: bool) -> Result<()> {
+        let text = format!("{HWM_PREFIX}{token:020}\n");
+        self.file
+            .write_all_at(text.as_bytes(), 0)
+            .map_err(|e| Error::io(&self.path, "write the token high-water mark", e))?;
+        if durable {
+            self.file
+                .sync_data()
+                .map_err(|e| Error::io(&self.path, "fsync the token high-water mark", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.
+fn holder_pid(file: &File) -> Option<i32> {
+    let meta = file.metadata().ok()?;
+    let (maj, min) = (
+        nix::sys::stat::major(meta.dev()),
+        nix::sys::stat::minor(meta.dev()),
+    );
+    let ino = meta.ino();
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    for line in text.lines() {
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF" (a "->" marks blocked waiters)
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) == Some(&"->") || f.len() < 6 {
+            continue;
+        }
+        let mut dev = f[5].split(':');
+        let (Some(a), Some(b), Some(i)) = (dev.next(), dev.next(), dev.next()) else {
+            continue;
+        };
+        let same = u64::from_str_radix(a, 16).ok() == Some(maj)
+            && u64::from_str_radix(b, 16).ok() == Some(min)
+            && i.parse::<u64>().ok() == Some(ino);
+        if same && let Ok(pid) = f[4].parse::<i32>() {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn describe_holder(file: &File) -> String {
+    match holder_pid(file).and_then(|p| process::stat(p).ok().flatten()) {
+        Some(s) => format!("pid {} (state {})", s.pid, s.state),
+        None => "a process this host cannot see (another host, or another pid namespace)".into(),
+    }
+}
+
+fn judge_stuck(path: &Path, file: &File, waited: Duration, policy: StuckPolicy) -> Result<()> {
+    let stuck = || Error::MutexStuck {
+        path: path.to_path_buf(),
+        waited,
+        holder: describe_holder(file),
+    };
+    let Some(pid) = holder_pid(file) else {
+        return Err(stuck());
+    };
+    let Ok(Some(s)) = process::stat(pid) else {
+        return Ok(()); // gone since: try again
+    };
+    let ours = nix::unistd::geteuid().as_raw();
+    if policy == StuckPolicy::KillStopped && matches!(s.state, 'T' | 't') && s.uid == ours {
+        // The kernel names it as the holder and it is frozen: the same judgement as a hung holder.
+        process::kill_verified(pid, s.start, s.uid, Duration::from_secs(2))
+            .map_err(|why| Error::Refused {
+                path: path.to_path_buf(),
+                why: format!("cannot stop the frozen mutex holder: {why}"),
+            })?;
+        return Ok(());
+    }
+    Err(stuck())
+}

@@ -1,0 +1,95 @@
+//! What this host has seen of another holder's heartbeat, kept beside LOCK so that it outlives
+//! the observing process.
+//!
+//! Owns: the `.NAME.leasehold-seen` file — per observing host and boot, the (lease id, heartbeat
+//! sequence) last seen and the CLOCK_BOOTTIME reading when it was first seen so — and the
+//! observer-side heartbeat age computed from it. One-shot callers (`run -n` from cron, `status`)
+//! each look once; together they still see a dead foreign holder go stale after a TTL.
+//! Must never: compare boottime readings of another host or another boot; trust the holder's
+//! wall clock.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Clock;
+use crate::fsio;
+use crate::identity::Identity;
+use crate::paths::LockPaths;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SeenFile {
+    leasehold_seen: u32,
+    entries: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Entry {
+    host: String,
+    boot_id: String,
+    lease_id: String,
+    /// The heartbeat sequence (or, for a damaged record, a fingerprint of its bytes).
+    key: u64,
+    /// CLOCK_BOOTTIME of the observing host when it first saw this (lease_id, key), in ms.
+    since_boottime_ms: u64,
+}
+
+/// An in-process memory of one observation: used alongside the file, and alone when the file
+/// cannot be written (a full or read-only file system).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Memory {
+    seen: Option<(String, u64, Duration)>,
+}
+
+/// Records that this host sees `(lease_id, key)` now and returns how long it has seen exactly
+/// that, on this host's CLOCK_BOOTTIME. Writes the file only when the observation changes.
+/// Failures to read or write the file are not errors: the in-process memory still counts.
+pub(crate) fn observe(
+    paths: &LockPaths,
+    me: &Identity,
+    clock: &dyn Clock,
+    lease_id: &str,
+    key: u64,
+    mem: &mut Memory,
+    persist: bool,
+) -> Duration {
+    let now = clock.boottime();
+    let mut since = now;
+    let mut file: SeenFile = fsio::read_small(&paths.seen, 64 * 1024)
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let mine = |e: &Entry| e.host == me.host && e.boot_id == me.boot_id;
+    let current = file
+        .entries
+        .iter()
+        .find(|e| mine(e) && e.lease_id == lease_id && e.key == key)
+        .map(|e| Duration::from_millis(e.since_boottime_ms));
+    match current {
+        Some(s) if s <= now => since = s,
+        _ if persist => {
+            file.leasehold_seen = 1;
+            file.entries
+                .retain(|e| !mine(e) && e.lease_id == lease_id && !e.host.is_empty());
+            file.entries.truncate(64);
+            file.entries.push(Entry {
+                host: me.host.clone(),
+                boot_id: me.boot_id.clone(),
+                lease_id: lease_id.to_string(),
+                key,
+                since_boottime_ms: now.as_millis() as u64,
+            });
+            if let Ok(bytes) = serde_json::to_vec_pretty(&file) {
+                // Not durable on purpose: after a crash of this host, its boot id changes anyway.
+                let _ = fsio::replace(paths, &paths.seen, &bytes, false);
+            }
+        }
+        _ => {}
+    }
+    match &mem.seen {
+        Some((id, k, s)) if id == lease_id && *k == key => since = since.min(*s),
+        _ => mem.seen = Some((lease_id.to_string(), key, now)),
+    }
+    now.saturating_sub(since)
+}

@@ -1,0 +1,217 @@
+//! Processes on this host, as /proc tells them: is a recorded holder still the process it was,
+//! who is left in its process group, and stopping a verified group.
+//!
+//! Owns: reading /proc/PID/stat (state, process group, start time), scanning for group members,
+//! and the one place that sends SIGKILL to another job's processes. Must never: signal a process
+//! that has not been verified against this host's /proc (PID, start time, owner, group) — never on
+//! the word of a lease file alone.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// What /proc says of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Process id.
+    pub pid: i32,
+    /// State letter: R, S, D, T (stopped), Z (zombie), ...
+    pub state: char,
+    /// Parent process id.
+    pub ppid: i32,
+    /// Process group id.
+    pub pgrp: i32,
+    /// Start time in clock ticks after boot.
+    pub start: u64,
+    /// Effective uid (owner of /proc/PID).
+    pub uid: u32,
+}
+
+impl ProcStat {
+    /// True for a zombie or a dead task: it will never run again.
+    pub fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Reads /proc/PID/stat. `Ok(None)` when there is no such process.
+///
+/// ```
+/// let me = leasehold::process::stat(std::process::id() as i32).unwrap().unwrap();
+/// assert_eq!(me.pid, std::process::id() as i32);
+/// ```
+pub fn stat(pid: i32) -> io::Result<Option<ProcStat>> {
+    if pid <= 0 {
+        return Ok(None);
+    }
+    let dir = format!("/proc/{pid}");
+    let text = match fs::read_to_string(format!("{dir}/stat")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let uid = match fs::metadata(&dir) {
+        Ok(m) => m.uid(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(parse_stat(pid, &text, uid))
+}
+
+fn parse_stat(pid: i32, text: &str, uid: u32) -> Option<ProcStat> {
+    // comm may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] = state (field 3), f[1] = ppid, f[2] = pgrp, f[19] = starttime (field 22)
+    Some(ProcStat {
+        pid,
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        start: f.get(19)?.parse().ok()?,
+        uid,
+    })
+}
+
+/// The start time of this process (clock ticks after boot), for writing into our own lease.
+pub fn own_start_time() -> u64 {
+    stat(std::process::id() as i32)
+        .ok()
+        .flatten()
+        .map(|s| s.start)
+        .unwrap_or(0)
+}
+
+/// Whether a recorded process is still the one that was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// It exists with the recorded start time and is not a zombie.
+    Alive,
+    /// It is gone, a zombie, or its PID now belongs to another process; the reason says which.
+    Dead(&'static str),
+}
+
+/// Checks a recorded (pid, start time) against /proc.
+pub fn liveness(pid: i32, start: u64) -> Liveness {
+    match stat(pid) {
+        Ok(None) => Liveness::Dead("process gone"),
+        Ok(Some(s)) if s.start != start => Liveness::Dead("PID reused by another process"),
+        Ok(Some(s)) if s.is_dead() => Liveness::Dead("process is a zombie"),
+        Ok(Some(_)) => Liveness::Alive,
+        // /proc hidden from us: fall back to kill(0), where EPERM means it exists.
+        Err(_) => match kill(Pid::from_raw(pid), None) {
+            Err(nix::errno::Errno::ESRCH) => Liveness::Dead("process gone"),
+            _ => Liveness::Alive,
+        },
+    }
+}
+
+/// The live (non-zombie) members of process group `pgid`, found by scanning /proc.
+pub fn group_members(pgid: i32) -> Vec<ProcStat> {
+    let mut out = Vec::new();
+    if pgid <= 1 {
+        return out;
+    }
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(Some(s)) = stat(pid)
+            && s.pgrp == pgid
+            && !s.is_dead()
+        {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// SIGKILLs process group `pgid` after verifying that every live member is owned by `uid`, then
+/// waits (up to `wait`) until no live member is left. Refuses, with the reason, when a member
+/// belongs to someone else or the group cannot be signalled.
+pub fn kill_group_verified(pgid: i32, uid: u32, wait: Duration) -> Result<usize, String> {
+    let members = group_members(pgid);
+    if members.is_empty() {
+        return Ok(0);
+    }
+    if let Some(m) = members.iter().find(|m| m.uid != uid) {
+        return Err(format!(
+            "process group {pgid} holds pid {} owned by uid {}, not the lease's uid {uid}",
+            m.pid, m.uid
+        ));
+    }
+    match killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => return Err(format!("cannot signal process group {pgid}: {e}")),
+    }
+    let deadline = Instant::now() + wait;
+    loop {
+        if group_members(pgid).is_empty() {
+            return Ok(members.len());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "process group {pgid} still has live processes {wait:?} after SIGKILL"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// SIGKILLs one verified process (pid, start time and owner must match) and waits for it to be
+/// gone or a zombie.
+pub fn kill_verified(pid: i32, start: u64, uid: u32, wait: Duration) -> Result<(), String> {
+    match stat(pid) {
+        Ok(Some(s)) if s.start == start && s.uid == uid && !s.is_dead() => {}
+        Ok(Some(s)) if s.is_dead() || s.start != start => return Ok(()),
+        Ok(Some(s)) => {
+            return Err(format!(
+                "pid {pid} is owned by uid {}, not the lease's uid {uid}",
+                s.uid
+            ));
+        }
+        Ok(None) => return Ok(()),
+        Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
+    }
+    match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => return Err(format!("cannot signal pid {pid}: {e}")),
+    }
+    let deadline = Instant::now() + wait;
+    while liveness(pid, start) == Liveness::Alive {
+        if Instant::now() >= deadline {
+            return Err(format!("pid {pid} still alive {wait:?} after SIGKILL"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_comm_with_parens_and_spaces() {
+        let t = "42 (a) b (c) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 0 0";
+        let s = parse_stat(42, t, 0).unwrap();
+        assert_eq!((s.state, s.ppid, s.pgrp, s.start), ('S', 1, 42, 12345));
+        assert_eq!(parse_stat(1, "garbage", 0), None);
+    }
+
+    #[test]
+    fn own_process_is_alive_and_reuse_is_detected() {
+        let me = std::process::id() as i32;
+        let start = own_start_time();
+        assert_eq!(liveness(me, start), Liveness::Alive);
+        assert!(matches!(liveness(me, start + 1), Liveness::Dead(_)));
+    }
+}

@@ -1,0 +1,465 @@
+//! The lease record: what LOCK contains, byte for byte.
+//!
+//! Owns: the versioned JSON format, its fixed-width mutable header (state, heartbeat sequence,
+//! heartbeat time) that renewals rewrite in place without new blocks, the checksum that makes a
+//! torn read detectable, and validation of everything read. Must never: accept a record whose
+//! checksum does not match, misread a newer format version, or panic on any input.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::RFC3339_WIDTH;
+
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u64 = 1;
+/// A lease file larger than this is not a lease.
+pub const MAX_LEASE_BYTES: u64 = 64 * 1024;
+
+const P_CHECKSUM: &str = "{\n  \"leasehold\": 1,\n  \"checksum\": \"";
+const CHECKSUM_W: usize = 16;
+const P_STATE: &str = "\",\n  \"state\": ";
+const STATE_W: usize = 10; // "\"released\"" is 10 bytes; "\"held\"" is padded with spaces
+const P_SEQ: &str = ",\n  \"heartbeat_seq\": ";
+const SEQ_W: usize = 20;
+const P_AT: &str = ",\n  \"heartbeat_at\": \"";
+const P_END: &str = "\",\n";
+
+const OFF_CHECKSUM: usize = P_CHECKSUM.len();
+const OFF_STATE: usize = OFF_CHECKSUM + CHECKSUM_W + P_STATE.len();
+const OFF_SEQ: usize = OFF_STATE + STATE_W + P_SEQ.len();
+const OFF_AT: usize = OFF_SEQ + SEQ_W + P_AT.len();
+const OFF_BODY: usize = OFF_AT + RFC3339_WIDTH + P_END.len();
+
+/// Byte range of the header that a renewal rewrites in place (checksum .. heartbeat time).
+pub(crate) const MUTABLE_RANGE: std::ops::Range<usize> = OFF_CHECKSUM..OFF_AT + RFC3339_WIDTH;
+
+/// Whether a lease is held or has been given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseState {
+    /// Someone holds it (or held it and died: judging decides).
+    Held,
+    /// Its holder released it, or someone broke it.
+    Released,
+}
+
+impl LeaseState {
+    fn field(self) -> &'static str {
+        match self {
+            LeaseState::Held => "\"held\"    ",
+            LeaseState::Released => "\"released\"",
+        }
+    }
+}
+
+/// Who holds (or held) a lease. Every field is written by the holder about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// PID of the holding process (the `leasehold run` wrapper, or the library user).
+    pub pid: i32,
+    /// Its start time, in clock ticks after boot (/proc/PID/stat field 22): tells PID reuse apart.
+    pub pid_start: u64,
+    /// PID of the wrapped command, once it is known.
+    #[serde(default)]
+    pub child_pid: Option<i32>,
+    /// Start time of the wrapped command.
+    #[serde(default)]
+    pub child_start: Option<u64>,
+    /// Process group the wrapped command runs in.
+    #[serde(default)]
+    pub pgid: Option<i32>,
+    /// Host name.
+    pub host: String,
+    /// Boot id of the host.
+    pub boot_id: String,
+    /// Inode of the holder's pid namespace.
+    pub pid_ns: u64,
+    /// Real uid of the holder.
+    pub uid: u32,
+    /// User name of the holder.
+    pub user: String,
+    /// The command line being guarded (argv).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Free text from the holder (`--note`).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+impl Holder {
+    /// `user@host pid N (command)`, for one-line messages.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{}@{} pid {}", self.user, self.host, self.pid);
+        if !self.command.is_empty() {
+            let mut cmd = self.command.join(" ");
+            if cmd.chars().count() > 60 {
+                cmd = cmd.chars().take(57).collect::<String>() + "...";
+            }
+            s.push_str(&format!(" ({cmd})"));
+        }
+        s
+    }
+}
+
+/// How a lease ended: written into a released record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ending {
+    /// When (holder's wall clock, RFC 3339).
+    pub at: String,
+    /// What happened, e.g. `exit 0`, `signal 9`, `fenced: lease taken`, `broken: process gone`.
+    pub how: String,
+    /// Who ended it when it was not the holder: `user@host pid N`.
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+/// One lease record, as read from or written to LOCK.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Held or released.
+    pub state: LeaseState,
+    /// Incremented by every renewal; observers judge liveness by whether it moves.
+    pub heartbeat_seq: u64,
+    /// Holder's wall clock at the last renewal (RFC 3339, shown, never trusted).
+    pub heartbeat_at: String,
+    /// Random 128-bit id of this holding, 32 hex digits.
+    pub lease_id: String,
+    /// Fencing token: strictly increasing per LOCK.
+    pub token: u64,
+    /// The holder's time-to-live, in milliseconds.
+    pub ttl_ms: u64,
+    /// Holder's wall clock when it acquired.
+    pub acquired_at: String,
+    /// Who.
+    pub holder: Holder,
+    /// How it ended, for released records.
+    pub ended: Option<Ending>,
+    /// True when the checksum never matched (a record damaged, e.g. by a crash of the machine
+    /// mid-write); such a record is only ever judged by observation, never by its content.
+    pub damaged: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Body {
+    lease_id: String,
+    token: u64,
+    ttl_ms: u64,
+    acquired_at: String,
+    holder: Holder,
+    #[serde(default)]
+    ended: Option<Ending>,
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    leasehold: u64,
+    #[allow(dead_code)]
+    checksum: String,
+    state: LeaseState,
+    heartbeat_seq: u64,
+    heartbeat_at: String,
+    #[serde(flatten)]
+    body: Body,
+}
+
+/// What a read of LOCK's bytes gave.
+#[derive(Debug)]
+pub(crate) enum Parsed {
+    /// Zero bytes or only white space: a free lock (e.g. made by `touch`).
+    Empty,
+    /// A valid lease.
+    Lease(Box<Lease>),
+    /// Our format, but the checksum did not match: read again.
+    Torn,
+    /// A newer format version.
+    Newer(u64),
+    /// Something else; the string says what.
+    NotALease(String),
+}
+
+/// A 64-bit checksum (FNV-1a, then a murmur3 finaliser) of the record with the checksum digits
+/// taken as zeros. It detects torn reads; it is not a defence against forgery.
+fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, &b) in bytes.iter().enumerate() {
+        let b = if (OFF_CHECKSUM..OFF_CHECKSUM + CHECKSUM_W).contains(&i) {
+            b'0'
+        } else {
+            b
+        };
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// A stable fingerprint of arbitrary bytes (for observing damaged records).
+pub(crate) fn fingerprint(bytes: &[u8]) -> u64 {
+    checksum(bytes)
+}
+
+fn valid_text(s: &str, max: usize) -> bool {
+    s.len() <= max
+}
+
+impl Lease {
+    /// Serialises the record. The result always has the fixed header layout.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let body = Body {
+            lease_id: self.lease_id.clone(),
+            token: self.token,
+            ttl_ms: self.ttl_ms,
+            acquired_at: self.acquired_at.clone(),
+            holder: self.holder.clone(),
+            ended: self.ended.clone(),
+        };
+        // Serialising plain structs of strings and integers cannot fail.
+        let body = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "{\n}".into());
+        let mut out = String::with_capacity(OFF_BODY + body.len() + 1);
+        out.push_str(P_CHECKSUM);
+        out.push_str(&"0".repeat(CHECKSUM_W));
+        out.push_str(P_STATE);
+        out.push_str(self.state.field());
+        out.push_str(P_SEQ);
+        out.push_str(&format!("{:>SEQ_W$}", self.heartbeat_seq));
+        out.push_str(P_AT);
+        out.push_str(&fixed_time(&self.heartbeat_at));
+        out.push_str(P_END);
+        out.push_str(body.strip_prefix("{\n").unwrap_or(&body));
+        out.push('\n');
+        let mut bytes = out.into_bytes();
+        seal(&mut bytes);
+        bytes
+    }
+
+    /// Rewrites the mutable header of `bytes` (a record produced by [`Lease::to_bytes`]) for a
+    /// renewal or an in-place release, and returns the bytes to write at
+    /// [`MUTABLE_RANGE`]`.start`. The length of the record never changes.
+    pub(crate) fn rewrite_header<'b>(
+        bytes: &'b mut [u8],
+        state: LeaseState,
+        seq: u64,
+        at: &str,
+    ) -> Option<&'b [u8]> {
+        if bytes.len() < OFF_BODY {
+            return None;
+        }
+        bytes[OFF_STATE..OFF_STATE + STATE_W].copy_from_slice(state.field().as_bytes());
+        bytes[OFF_SEQ..OFF_SEQ + SEQ_W].copy_from_slice(format!("{seq:>SEQ_W$}").as_bytes());
+        bytes[OFF_AT..OFF_AT + RFC3339_WIDTH].copy_from_slice(fixed_time(at).as_bytes());
+        seal(bytes);
+        Some(&bytes[MUTABLE_RANGE])
+    }
+
+    /// Parses LOCK's bytes.
+    pub(crate) fn parse(bytes: &[u8]) -> Parsed {
+        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+            return Parsed::Empty;
+        }
+        if bytes.len() as u64 > MAX_LEASE_BYTES {
+            return Parsed::NotALease(format!("{} bytes, larger than any lease", bytes.len()));
+        }
+        if !bytes.starts_with(P_CHECKSUM.as_bytes()) {
+            return classify_foreign(bytes);
+        }
+        let fixed_ok = bytes.len() > OFF_BODY
+            && &bytes[OFF_CHECKSUM + CHECKSUM_W..OFF_STATE] == P_STATE.as_bytes()
+            && &bytes[OFF_STATE + STATE_W..OFF_SEQ] == P_SEQ.as_bytes()
+            && &bytes[OFF_SEQ + SEQ_W..OFF_AT] == P_AT.as_bytes()
+            && &bytes[OFF_AT + RFC3339_WIDTH..OFF_BODY] == P_END.as_bytes();
+        let sum_ok = fixed_ok
+            && std::str::from_utf8(&bytes[OFF_CHECKSUM..OFF_CHECKSUM + CHECKSUM_W])
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+                == Some(checksum(bytes));
+        if !sum_ok {
+            // Either a torn read (read again) or a damaged record; the caller decides by retrying.
+            return Parsed::Torn;
+        }
+        match Self::decode(bytes) {
+            Ok(l) => Parsed::Lease(Box::new(l)),
+            Err(why) => Parsed::NotALease(why),
+        }
+    }
+
+    /// Decodes a record whose checksum failed every re-read, as far as its JSON allows.
+    pub(crate) fn parse_damaged(bytes: &[u8]) -> Parsed {
+        match Self::decode(bytes) {
+            Ok(mut l) => {
+                l.damaged = true;
+                Parsed::Lease(Box::new(l))
+            }
+            Err(why) => Parsed::NotALease(format!("damaged leasehold record: {why}")),
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Lease, String> {
+        let w: Wire = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+        if w.leasehold != FORMAT_VERSION {
+            return Err(format!("format version {}", w.leasehold));
+        }
+        let b = w.body;
+        let id_ok = b.lease_id.len() == 32 && b.lease_id.bytes().all(|c| c.is_ascii_hexdigit());
+        if !id_ok {
+            return Err("lease_id is not 32 hex digits".into());
+        }
+        if b.ttl_ms == 0 || b.ttl_ms > 366 * 24 * 3600 * 1000 {
+            return Err(format!("ttl_ms {} out of range", b.ttl_ms));
+        }
+        let h = &b.holder;
+        if h.pid <= 0 || h.child_pid.is_some_and(|p| p <= 0) || h.pgid.is_some_and(|p| p <= 0) {
+            return Err("holder pid out of range".into());
+        }
+        if !valid_text(&h.host, 255) || !valid_text(&h.user, 255) || !valid_text(&h.boot_id, 64)
+        {
+            return Err("holder identity too long".into());
+        }
+        Ok(Lease {
+            state: w.state,
+            heartbeat_seq: w.heartbeat_seq,
+            heartbeat_at: w.heartbeat_at,
+            lease_id: b.lease_id,
+            token: b.token,
+            ttl_ms: b.ttl_ms,
+            acquired_at: b.acquired_at,
+            holder: b.holder,
+            ended: b.ended,
+            damaged: false,
+        })
+    }
+}
+
+fn seal(bytes: &mut [u8]) {
+    let sum = format!("{:016x}", checksum(bytes));
+    bytes[OFF_CHECKSUM..OFF_CHECKSUM + CHECKSUM_W].copy_from_slice(sum.as_bytes());
+}
+
+/// Pads or cuts a timestamp to the fixed width, so a strange value can never shift the header.
+fn fixed_time(s: &str) -> String {
+    let mut t: String = s.chars().filter(|c| c.is_ascii_graphic()).take(RFC3339_WIDTH).collect();
+    while t.len() < RFC3339_WIDTH {
+        t.push('Z');
+    }
+    t
+}
+
+/// Tells a newer leasehold format apart from a file that is not ours at all.
+fn classify_foreign(bytes: &[u8]) -> Parsed {
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(bytes)
+        && let Some(v) = map.get("leasehold").and_then(|v| v.as_u64())
+    {
+        if v > FORMAT_VERSION {
+            return Parsed::Newer(v);
+        }
+        return Parsed::NotALease(format!("leasehold format {v} with an unexpected layout"));
+    }
+    let printable = bytes
+        .iter()
+        .take(512)
+        .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace());
+    if printable {
+        Parsed::NotALease("it holds other text".into())
+    } else {
+        Parsed::NotALease("it holds binary data".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Lease {
+        Lease {
+            state: LeaseState::Held,
+            heartbeat_seq: 7,
+            heartbeat_at: "2026-11-29T16:08:33.123456Z".into(),
+            lease_id: "0123456789abcdef0123456789abcdef".into(),
+            token: 42,
+            ttl_ms: 30_000,
+            acquired_at: "2026-11-29T16:00:00.000000Z".into(),
+            holder: Holder {
+                pid: 4242,
+                pid_start: 99,
+                child_pid: None,
+                child_start: None,
+                pgid: None,
+                host: "web1".into(),
+                boot_id: "b".into(),
+                pid_ns: 1,
+                uid: 1000,
+                user: "alice".into(),
+                command: vec!["terraform".into(), "apply".into()],
+                note: Some("hi \"there\"\n".into()),
+            },
+            ended: None,
+            damaged: false,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_is_valid_json() {
+        let l = sample();
+        let bytes = l.to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["state"], "held");
+        assert_eq!(v["heartbeat_seq"], 7);
+        match Lease::parse(&bytes) {
+            Parsed::Lease(p) => assert_eq!(*p, l),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn header_rewrite_keeps_length_and_validity() {
+        let mut bytes = sample().to_bytes();
+        let len = bytes.len();
+        let at = "2026-11-29T16:09:00.000001Z";
+        let region = Lease::rewrite_header(&mut bytes, LeaseState::Released, u64::MAX, at)
+            .unwrap()
+            .to_vec();
+        assert_eq!(bytes.len(), len);
+        assert_eq!(&bytes[MUTABLE_RANGE], &region[..]);
+        match Lease::parse(&bytes) {
+            Parsed::Lease(p) => {
+                assert_eq!(p.state, LeaseState::Released);
+                assert_eq!(p.heartbeat_seq, u64::MAX);
+                assert_eq!(p.heartbeat_at, at);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_torn_mix_is_detected() {
+        let old = sample().to_bytes();
+        let mut new = old.clone();
+        Lease::rewrite_header(&mut new, LeaseState::Held, 8, "2026-11-29T16:08:43.999999Z");
+        for cut in MUTABLE_RANGE {
+            let mut mix = new[..cut].to_vec();
+            mix.extend_from_slice(&old[cut..]);
+            let ok_whole = mix == old || mix == new;
+            match Lease::parse(&mix) {
+                Parsed::Lease(_) => assert!(ok_whole, "torn mix at {cut} accepted"),
+                Parsed::Torn => assert!(!ok_whole),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn foreign_and_newer() {
+        assert!(matches!(Lease::parse(b""), Parsed::Empty));
+        assert!(matches!(Lease::parse(b" \n"), Parsed::Empty));
+        assert!(matches!(Lease::parse(b"4242\n"), Parsed::NotALease(_)));
+        assert!(matches!(
+            Lease::parse(br#"{"leasehold": 9, "x": 1}"#),
+            Parsed::Newer(9)
+        ));
+        assert!(matches!(Lease::parse(&[0u8, 159, 146, 150]), Parsed::NotALease(_)));
+        let deep = "[".repeat(100_000);
+        assert!(matches!(Lease::parse(deep.as_bytes()), Parsed::NotALease(_)));
+    }
+}
