@@ -48,6 +48,7 @@ mod observe;
 mod paths;
 pub mod process;
 mod record;
+mod status;
 mod verdict;
 mod wait;
 
@@ -58,4 +59,5 @@ pub use guard::{LeaseGuard, LossReason, Timing};
 pub use identity::Identity;
 pub use paths::LockPaths;
 pub use record::{Ending, FORMAT_VERSION, Holder, Lease, LeaseState};
+pub use status::{BreakMode, Broken, break_lease, status, status_with};
 pub use verdict::{State, Verdict};

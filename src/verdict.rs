@@ -49,6 +49,8 @@ impl fmt::Display for State {
 /// A judgement of a lock, with the lease it was made on and the reason.
 #[derive(Debug, Clone)]
 pub struct Verdict {
+    /// The lock judged (absolute).
+    pub path: std::path::PathBuf,
     /// What we concluded.
     pub state: State,
     /// Why, in words: `process gone`, `no heartbeat seen for 31s (TTL 30s)`, ...
@@ -82,6 +84,7 @@ impl Judge<'_> {
     pub(crate) fn judge(&self, content: &LockContent, mem: &mut Memory) -> Verdict {
         let now = self.clock.wall();
         let mut v = Verdict {
+            path: self.paths.lock.clone(),
             state: State::Free,
             reason: String::new(),
             lease: None,
