@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
+use crate::fsinfo;
 use crate::fsio;
 use crate::guard::{LeaseGuard, LossReason, Timing};
 use crate::identity::Identity;
@@ -19,6 +20,7 @@ use crate::mutex::{self, MutexGuard, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process;
+use crate::queue::{self, Observed, Ticket};
 use crate::record::{Holder, Lease, LeaseState};
 use crate::verdict::{Judge, State, Verdict};
 use crate::wait::Waiter;
@@ -56,6 +58,7 @@ pub struct LeaseBuilder {
     take_over_hung: bool,
     poll: bool,
     durable: bool,
+    allow_host_local_locks: bool,
 }
 
 impl std::fmt::Debug for LeaseBuilder {
@@ -71,13 +74,22 @@ impl std::fmt::Debug for LeaseBuilder {
 
 enum Attempt {
     Taken(Box<LeaseGuard>),
-    Busy(Box<Verdict>),
+    /// Not ours yet: what we saw, and the ticket ahead of ours we wait behind (if any).
+    Busy(Box<Verdict>, Option<PathBuf>),
 }
 
 struct Ctx {
     paths: LockPaths,
     timing: Timing,
     me: Identity,
+    poll: bool,
+}
+
+/// A blocking acquirer's place in the FIFO queue.
+#[derive(Default)]
+struct Queued {
+    ticket: Option<Ticket>,
+    observed: Observed,
 }
 
 impl LeaseBuilder {
@@ -99,6 +111,7 @@ impl LeaseBuilder {
             take_over_hung: true,
             poll: false,
             durable: true,
+            allow_host_local_locks: false,
         }
     }
 
@@ -172,16 +185,37 @@ impl LeaseBuilder {
         self
     }
 
+    /// Accept a mount whose kernel locks are local to each host (NFS `local_lock=all`,
+    /// `nolock`). Refused by default: there the mutex cannot exclude other hosts, and two hosts
+    /// could both take the lease.
+    pub fn allow_host_local_locks(mut self, yes: bool) -> Self {
+        self.allow_host_local_locks = yes;
+        self
+    }
+
     /// The validated timing these settings give.
     pub fn timing(&self) -> Result<Timing> {
         Timing::new(self.ttl, self.heartbeat, self.grace)
     }
 
     fn ctx(&self) -> Result<Ctx> {
+        let timing = self.timing()?;
+        let paths = LockPaths::new(&self.path)?;
+        let fs = fsinfo::inspect(&paths.dir);
+        if let (Some(why), false) = (&fs.host_local_locks, self.allow_host_local_locks) {
+            return Err(Error::Refused {
+                path: paths.lock.clone(),
+                why: format!(
+                    "{why}: another host could take the lease at the same time. Mount with \
+                     local_lock=none (NFSv4 shares locks by default), or put the lock elsewhere"
+                ),
+            });
+        }
         Ok(Ctx {
-            timing: self.timing()?,
-            paths: LockPaths::new(&self.path)?,
+            timing,
+            paths,
             me: self.identity.clone().unwrap_or_else(Identity::current),
+            poll: self.poll || fs.network,
         })
     }
 
@@ -190,9 +224,9 @@ impl LeaseBuilder {
         let ctx = self.ctx()?;
         let mutex_wait = (ctx.timing.ttl / 2).min(Duration::from_millis(500));
         let mut mem = Memory::default();
-        match self.attempt(&ctx, Some(Instant::now() + mutex_wait), &mut mem)? {
+        match self.attempt(&ctx, Some(Instant::now() + mutex_wait), &mut mem, None)? {
             Attempt::Taken(g) => Ok(*g),
-            Attempt::Busy(v) => Err(Error::WouldBlock {
+            Attempt::Busy(v, _) => Err(Error::WouldBlock {
                 path: ctx.paths.lock,
                 verdict: v,
             }),
@@ -213,12 +247,13 @@ impl LeaseBuilder {
         let ctx = self.ctx()?;
         let start = Instant::now();
         let mut mem = Memory::default();
-        let mut waiter = Waiter::new(&ctx.paths, self.poll, ctx.timing.ttl);
-        let mut reported: Option<(String, State)> = None;
+        let mut waiter = Waiter::new(&ctx.paths, ctx.poll, ctx.timing.ttl);
+        let mut queued = Queued::default();
+        let mut reported: Option<(String, State, bool)> = None;
         loop {
-            let v = match self.attempt(&ctx, deadline, &mut mem) {
+            let (v, predecessor) = match self.attempt(&ctx, deadline, &mut mem, Some(&mut queued)) {
                 Ok(Attempt::Taken(g)) => return Ok(*g),
-                Ok(Attempt::Busy(v)) => v,
+                Ok(Attempt::Busy(v, p)) => (v, p),
                 Err(Error::MutexStuck { .. }) if deadline.is_some_and(|d| Instant::now() >= d) => {
                     return Err(Error::Timeout {
                         path: ctx.paths.lock.clone(),
@@ -238,8 +273,12 @@ impl LeaseBuilder {
                 });
             }
             let key = (
-                v.lease.as_ref().map(|l| l.lease_id.clone()).unwrap_or_default(),
+                v.lease
+                    .as_ref()
+                    .map(|l| l.lease_id.clone())
+                    .unwrap_or_default(),
                 v.state,
+                predecessor.is_some(),
             );
             if reported.as_ref() != Some(&key) {
                 if let Some(cb) = self.on_wait.as_mut() {
@@ -247,7 +286,13 @@ impl LeaseBuilder {
                 }
                 reported = Some(key);
             }
-            waiter.wait(&v, deadline);
+            if let Some(t) = queued.ticket.as_mut() {
+                t.beat();
+            }
+            match &predecessor {
+                Some(p) => waiter.wait_turn(p, deadline),
+                None => waiter.wait_lease(&v, deadline),
+            }
         }
     }
 
@@ -256,7 +301,9 @@ impl LeaseBuilder {
         let judge = self.judge(ctx);
         match fsio::read_lock(&ctx.paths.lock) {
             Ok(c) => judge.judge(&c, mem),
-            Err(e) => judge.judge(&fsio::LockContent::Missing, mem).with_reason(e.to_string()),
+            Err(e) => judge
+                .judge(&fsio::LockContent::Missing, mem)
+                .with_reason(e.to_string()),
         }
     }
 
@@ -270,36 +317,79 @@ impl LeaseBuilder {
         }
     }
 
-    fn attempt(&mut self, ctx: &Ctx, deadline: Option<Instant>, mem: &mut Memory) -> Result<Attempt> {
+    /// One pass under the mutex. With `queued`, a blocking acquirer: it may take the lease only
+    /// at the head of the queue, and joins the queue when it cannot. Without, a one-shot caller:
+    /// it never queues and never overtakes a live waiter.
+    fn attempt(
+        &mut self,
+        ctx: &Ctx,
+        deadline: Option<Instant>,
+        mem: &mut Memory,
+        mut queued: Option<&mut Queued>,
+    ) -> Result<Attempt> {
         let policy = if self.take_over_hung {
             StuckPolicy::KillStopped
         } else {
             StuckPolicy::Report
         };
         let m = mutex::lock(&ctx.paths.mutex, deadline, ctx.timing.ttl, policy)?;
-        let content = fsio::read_lock(&ctx.paths.lock)?;
-        let v = self.judge(ctx).judge(&content, mem);
-        match v.state {
-            State::Free => self.take(ctx, m, v.lease.as_ref(), None),
-            State::Stale => {
-                if let Some(l) = &v.lease
-                    && let (Some(pg), false) = (l.holder.pgid, v.remnants.is_empty())
-                {
-                    process::kill_group_verified(pg, l.holder.uid, Duration::from_secs(2))
-                        .map_err(|why| refused(ctx, &v, &why))?;
+        let ahead = match queued.as_deref_mut() {
+            Some(q) => {
+                if q.ticket.as_ref().is_some_and(|t| !t.still_queued()) {
+                    q.ticket = None; // skipped while frozen: queue again at the back
                 }
-                let prev = v.lease.clone();
-                self.take(ctx, m, prev.as_ref(), Some(v))
+                let mine = q.ticket.as_ref().map(|t| t.seq);
+                queue::live_ahead(&ctx.paths, mine, Some(&mut q.observed), ctx.timing.ttl)
             }
-            State::Hung if self.take_over_hung => {
-                let Some(l) = v.lease.clone() else {
-                    return Ok(Attempt::Busy(Box::new(v)));
-                };
-                stop_hung(&l).map_err(|why| refused(ctx, &v, &why))?;
-                self.take(ctx, m, Some(&l), Some(v))
-            }
-            State::Held | State::Hung => Ok(Attempt::Busy(Box::new(v))),
+            None => queue::live_ahead(&ctx.paths, None, None, ctx.timing.ttl),
         }
+        .unwrap_or_default();
+        let content = fsio::read_lock(&ctx.paths.lock)?;
+        let mut v = self.judge(ctx).judge(&content, mem);
+        if ahead.is_empty() {
+            let taken = match v.state {
+                State::Free => Some(self.take(ctx, m, v.lease.as_ref(), None)?),
+                State::Stale => {
+                    if let Some(l) = &v.lease
+                        && let (Some(pg), false) = (l.holder.pgid, v.remnants.is_empty())
+                    {
+                        process::kill_group_verified(pg, l.holder.uid, Duration::from_secs(2))
+                            .map_err(|why| refused(ctx, &v, &why))?;
+                    }
+                    let prev = v.lease.clone();
+                    Some(self.take(ctx, m, prev.as_ref(), Some(v.clone()))?)
+                }
+                State::Hung if self.take_over_hung => match v.lease.clone() {
+                    Some(l) => {
+                        stop_hung(&l).map_err(|why| refused(ctx, &v, &why))?;
+                        Some(self.take(ctx, m, Some(&l), Some(v.clone()))?)
+                    }
+                    None => None,
+                },
+                State::Held | State::Hung => None,
+            };
+            if let Some(g) = taken {
+                if let Some(q) = queued {
+                    q.ticket = None; // leave the queue: wakes exactly our successor
+                }
+                return Ok(Attempt::Taken(Box::new(g)));
+            }
+        } else if v.state == State::Free || v.state == State::Stale {
+            v.reason = format!("{}, but {} waiter(s) queued ahead", v.reason, ahead.len());
+            v.state = State::Held;
+        }
+        if let Some(q) = queued
+            && q.ticket.is_none()
+        {
+            // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
+            let argv = self.command.clone().unwrap_or_default();
+            q.ticket = Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv).ok();
+        }
+        v.queue_ahead = ahead.len();
+        Ok(Attempt::Busy(
+            Box::new(v),
+            ahead.last().map(|a| a.path.clone()),
+        ))
     }
 
     fn take(
@@ -308,7 +398,7 @@ impl LeaseBuilder {
         m: MutexGuard,
         prev: Option<&Lease>,
         broke: Option<Verdict>,
-    ) -> Result<Attempt> {
+    ) -> Result<LeaseGuard> {
         let token = m
             .high_water()?
             .max(prev.map_or(0, |l| l.token))
@@ -359,7 +449,7 @@ impl LeaseBuilder {
             self.on_lost.clone(),
             broke,
         )?;
-        Ok(Attempt::Taken(Box::new(g)))
+        Ok(g)
     }
 }
 

@@ -20,6 +20,7 @@ use crate::mutex::{self, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process;
+use crate::queue;
 use crate::record::{Ending, LeaseState};
 use crate::verdict::{Judge, State, Verdict};
 
@@ -64,7 +65,9 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
         wall_skew: None,
         persist: m.is_some(),
     };
-    Ok(judge.judge(&content, &mut Memory::default()))
+    let mut v = judge.judge(&content, &mut Memory::default());
+    v.queue = queue::snapshot(&paths);
+    Ok(v)
 }
 
 /// What `break` may break.
@@ -152,8 +155,9 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     if kill_group && v.same_host {
         let r = match h.pgid {
             Some(pg) => process::kill_group_verified(pg, h.uid, Duration::from_secs(2)),
-            None => process::kill_verified(h.pid, h.pid_start, h.uid, Duration::from_secs(2))
-                .map(|_| 1),
+            None => {
+                process::kill_verified(h.pid, h.pid_start, h.uid, Duration::from_secs(2)).map(|_| 1)
+            }
         };
         stopped = r.map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
     }
@@ -163,7 +167,12 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     rec.ended = Some(Ending {
         at: format_rfc3339(clock.wall()),
         how: format!("broken: {}", v.reason),
-        by: Some(format!("{}@{} pid {}", me.user, me.host, std::process::id())),
+        by: Some(format!(
+            "{}@{} pid {}",
+            me.user,
+            me.host,
+            std::process::id()
+        )),
     });
     fsio::replace(&paths, &paths.lock, &rec.to_bytes(), true)?;
     let was_live = matches!(v.state, State::Held | State::Hung);
@@ -199,10 +208,13 @@ impl Verdict {
             "heartbeat_age_ms": self.heartbeat_age.map(|a| a.as_millis() as u64),
             "ttl_ms": l.map(|l| l.ttl_ms),
             "same_host": self.same_host,
+            "queue": self.queue.iter().map(|w| json!({
+                "seq": w.seq, "pid": w.pid, "host": w.host, "user": w.user,
+                "since": w.since, "command": w.command,
+            })).collect::<Vec<_>>(),
             "ended": l.and_then(|l| l.ended.as_ref()).map(|e| json!({
                 "at": e.at, "how": e.how, "by": e.by,
             })),
         })
     }
 }
-

@@ -65,6 +65,10 @@ pub struct Verdict {
     pub remnants: Vec<i32>,
     /// Our wall clock at the time of judging, for "held 12m".
     pub judged_at: SystemTime,
+    /// How many live waiters are queued ahead of the one judging (0 for `status`).
+    pub queue_ahead: usize,
+    /// Who waits, in order (filled in by `status`).
+    pub queue: Vec<crate::queue::Waiting>,
 }
 
 /// Inputs for judging that stay the same between judgements.
@@ -92,6 +96,8 @@ impl Judge<'_> {
             heartbeat_age: None,
             remnants: Vec::new(),
             judged_at: now,
+            queue_ahead: 0,
+            queue: Vec::new(),
         };
         let (lease, bytes) = match content {
             LockContent::Missing => {
@@ -202,7 +208,10 @@ impl Judge<'_> {
         v.reason = if v.same_host {
             "record damaged; waiting for it to stay unchanged for a TTL".into()
         } else {
-            format!("holder on another host ({}), heartbeat being watched", h.host)
+            format!(
+                "holder on another host ({}), heartbeat being watched",
+                h.host
+            )
         };
         v
     }

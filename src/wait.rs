@@ -1,49 +1,232 @@
-//! Waiting for a held lock to change hands.
+//! Waiting for a turn: event-driven on local file systems, polling with jitter on network ones.
 //!
-//! Owns: how long a contender sleeps between attempts, and what wakes it early.
-//! Must never: sleep past the caller's deadline, or poll so slowly that a foreign holder's
-//! silence for a TTL goes unnoticed for long.
+//! Owns: what wakes a waiting contender. The head of the queue waits for the lease itself:
+//! inotify on LOCK's directory (filtered to LOCK's name: a watch on the file would follow the
+//! replaced inode), a pidfd per same-host holder process (death wakes it at once), and a tick
+//! that covers lost events, foreign holders' TTL and hung holders. A waiter behind another waits
+//! only for its predecessor's ticket: a thread blocks in flock on it, so the kernel wakes exactly
+//! that one successor when the predecessor leaves or dies. On network file systems (or `--poll`)
+//! nothing of that reaches us from other hosts, so it sleeps a jittered interval derived from the
+//! TTL and lets the next pass re-check with try-locks.
+//! Must never: sleep past the caller's deadline, block in a kernel lock call on a network file
+//! system, or let a missed event stall a waiter for longer than one tick.
 
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::paths::LockPaths;
-use crate::verdict::Verdict;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
-/// Sleeps between acquisition attempts: exponential backoff with jitter, capped by a fraction
-/// of the TTL so that a foreign holder's stale heartbeat is noticed promptly.
+use crate::paths::LockPaths;
+use crate::process::{self, Liveness};
+use crate::verdict::{State, Verdict};
+
+/// The state of one contender's waiting.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    backoff: Duration,
-    cap: Duration,
+    poll_mode: bool,
+    ttl: Duration,
+    inotify: Option<Inotify>,
+    lock_name: OsString,
     seed: u64,
+    predecessor: Option<(PathBuf, Receiver<()>)>,
+    /// How many times this waiter woke up (for tests and benchmarks of herd-freedom).
+    pub wakeups: u64,
 }
 
 impl Waiter {
-    pub(crate) fn new(_paths: &LockPaths, poll: bool, ttl: Duration) -> Waiter {
-        let cap = if poll {
-            (ttl / 8).clamp(Duration::from_millis(5), Duration::from_secs(2))
+    /// Sets up change notification *before* the first look at the lock, so that no change
+    /// between that look and the first wait can be missed.
+    pub(crate) fn new(paths: &LockPaths, poll_mode: bool, ttl: Duration) -> Waiter {
+        let inotify = if poll_mode {
+            None
         } else {
-            (ttl / 20).clamp(Duration::from_millis(1), Duration::from_millis(100))
+            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+                .ok()
+                .filter(|ino| {
+                    let flags = AddWatchFlags::IN_MOVED_TO
+                        | AddWatchFlags::IN_MODIFY
+                        | AddWatchFlags::IN_CLOSE_WRITE
+                        | AddWatchFlags::IN_CREATE
+                        | AddWatchFlags::IN_DELETE
+                        | AddWatchFlags::IN_ATTRIB;
+                    ino.add_watch(&paths.dir, flags).is_ok()
+                })
         };
         Waiter {
-            backoff: Duration::from_micros(200),
-            cap,
-            seed: u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15,
+            poll_mode: poll_mode || inotify.is_none(),
+            ttl,
+            inotify,
+            lock_name: paths
+                .lock
+                .file_name()
+                .map(|n| n.to_os_string())
+                .unwrap_or_default(),
+            seed: u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            predecessor: None,
+            wakeups: 0,
         }
     }
 
-    /// Sleeps until the lock may have changed, or the deadline.
-    pub(crate) fn wait(&mut self, _seen: &Verdict, deadline: Option<Instant>) {
-        // xorshift jitter in [0.75, 1.25) so that waiters do not poll in lockstep.
+    /// The polling interval on network file systems: TTL/10 within [5 ms, 1 s], jittered by
+    /// ±25 % so hosts do not poll in lockstep.
+    fn poll_interval(&mut self) -> Duration {
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;
         self.seed ^= self.seed << 17;
         let jitter = 0.75 + (self.seed % 1000) as f64 / 2000.0;
-        let mut nap = self.backoff.mul_f64(jitter);
-        if let Some(d) = deadline {
-            nap = nap.min(d.saturating_duration_since(Instant::now()));
-        }
-        std::thread::sleep(nap);
-        self.backoff = (self.backoff * 2).min(self.cap);
+        (self.ttl / 10)
+            .clamp(Duration::from_millis(5), Duration::from_secs(1))
+            .mul_f64(jitter)
     }
+
+    /// The longest a waiter sleeps without looking again, also its ticket's heartbeat interval.
+    pub(crate) fn tick(&self) -> Duration {
+        (self.ttl / 4).clamp(Duration::from_millis(1), Duration::from_secs(5))
+    }
+
+    fn until(deadline: Option<Instant>, d: Duration) -> Duration {
+        match deadline {
+            Some(dl) => d.min(dl.saturating_duration_since(Instant::now())),
+            None => d,
+        }
+    }
+
+    /// At the head of the queue: waits until the lease may have changed, its same-host holder
+    /// died, a tick passed, or the deadline.
+    pub(crate) fn wait_lease(&mut self, seen: &Verdict, deadline: Option<Instant>) {
+        self.wakeups += 1;
+        if self.poll_mode {
+            let nap = self.poll_interval();
+            std::thread::sleep(Self::until(deadline, nap));
+            return;
+        }
+        let pidfds = if seen.same_host && seen.state == State::Held {
+            holder_pidfds(seen)
+        } else {
+            Vec::new()
+        };
+        if pidfds.iter().any(Option::is_none) {
+            return; // a holder process is already gone: look again now
+        }
+        let end = Instant::now() + Self::until(deadline, self.tick());
+        let Some(ino) = &self.inotify else {
+            return;
+        };
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut fds: Vec<PollFd> = Vec::with_capacity(1 + pidfds.len());
+            fds.push(PollFd::new(ino.as_fd(), PollFlags::POLLIN));
+            for p in pidfds.iter().flatten() {
+                fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+            }
+            let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return,
+            }
+            let died = fds[1..]
+                .iter()
+                .any(|f| f.revents().is_some_and(|r| !r.is_empty()));
+            if died {
+                return;
+            }
+            // Drain; wake only for events about LOCK itself (or a queue overflow).
+            let mut relevant = false;
+            while let Ok(events) = ino.read_events() {
+                if events.is_empty() {
+                    break;
+                }
+                relevant |= events.iter().any(|e| {
+                    e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW)
+                        || e.name.as_deref() == Some(self.lock_name.as_os_str())
+                });
+            }
+            if relevant {
+                return;
+            }
+        }
+    }
+
+    /// Behind another waiter: waits until that predecessor leaves the queue or dies (exactly
+    /// this waiter is woken), a tick passes, or the deadline.
+    pub(crate) fn wait_turn(&mut self, predecessor: &Path, deadline: Option<Instant>) {
+        self.wakeups += 1;
+        if self.poll_mode {
+            let nap = self.poll_interval();
+            std::thread::sleep(Self::until(deadline, nap));
+            return;
+        }
+        if self
+            .predecessor
+            .as_ref()
+            .is_none_or(|(p, _)| p != predecessor)
+        {
+            self.predecessor = Some((predecessor.to_path_buf(), flock_waiter(predecessor)));
+        }
+        let timeout = Self::until(deadline, self.tick());
+        if let Some((_, rx)) = &self.predecessor {
+            match rx.recv_timeout(timeout) {
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => self.predecessor = None,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+}
+
+/// A thread that blocks in flock on `path` and says when it got it (the predecessor left or
+/// died). It lets go at once. If we stop caring, it lingers until the predecessor's lock is
+/// released, then ends.
+fn flock_waiter(path: &Path) -> Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path);
+    if let Ok(file) = opened {
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-queue".into())
+            .spawn(move || {
+                let _ = file.lock();
+                let _ = tx.send(());
+            });
+        if spawned.is_err() {
+            // No thread: the receiver disconnects and the caller simply looks again.
+        }
+    }
+    rx
+}
+
+/// pidfds for the holder's recorded processes; `None` for one that is already gone.
+fn holder_pidfds(v: &Verdict) -> Vec<Option<OwnedFd>> {
+    let Some(l) = &v.lease else {
+        return Vec::new();
+    };
+    let h = &l.holder;
+    let mut procs = vec![(h.pid, h.pid_start)];
+    if let (Some(c), Some(s)) = (h.child_pid, h.child_start) {
+        procs.push((c, s));
+    }
+    procs
+        .into_iter()
+        .filter(|&(pid, start)| process::liveness(pid, start) == Liveness::Alive)
+        .map(|(pid, start)| {
+            let p = rustix::process::Pid::from_raw(pid)?;
+            let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()?;
+            // Re-check after opening: the PID may have been reused in between.
+            (process::liveness(pid, start) == Liveness::Alive).then_some(fd)
+        })
+        .collect()
 }

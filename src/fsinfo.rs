@@ -1,0 +1,160 @@
+//! What kind of file system LOCK lives on, and whether its kernel locks are shared.
+//!
+//! Owns: detecting network file systems (statfs magic), where change notifications from other
+//! hosts never arrive and waiting must poll, and NFS mounts whose locks are host-local
+//! (`local_lock=all|flock`, `nolock` in /proc/self/mountinfo), where the mutex would not
+//! exclude other hosts. Must never: report a mount as safe when its locks are host-local.
+
+use std::path::Path;
+
+/// Facts about the file system holding a lock directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FsInfo {
+    /// A network file system: inotify will not see other hosts' changes.
+    pub network: bool,
+    /// The file system type name from mountinfo (e.g. `nfs4`, `tmpfs`), when known.
+    pub fstype: String,
+    /// When set, kernel locks on this mount do not reach other hosts; the text says why.
+    pub host_local_locks: Option<String>,
+}
+
+const NFS_SUPER_MAGIC: i64 = 0x6969;
+const SMB_SUPER_MAGIC: i64 = 0x517B;
+const CIFS_MAGIC: i64 = 0xFF53_4D42;
+const SMB2_MAGIC: i64 = 0xFE53_4D42;
+const CEPH_SUPER_MAGIC: i64 = 0x00C3_6400;
+const AFS_SUPER_MAGIC: i64 = 0x5346_414F;
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Inspects the file system of `dir` (a canonical directory path).
+///
+/// ```
+/// let info = leasehold::fsinfo::inspect(std::path::Path::new("/tmp"));
+/// assert!(info.host_local_locks.is_none());
+/// ```
+pub fn inspect(dir: &Path) -> FsInfo {
+    let mut info = FsInfo::default();
+    if let Ok(st) = nix::sys::statfs::statfs(dir) {
+        let magic = st.filesystem_type().0 as i64;
+        info.network = matches!(
+            magic,
+            NFS_SUPER_MAGIC
+                | SMB_SUPER_MAGIC
+                | CIFS_MAGIC
+                | SMB2_MAGIC
+                | CEPH_SUPER_MAGIC
+                | AFS_SUPER_MAGIC
+                | FUSE_SUPER_MAGIC
+        );
+    }
+    if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo")
+        && let Some(m) = mount_of(&text, dir)
+    {
+        info.network |= m.fstype.starts_with("nfs")
+            || m.fstype.starts_with("cifs")
+            || m.fstype.starts_with("smb")
+            || m.fstype.starts_with("ceph");
+        if m.fstype.starts_with("nfs") {
+            let opts: Vec<&str> = m.options.split(',').collect();
+            if opts.contains(&"local_lock=all") || opts.contains(&"local_lock=flock") {
+                info.host_local_locks = Some(format!(
+                    "{} is an NFS mount with {} (flock is local to each host)",
+                    m.point,
+                    opts.iter()
+                        .find(|o| o.starts_with("local_lock="))
+                        .unwrap_or(&"")
+                ));
+            } else if opts.contains(&"nolock") {
+                info.host_local_locks = Some(format!(
+                    "{} is an NFS mount with nolock (locks are local to each host)",
+                    m.point
+                ));
+            }
+        }
+        info.fstype = m.fstype;
+    }
+    info
+}
+
+struct Mount {
+    point: String,
+    fstype: String,
+    options: String,
+}
+
+/// The mountinfo entry whose mount point is the longest prefix of `dir` (the last such entry
+/// wins, as later mounts shadow earlier ones).
+fn mount_of(text: &str, dir: &Path) -> Option<Mount> {
+    let dir = dir.to_str()?;
+    let mut best: Option<Mount> = None;
+    for line in text.lines() {
+        let (left, right) = line.split_once(" - ")?;
+        let lf: Vec<&str> = left.split(' ').collect();
+        let rf: Vec<&str> = right.split(' ').collect();
+        let (Some(point), Some(fstype)) = (lf.get(4), rf.first()) else {
+            continue;
+        };
+        let point = unescape(point);
+        let inside = dir == point
+            || point == "/"
+            || dir
+                .strip_prefix(point.as_str())
+                .is_some_and(|r| r.starts_with('/'));
+        if !inside {
+            continue;
+        }
+        if best.as_ref().is_none_or(|b| point.len() >= b.point.len()) {
+            let mut options = lf.get(5).copied().unwrap_or("").to_string();
+            if let Some(s) = rf.get(2) {
+                options.push(',');
+                options.push_str(s);
+            }
+            best = Some(Mount {
+                point,
+                fstype: fstype.to_string(),
+                options,
+            });
+        }
+    }
+    best
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len() + 0
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_local_lock_nfs() {
+        let text = "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n\
+                    40 22 0:40 / /mnt/nfs rw,relatime - nfs 10.0.2.2:/export rw,vers=3,local_lock=all,addr=10.0.2.2\n\
+                    41 22 0:41 / /mnt/nfs4 rw - nfs4 10.0.2.2:/ rw,vers=4.1,local_lock=none\n";
+        let m = mount_of(text, Path::new("/mnt/nfs/locks")).unwrap();
+        assert_eq!(m.fstype, "nfs");
+        assert!(m.options.contains("local_lock=all"));
+        let m = mount_of(text, Path::new("/mnt/nfs4")).unwrap();
+        assert_eq!(m.fstype, "nfs4");
+        let m = mount_of(text, Path::new("/mnt/nfsx")).unwrap();
+        assert_eq!(m.fstype, "ext4");
+        assert_eq!(unescape("/a\\040b"), "/a b");
+    }
+}

@@ -1,0 +1,284 @@
+//! The FIFO wait queue: one ticket file per waiter in `.NAME.leasehold-queue/`.
+//!
+//! Owns: taking a ticket (under the mutex: the next sequence number after the highest present,
+//! created exclusively and flocked by its owner for as long as it waits), finding the live
+//! tickets ahead of ours (a ticket whose flock is free belongs to a waiter that is gone; one
+//! whose heartbeat has not moved for a TTL belongs to a frozen waiter and is skipped), the
+//! ticket's in-place heartbeat, and leaving the queue. Must never: delete a ticket whose flock
+//! is held by a live, beating waiter; delete any file by path without checking it is the inode
+//! it judged; let a later ticket number be served before an earlier live one.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, format_rfc3339};
+use crate::error::{Error, Result};
+use crate::identity::Identity;
+use crate::paths::LockPaths;
+
+const PREFIX: &str = "q-";
+const BEAT_W: usize = 20;
+const TAIL: &str = "}\n";
+
+/// What a ticket file says about its waiter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// Position: smaller is served first.
+    #[serde(default)]
+    pub seq: u64,
+    /// The waiter's PID (in its own pid namespace).
+    pub pid: i32,
+    /// Host name of the waiter.
+    pub host: String,
+    /// User name of the waiter.
+    pub user: String,
+    /// Waiter's wall clock when it joined the queue.
+    pub since: String,
+    /// What it wants to run.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Incremented in place while the waiter lives.
+    #[serde(default)]
+    pub beat: u64,
+}
+
+/// Our own ticket: its file stays open and flocked until we leave the queue.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    pub seq: u64,
+    path: PathBuf,
+    file: File,
+    bytes: Vec<u8>,
+    beat: u64,
+}
+
+/// Per-waiter memory of other tickets' heartbeats, to tell a frozen waiter.
+#[derive(Debug, Default)]
+pub(crate) struct Observed {
+    seen: HashMap<u64, (u64, Instant)>,
+}
+
+/// A live ticket ahead of ours.
+#[derive(Debug, Clone)]
+pub(crate) struct Ahead {
+    pub path: PathBuf,
+}
+
+fn ticket_name(seq: u64) -> String {
+    format!("{PREFIX}{seq:020}")
+}
+
+fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(PREFIX)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The tickets present, in queue order. Missing queue directory: none.
+fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir, "list the wait queue", e)),
+    };
+    let mut out: Vec<(u64, PathBuf)> = rd
+        .flatten()
+        .filter_map(|e| {
+            let seq = parse_name(e.file_name().to_str()?)?;
+            Some((seq, e.path()))
+        })
+        .collect();
+    out.sort_unstable_by_key(|(s, _)| *s);
+    Ok(out)
+}
+
+fn open_ticket(path: &Path) -> io::Result<File> {
+    // Read-write, because NFSv4 refuses exclusive locks on read-only descriptors.
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path)
+}
+
+fn read_info(file: &File) -> Option<Waiting> {
+    let mut buf = vec![0u8; 8192];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    serde_json::from_slice(&buf[..n]).ok()
+}
+
+/// Unlinks `path` only if it is still the inode `file` has open.
+fn unlink_if_same(path: &Path, file: &File) {
+    if let (Ok(now), Ok(ours)) = (std::fs::symlink_metadata(path), file.metadata())
+        && now.ino() == ours.ino()
+        && now.dev() == ours.dev()
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Called under the mutex: the live tickets ahead of `mine` (all live tickets when `mine` is
+/// None), pruning tickets of waiters that are gone (their flock is free) and, when `observed`
+/// is given, skipping those whose heartbeat has not moved for `ttl` (frozen waiters).
+pub(crate) fn live_ahead(
+    paths: &LockPaths,
+    mine: Option<u64>,
+    mut observed: Option<&mut Observed>,
+    ttl: Duration,
+) -> Result<Vec<Ahead>> {
+    let mut out = Vec::new();
+    for (seq, path) in list(&paths.queue)? {
+        if mine.is_some_and(|m| seq >= m) {
+            break;
+        }
+        let file = match open_ticket(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&path, "open a queue ticket", e)),
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                // Nobody holds it: its waiter is gone. We hold its lock while we remove it.
+                unlink_if_same(&path, &file);
+                continue;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(Error::io(&path, "test a queue ticket's lock", e));
+            }
+        }
+        if let (Some(obs), Some(w)) = (observed.as_deref_mut(), read_info(&file)) {
+            let now = Instant::now();
+            let entry = obs.seen.entry(seq).or_insert((w.beat, now));
+            if entry.0 != w.beat {
+                *entry = (w.beat, now);
+            } else if now.duration_since(entry.1) >= ttl {
+                // Frozen for a TTL: skip it. When it resumes it finds its ticket gone and queues
+                // again at the back.
+                unlink_if_same(&path, &file);
+                obs.seen.remove(&seq);
+                continue;
+            }
+        }
+        out.push(Ahead { path });
+    }
+    Ok(out)
+}
+
+/// Everyone waiting, in order (for `status`). Does not prune.
+pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
+    let Ok(tickets) = list(&paths.queue) else {
+        return Vec::new();
+    };
+    tickets
+        .into_iter()
+        .filter_map(|(seq, path)| {
+            let f = open_ticket(&path).ok()?;
+            // A ticket whose lock is free belongs to a waiter that is gone.
+            if f.try_lock().is_ok() {
+                return None;
+            }
+            let mut w = read_info(&f)?;
+            w.seq = seq;
+            Some(w)
+        })
+        .collect()
+}
+
+impl Ticket {
+    /// Called under the mutex: joins the queue behind every ticket present.
+    pub(crate) fn take(
+        paths: &LockPaths,
+        me: &Identity,
+        clock: &dyn Clock,
+        command: &[String],
+    ) -> Result<Ticket> {
+        match std::fs::create_dir(&paths.queue) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(&paths.queue, "create the wait queue", e)),
+        }
+        let meta = std::fs::symlink_metadata(&paths.queue)
+            .map_err(|e| Error::io(&paths.queue, "stat the wait queue", e))?;
+        if !meta.is_dir() {
+            return Err(Error::NotALease {
+                path: paths.queue.clone(),
+                what: "the wait queue's name is taken by something that is not a directory".into(),
+            });
+        }
+        let seq = list(&paths.queue)?.last().map_or(1, |(s, _)| s + 1);
+        let path = paths.queue.join(ticket_name(seq));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&path)
+            .map_err(|e| Error::io(&path, "create a queue ticket", e))?;
+        // Blocking: only a momentary `status` look can hold it, never for long.
+        file.lock()
+            .map_err(|e| Error::io(&path, "lock our queue ticket", e))?;
+        let info = Waiting {
+            seq,
+            pid: std::process::id() as i32,
+            host: me.host.clone(),
+            user: me.user.clone(),
+            since: format_rfc3339(clock.wall()),
+            command: command.iter().take(64).cloned().collect(),
+            beat: 0,
+        };
+        let mut text = serde_json::to_string(&info).unwrap_or_else(|_| "{}".into());
+        // Rewrite the trailing `"beat":0}` as a fixed-width field so beats are in-place writes.
+        if let Some(cut) = text.rfind("\"beat\":") {
+            text.truncate(cut);
+        }
+        text.push_str(&format!("\"beat\":{:>BEAT_W$}{TAIL}", 0));
+        let bytes = text.into_bytes();
+        let t = Ticket {
+            seq,
+            path,
+            file,
+            bytes,
+            beat: 0,
+        };
+        t.file
+            .write_all_at(&t.bytes, 0)
+            .map_err(|e| Error::io(&t.path, "write a queue ticket", e))?;
+        Ok(t)
+    }
+
+    /// Moves our heartbeat (in place: no new blocks).
+    pub(crate) fn beat(&mut self) {
+        self.beat = self.beat.wrapping_add(1);
+        let off = self.bytes.len() - TAIL.len() - BEAT_W;
+        let field = format!("{:>BEAT_W$}", self.beat);
+        self.bytes[off..off + BEAT_W].copy_from_slice(field.as_bytes());
+        let _ = self.file.write_all_at(field.as_bytes(), off as u64);
+    }
+
+    /// False when someone removed our ticket (we were judged frozen): queue again.
+    pub(crate) fn still_queued(&self) -> bool {
+        match (std::fs::symlink_metadata(&self.path), self.file.metadata()) {
+            (Ok(now), Ok(ours)) => now.ino() == ours.ino() && now.dev() == ours.dev(),
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // Unlink first, then the lock goes with the descriptor: the successor wakes to a queue
+        // that no longer holds us.
+        unlink_if_same(&self.path, &self.file);
+    }
+}

@@ -1,0 +1,296 @@
+//! Waiting is fair, herd-free and event-driven (issue 4), proven with real processes:
+//! waiters that arrive in a known order acquire in that order; a SIGKILLed waiter in the middle
+//! does not stall the queue; a SIGSTOPped one is skipped after a TTL; a release wakes only the
+//! head; polling mode (`poll(true)`, as on NFS) keeps the order; a timeout is honoured while
+//! queued and leaves no ticket behind.
+//!
+//! Workers are this test binary re-executed with `LH_WAIT_WORKER` set: each acquires the lock
+//! given in `LH_LOCK`, appends its name to `LH_LOG`, and releases when `LH_HOLD_FILE` is absent.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use leasehold::LeaseBuilder;
+
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+/// Worker entry: does nothing unless re-executed as a worker.
+#[test]
+fn worker_entry() {
+    let Ok(name) = std::env::var("LH_WAIT_WORKER") else {
+        return;
+    };
+    let lock = PathBuf::from(std::env::var("LH_LOCK").unwrap());
+    let log = PathBuf::from(std::env::var("LH_LOG").unwrap());
+    let ttl = Duration::from_millis(std::env::var("LH_TTL_MS").unwrap().parse().unwrap());
+    let poll = std::env::var("LH_POLL").is_ok();
+    let mut b = LeaseBuilder::new(&lock)
+        .ttl(ttl)
+        .poll(poll)
+        .durable(false)
+        .command(vec![name.clone()]);
+    let res = match std::env::var("LH_WAIT_MS") {
+        Ok(ms) => b.acquire_timeout(Duration::from_millis(ms.parse().unwrap())),
+        Err(_) => b.acquire(),
+    };
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&log)
+        .unwrap();
+    match res {
+        Ok(g) => {
+            writeln!(f, "{name} {}", g.token()).unwrap();
+            drop(f);
+            if let Ok(hold) = std::env::var("LH_HOLD_FILE") {
+                while Path::new(&hold).exists() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            g.release().unwrap();
+        }
+        Err(e) => {
+            writeln!(f, "{name} error {}", e.exit_code()).unwrap();
+        }
+    }
+}
+
+struct Workers {
+    children: Vec<(String, Child)>,
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(name: &str, lock: &Path, log: &Path, ttl_ms: u64, extra: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "worker_entry", "--nocapture", "--test-threads=1"])
+        .env("LH_WAIT_WORKER", name)
+        .env("LH_LOCK", lock)
+        .env("LH_LOG", log)
+        .env("LH_TTL_MS", ttl_ms.to_string())
+        .stdout(std::process::Stdio::null());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Waits until `n` live waiters are queued on `lock` (as `status` shows them).
+fn wait_queued(lock: &Path, n: usize) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let q = leasehold::status(lock).unwrap().queue;
+        if q.len() == n {
+            return;
+        }
+        assert!(Instant::now() < end, "expected {n} queued, have {}", q.len());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn wait_lines(log: &Path, n: usize, secs: u64) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(Instant::now() < end, "only {} of {n} lines: {lines:?}", lines.len());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn names(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect()
+}
+
+/// Queues `n` workers one by one behind a held lease, so their arrival order is known.
+fn queue_up(
+    lock: &Path,
+    log: &Path,
+    n: usize,
+    ttl_ms: u64,
+    extra: &[(&str, String)],
+) -> Workers {
+    let mut w = Workers { children: vec![] };
+    for i in 0..n {
+        let name = format!("w{i}");
+        w.children
+            .push((name.clone(), spawn(&name, lock, log, ttl_ms, extra)));
+        wait_queued(lock, i + 1);
+    }
+    w
+}
+
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("fifo.lock"), dir.path().join("log"));
+    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(10)).try_acquire().unwrap();
+    let mut w = queue_up(&lock, &log, 6, 10_000, &[]);
+    holder.release().unwrap();
+    let lines = wait_lines(&log, 6, 30);
+    assert_eq!(names(&lines), ["w0", "w1", "w2", "w3", "w4", "w5"]);
+    let tokens: Vec<u64> = lines.iter().map(|l| l.split(' ').nth(1).unwrap().parse().unwrap()).collect();
+    assert!(tokens.windows(2).all(|p| p[0] < p[1]), "{tokens:?}");
+    for (_, c) in &mut w.children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert!(leasehold::status(&lock).unwrap().queue.is_empty());
+}
+
+#[test]
+fn killed_waiter_in_the_middle_does_not_stall_the_queue() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("kill.lock"), dir.path().join("log"));
+    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(10)).try_acquire().unwrap();
+    let mut w = queue_up(&lock, &log, 5, 10_000, &[]);
+    w.children[2].1.kill().unwrap();
+    w.children[2].1.wait().unwrap();
+    let t0 = Instant::now();
+    holder.release().unwrap();
+    let lines = wait_lines(&log, 4, 30);
+    // Far less than a TTL (10 s): the kernel freed the dead waiter's ticket lock at once.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(names(&lines), ["w0", "w1", "w3", "w4"]);
+}
+
+#[test]
+fn stopped_waiter_is_skipped_after_a_ttl_and_queues_again_when_resumed() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("stop.lock"), dir.path().join("log"));
+    let ttl_ms = 400;
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_millis(ttl_ms))
+        .try_acquire()
+        .unwrap();
+    let mut w = queue_up(&lock, &log, 4, ttl_ms, &[]);
+    let stopped = w.children[1].1.id() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(stopped), nix::sys::signal::SIGSTOP)
+        .unwrap();
+    let t0 = Instant::now();
+    holder.release().unwrap();
+    let lines = wait_lines(&log, 3, 30);
+    let skipped_after = t0.elapsed();
+    assert_eq!(names(&lines), ["w0", "w2", "w3"]);
+    assert!(
+        skipped_after >= Duration::from_millis(ttl_ms) / 2,
+        "skipped too early: {skipped_after:?}"
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(stopped), nix::sys::signal::SIGCONT)
+        .unwrap();
+    let lines = wait_lines(&log, 4, 30);
+    assert_eq!(names(&lines)[3], "w1");
+    for (_, c) in &mut w.children {
+        assert!(c.wait().unwrap().success());
+    }
+}
+
+/// Voluntary + involuntary context switches of every thread of `pid`.
+fn switches(pid: u32) -> u64 {
+    let mut total = 0;
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let s = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        for l in s.lines() {
+            if l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches") {
+                total += l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn a_release_wakes_only_the_head() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("herd.lock"), dir.path().join("log"));
+    let hold = dir.path().join("hold");
+    fs::write(&hold, "").unwrap();
+    // A long TTL, so that no waiter's periodic tick falls into the measured window.
+    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(60)).try_acquire().unwrap();
+    let extra = [("LH_HOLD_FILE", hold.display().to_string())];
+    let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
+    // Every waiter is now parked in its blocking wait (it was seen queued).
+    let before: Vec<u64> = w.children.iter().map(|(_, c)| switches(c.id())).collect();
+    holder.release().unwrap();
+    // w0 takes the lease and keeps it while `hold` exists.
+    let _ = wait_lines(&log, 1, 30);
+    std::thread::sleep(Duration::from_millis(50)); // let any herd show itself
+    let after: Vec<u64> = w.children.iter().map(|(_, c)| switches(c.id())).collect();
+    let woke: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
+    eprintln!("wait: waiters woken by one release (head first): {woke:?}");
+    // The head woke and took it; its successor woke once, when the head left the queue, to
+    // become the new head. Nobody further back was woken.
+    assert!(woke[0], "the head did not wake");
+    assert_eq!(&woke[2..], &[false, false, false], "a herd woke: {woke:?}");
+    fs::remove_file(&hold).unwrap();
+    let lines = wait_lines(&log, 5, 30);
+    assert_eq!(names(&lines), ["w0", "w1", "w2", "w3", "w4"]);
+    for (_, c) in &mut w.children {
+        c.wait().unwrap();
+    }
+}
+
+#[test]
+fn polling_mode_keeps_the_order() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("poll.lock"), dir.path().join("log"));
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_millis(500))
+        .try_acquire()
+        .unwrap();
+    let extra = [("LH_POLL", "1".to_string())];
+    let mut w = queue_up(&lock, &log, 4, 500, &extra);
+    holder.release().unwrap();
+    let lines = wait_lines(&log, 4, 30);
+    assert_eq!(names(&lines), ["w0", "w1", "w2", "w3"]);
+    for (_, c) in &mut w.children {
+        assert!(c.wait().unwrap().success());
+    }
+}
+
+#[test]
+fn timeout_is_honoured_while_queued_and_leaves_no_ticket() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("wait.lock"), dir.path().join("log"));
+    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(10)).try_acquire().unwrap();
+    let mut w = queue_up(&lock, &log, 2, 10_000, &[]);
+    let t0 = Instant::now();
+    let mut late = spawn("late", &lock, &log, 10_000, &[("LH_WAIT_MS", "300".into())]);
+    let status = late.wait().unwrap();
+    let took = t0.elapsed();
+    assert!(status.success());
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("late error 75"), "{text}");
+    // 300 ms plus process start-up and one tick; far below the 10 s TTL.
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(leasehold::status(&lock).unwrap().queue.len(), 2);
+    // A one-shot caller never overtakes the queue, even when the lease is free for a moment.
+    drop(holder);
+    let lines = wait_lines(&log, 3, 30);
+    assert_eq!(names(&lines)[1..], ["w0", "w1"]);
+    for (_, c) in &mut w.children {
+        assert!(c.wait().unwrap().success());
+    }
+}
