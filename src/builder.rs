@@ -14,7 +14,7 @@ use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsinfo;
 use crate::fsio;
-use crate::guard::{LeaseGuard, LossReason, Timing};
+use crate::guard::{LeaseGuard, LossReason, LostCallback, Start, Timing};
 use crate::identity::Identity;
 use crate::mutex::{self, MutexGuard, StuckPolicy};
 use crate::observe::Memory;
@@ -53,7 +53,7 @@ pub struct LeaseBuilder {
     clock: Arc<dyn Clock>,
     identity: Option<Identity>,
     wall_skew: Option<Duration>,
-    on_lost: Option<Arc<dyn Fn(&LossReason) + Send + Sync>>,
+    on_lost: Option<LostCallback>,
     on_wait: Option<WaitCallback>,
     take_over_hung: bool,
     poll: bool,
@@ -439,16 +439,16 @@ impl LeaseBuilder {
         let started = Instant::now();
         fsio::replace(&ctx.paths, &ctx.paths.lock, &bytes, self.durable)?;
         drop(m);
-        let g = LeaseGuard::start(
-            ctx.paths.clone(),
-            ctx.timing,
-            Arc::clone(&self.clock),
+        let g = LeaseGuard::start(Start {
+            paths: ctx.paths.clone(),
+            timing: ctx.timing,
+            clock: Arc::clone(&self.clock),
             lease,
             bytes,
             started,
-            self.on_lost.clone(),
+            on_lost: self.on_lost.clone(),
             broke,
-        )?;
+        })?;
         Ok(g)
     }
 }

@@ -193,7 +193,7 @@ pub fn human_duration(d: Duration) -> String {
     }
     let s = d.as_secs();
     if s < 60 {
-        if ms < 10_000 && ms % 1000 != 0 {
+        if ms < 10_000 && !ms.is_multiple_of(1000) {
             return format!("{:.1}s", d.as_secs_f64());
         }
         return format!("{s}s");
@@ -210,7 +210,13 @@ mod tests {
 
     #[test]
     fn roundtrip_many_instants() {
-        for secs in [0u64, 951_782_400, 1_709_164_800, 4_102_444_800, 253_402_300_799] {
+        for secs in [
+            0u64,
+            951_782_400,
+            1_709_164_800,
+            4_102_444_800,
+            253_402_300_799,
+        ] {
             let t = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(999_999);
             let s = format_rfc3339(t);
             assert_eq!(s.len(), RFC3339_WIDTH, "{s}");
@@ -220,7 +226,12 @@ mod tests {
 
     #[test]
     fn parse_rejects_garbage() {
-        for s in ["", "2025-13-01T00:00:00Z", "2025-11-31T00:00:0xZ", "abcd-ef-ghTij:kl:mnZ"] {
+        for s in [
+            "",
+            "2025-13-01T00:00:00Z",
+            "2025-11-31T00:00:0xZ",
+            "abcd-ef-ghTij:kl:mnZ",
+        ] {
             assert_eq!(parse_rfc3339(s), None, "{s}");
         }
     }

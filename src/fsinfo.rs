@@ -35,7 +35,7 @@ const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 pub fn inspect(dir: &Path) -> FsInfo {
     let mut info = FsInfo::default();
     if let Ok(st) = nix::sys::statfs::statfs(dir) {
-        let magic = st.filesystem_type().0 as i64;
+        let magic = st.filesystem_type().0;
         info.network = matches!(
             magic,
             NFS_SUPER_MAGIC
@@ -126,7 +126,7 @@ fn unescape(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\'
-            && i + 3 < b.len() + 0
+            && i + 3 < b.len()
             && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));

@@ -45,7 +45,9 @@ impl fmt::Display for LossReason {
         match self {
             LossReason::Taken { by } => write!(f, "lease taken: LOCK now {by}"),
             LossReason::Vanished { what } => write!(f, "lease vanished: {what}"),
-            LossReason::RenewTimeout { last_error: Some(e) } => {
+            LossReason::RenewTimeout {
+                last_error: Some(e),
+            } => {
                 write!(f, "could not renew the lease before its deadline: {e}")
             }
             LossReason::RenewTimeout { last_error: None } => {
@@ -79,7 +81,11 @@ impl Timing {
     /// assert_eq!(t.heartbeat, Duration::from_secs(10));
     /// assert!(Timing::new(Duration::from_secs(1), Some(Duration::from_secs(1)), None).is_err());
     /// ```
-    pub fn new(ttl: Duration, heartbeat: Option<Duration>, grace: Option<Duration>) -> Result<Timing> {
+    pub fn new(
+        ttl: Duration,
+        heartbeat: Option<Duration>,
+        grace: Option<Duration>,
+    ) -> Result<Timing> {
         if ttl.is_zero() {
             return Err(Error::Settings("--ttl must be greater than zero".into()));
         }
@@ -87,7 +93,9 @@ impl Timing {
         let hb = heartbeat.unwrap_or(ttl / 3);
         let grace_v = grace.unwrap_or((ttl / 4).min(Duration::from_secs(5)));
         if hb.is_zero() {
-            return Err(Error::Settings("--heartbeat must be greater than zero".into()));
+            return Err(Error::Settings(
+                "--heartbeat must be greater than zero".into(),
+            ));
         }
         if hb + grace_v + margin >= ttl {
             let flag = match (heartbeat.is_some(), grace.is_some()) {
@@ -114,7 +122,21 @@ impl Timing {
     }
 }
 
-type LostCallback = Arc<dyn Fn(&LossReason) + Send + Sync>;
+/// The `on_lost` callback.
+pub(crate) type LostCallback = Arc<dyn Fn(&LossReason) + Send + Sync>;
+
+/// Everything a new guard starts from.
+pub(crate) struct Start {
+    pub paths: LockPaths,
+    pub timing: Timing,
+    pub clock: Arc<dyn Clock>,
+    pub lease: Lease,
+    pub bytes: Vec<u8>,
+    /// When the acquiring write began: the first renew deadline counts from here.
+    pub started: Instant,
+    pub on_lost: Option<LostCallback>,
+    pub broke: Option<Verdict>,
+}
 
 struct Record {
     lease: Lease,
@@ -174,16 +196,17 @@ impl fmt::Debug for LeaseGuard {
 }
 
 impl LeaseGuard {
-    pub(crate) fn start(
-        paths: LockPaths,
-        timing: Timing,
-        clock: Arc<dyn Clock>,
-        lease: Lease,
-        bytes: Vec<u8>,
-        started: Instant,
-        on_lost: Option<LostCallback>,
-        broke: Option<Verdict>,
-    ) -> Result<LeaseGuard> {
+    pub(crate) fn start(s: Start) -> Result<LeaseGuard> {
+        let Start {
+            paths,
+            timing,
+            clock,
+            lease,
+            bytes,
+            started,
+            on_lost,
+            broke,
+        } = s;
         let inner = Arc::new(Inner {
             paths,
             timing,
