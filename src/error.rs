@@ -77,7 +77,9 @@ pub enum Error {
         verdict: Box<Verdict>,
     },
     /// Some process has sat on the short internal mutex far longer than any lease operation takes.
-    #[error("{path}: the lease mutex has been held for {waited:?} by {holder}; that process looks hung")]
+    #[error(
+        "{path}: the lease mutex has been held for {waited:?} by {holder}; that process looks hung"
+    )]
     MutexStuck {
         /// The mutex file.
         path: PathBuf,
@@ -173,7 +175,10 @@ impl Error {
 }
 
 pub(crate) fn is_enospc(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc_consts::ENOSPC) | Some(libc_consts::EDQUOT))
+    matches!(
+        e.raw_os_error(),
+        Some(libc_consts::ENOSPC) | Some(libc_consts::EDQUOT)
+    )
 }
 
 fn io_exit_code(e: &io::Error) -> i32 {

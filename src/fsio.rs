@@ -170,7 +170,10 @@ pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: b
         .map_err(|e| Error::io(tmp, "create the temp file", e))?;
     let meta = f.metadata().map_err(|e| Error::io(tmp, "stat", e))?;
     if !meta.file_type().is_file() {
-        return Err(not_a_lease(tmp, "the temp file's name is taken by something else"));
+        return Err(not_a_lease(
+            tmp,
+            "the temp file's name is taken by something else",
+        ));
     }
     if meta.mode() & 0o7777 != 0o644 {
         // An older temp file keeps its mode through O_TRUNC; a lease must stay readable.

@@ -313,8 +313,7 @@ impl Lease {
         if h.pid <= 0 || h.child_pid.is_some_and(|p| p <= 0) || h.pgid.is_some_and(|p| p <= 0) {
             return Err("holder pid out of range".into());
         }
-        if !valid_text(&h.host, 255) || !valid_text(&h.user, 255) || !valid_text(&h.boot_id, 64)
-        {
+        if !valid_text(&h.host, 255) || !valid_text(&h.user, 255) || !valid_text(&h.boot_id, 64) {
             return Err("holder identity too long".into());
         }
         Ok(Lease {
@@ -339,7 +338,11 @@ fn seal(bytes: &mut [u8]) {
 
 /// Pads or cuts a timestamp to the fixed width, so a strange value can never shift the header.
 fn fixed_time(s: &str) -> String {
-    let mut t: String = s.chars().filter(|c| c.is_ascii_graphic()).take(RFC3339_WIDTH).collect();
+    let mut t: String = s
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(RFC3339_WIDTH)
+        .collect();
     while t.len() < RFC3339_WIDTH {
         t.push('Z');
     }
@@ -458,8 +461,14 @@ mod tests {
             Lease::parse(br#"{"leasehold": 9, "x": 1}"#),
             Parsed::Newer(9)
         ));
-        assert!(matches!(Lease::parse(&[0u8, 159, 146, 150]), Parsed::NotALease(_)));
+        assert!(matches!(
+            Lease::parse(&[0u8, 159, 146, 150]),
+            Parsed::NotALease(_)
+        ));
         let deep = "[".repeat(100_000);
-        assert!(matches!(Lease::parse(deep.as_bytes()), Parsed::NotALease(_)));
+        assert!(matches!(
+            Lease::parse(deep.as_bytes()),
+            Parsed::NotALease(_)
+        ));
     }
 }

@@ -100,7 +100,11 @@ fn wait_queued(lock: &Path, n: usize) {
         if q.len() == n {
             return;
         }
-        assert!(Instant::now() < end, "expected {n} queued, have {}", q.len());
+        assert!(
+            Instant::now() < end,
+            "expected {n} queued, have {}",
+            q.len()
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -113,7 +117,11 @@ fn wait_lines(log: &Path, n: usize, secs: u64) -> Vec<String> {
         if lines.len() >= n {
             return lines;
         }
-        assert!(Instant::now() < end, "only {} of {n} lines: {lines:?}", lines.len());
+        assert!(
+            Instant::now() < end,
+            "only {} of {n} lines: {lines:?}",
+            lines.len()
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -126,13 +134,7 @@ fn names(lines: &[String]) -> Vec<String> {
 }
 
 /// Queues `n` workers one by one behind a held lease, so their arrival order is known.
-fn queue_up(
-    lock: &Path,
-    log: &Path,
-    n: usize,
-    ttl_ms: u64,
-    extra: &[(&str, String)],
-) -> Workers {
+fn queue_up(lock: &Path, log: &Path, n: usize, ttl_ms: u64, extra: &[(&str, String)]) -> Workers {
     let mut w = Workers { children: vec![] };
     for i in 0..n {
         let name = format!("w{i}");
@@ -147,12 +149,18 @@ fn queue_up(
 fn waiters_acquire_in_arrival_order() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("fifo.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(10)).try_acquire().unwrap();
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .unwrap();
     let mut w = queue_up(&lock, &log, 6, 10_000, &[]);
     holder.release().unwrap();
     let lines = wait_lines(&log, 6, 30);
     assert_eq!(names(&lines), ["w0", "w1", "w2", "w3", "w4", "w5"]);
-    let tokens: Vec<u64> = lines.iter().map(|l| l.split(' ').nth(1).unwrap().parse().unwrap()).collect();
+    let tokens: Vec<u64> = lines
+        .iter()
+        .map(|l| l.split(' ').nth(1).unwrap().parse().unwrap())
+        .collect();
     assert!(tokens.windows(2).all(|p| p[0] < p[1]), "{tokens:?}");
     for (_, c) in &mut w.children {
         assert!(c.wait().unwrap().success());
@@ -164,7 +172,10 @@ fn waiters_acquire_in_arrival_order() {
 fn killed_waiter_in_the_middle_does_not_stall_the_queue() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("kill.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(10)).try_acquire().unwrap();
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .unwrap();
     let mut w = queue_up(&lock, &log, 5, 10_000, &[]);
     w.children[2].1.kill().unwrap();
     w.children[2].1.wait().unwrap();
@@ -187,8 +198,11 @@ fn stopped_waiter_is_skipped_after_a_ttl_and_queues_again_when_resumed() {
         .unwrap();
     let mut w = queue_up(&lock, &log, 4, ttl_ms, &[]);
     let stopped = w.children[1].1.id() as i32;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(stopped), nix::sys::signal::SIGSTOP)
-        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stopped),
+        nix::sys::signal::SIGSTOP,
+    )
+    .unwrap();
     let t0 = Instant::now();
     holder.release().unwrap();
     let lines = wait_lines(&log, 3, 30);
@@ -198,8 +212,11 @@ fn stopped_waiter_is_skipped_after_a_ttl_and_queues_again_when_resumed() {
         skipped_after >= Duration::from_millis(ttl_ms) / 2,
         "skipped too early: {skipped_after:?}"
     );
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(stopped), nix::sys::signal::SIGCONT)
-        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stopped),
+        nix::sys::signal::SIGCONT,
+    )
+    .unwrap();
     let lines = wait_lines(&log, 4, 30);
     assert_eq!(names(&lines)[3], "w1");
     for (_, c) in &mut w.children {
@@ -213,7 +230,9 @@ fn switches(pid: u32) -> u64 {
     for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let s = fs::read_to_string(t.path().join("status")).unwrap_or_default();
         for l in s.lines() {
-            if l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches") {
+            if l.starts_with("voluntary_ctxt_switches")
+                || l.starts_with("nonvoluntary_ctxt_switches")
+            {
                 total += l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
             }
         }
@@ -228,7 +247,10 @@ fn a_release_wakes_only_the_head() {
     let hold = dir.path().join("hold");
     fs::write(&hold, "").unwrap();
     // A long TTL, so that no waiter's periodic tick falls into the measured window.
-    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(60)).try_acquire().unwrap();
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .unwrap();
     let extra = [("LH_HOLD_FILE", hold.display().to_string())];
     let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
     // Every waiter is now parked in its blocking wait (it was seen queued).
@@ -274,7 +296,10 @@ fn polling_mode_keeps_the_order() {
 fn timeout_is_honoured_while_queued_and_leaves_no_ticket() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("wait.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock).ttl(Duration::from_secs(10)).try_acquire().unwrap();
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .unwrap();
     let mut w = queue_up(&lock, &log, 2, 10_000, &[]);
     let t0 = Instant::now();
     let mut late = spawn("late", &lock, &log, 10_000, &[("LH_WAIT_MS", "300".into())]);
