@@ -51,6 +51,7 @@ pub mod process;
 mod queue;
 mod record;
 mod status;
+pub mod supervise;
 mod verdict;
 mod wait;
 

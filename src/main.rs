@@ -1,1 +1,3 @@
-fn main() { std::process::exit(leasehold::cli::main()) }
+fn main() {
+    std::process::exit(leasehold::cli::main())
+}

@@ -1,7 +1,64 @@
-//! The command-line interface: maps flags to the library. (Being written.)
+//! The command-line interface: `leasehold run`, `status` and `break`, mapped onto the library.
+//!
+//! Owns: parsing the command line (see [`args`]), choosing the subcommand, and turning every
+//! outcome into exactly one exit status (usage errors are 64, never clap's 2). Must never: hold
+//! protocol logic (that lives in the library: `LeaseBuilder`, `status`, `break_lease`,
+//! `supervise`), or panic on any input.
 
-/// Runs the `leasehold` command line and returns its exit status.
+/// Writes one line to stderr, ignoring failure (a closed or broken stderr must not turn into a
+/// panic; the exit status still tells what happened).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Writes to stdout, ignoring failure (e.g. `leasehold status | head -1`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+pub mod args;
+mod brk;
+pub mod duration;
+mod progress;
+pub mod report;
+mod run;
+mod status;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::exit;
+
+/// Runs the `leasehold` command line with this process's arguments and returns its exit status.
 pub fn main() -> i32 {
-    eprintln!("leasehold: the command line is being written");
-    crate::exit::SOFTWARE
+    main_from(std::env::args_os())
+}
+
+/// Runs the command line with the given arguments (the first is the program name).
+pub fn main_from<I, T>(argv: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match args::Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+                _ => exit::USAGE,
+            };
+        }
+    };
+    match cli.command {
+        args::Command::Run(a) => run::run(&a),
+        args::Command::Status(a) => status::status(&a),
+        args::Command::Break(a) => brk::brk(&a),
+    }
 }

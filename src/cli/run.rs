@@ -1,0 +1,140 @@
+//! `leasehold run`: take the lease, run the command under it, report how it ended.
+//!
+//! Owns: the order of a run (resolve the command, check the timing, take the lease — waiting as
+//! asked —, say what was broken, supervise, release recording how the job ended) and the choice
+//! of exit status. Must never: start the command without the lease, release the lease before the
+//! command is dead, or report a conflict with anything but the -E status.
+
+use crate::cli::args::RunArgs;
+use crate::cli::progress::WaitDisplay;
+use crate::cli::report;
+use crate::supervise::{Job, Outcome, Supervisor};
+use crate::{Error, LeaseBuilder, exit};
+
+/// Whether an acquisition error means "the lock could not be had" (exit -E, default 75).
+fn is_conflict(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::WouldBlock { .. }
+            | Error::Timeout { .. }
+            | Error::MutexStuck { .. }
+            | Error::Refused { .. }
+    )
+}
+
+/// Runs `leasehold run` and returns the exit status.
+pub(super) fn run(a: &RunArgs) -> i32 {
+    let argv = a.argv();
+    if argv.is_empty() {
+        say!(
+            "leasehold: no command given: use `run LOCK -- CMD [ARGS...]` or `run LOCK -c 'SHELL COMMAND'`"
+        );
+        return exit::USAGE;
+    }
+    let job = match Job::new(&argv) {
+        Ok(j) => j,
+        Err(n) => {
+            say!("leasehold: {}", n.why);
+            return n.code;
+        }
+    };
+    let mut sup = match Supervisor::new() {
+        Ok(s) => s,
+        Err(e) => {
+            say!("{}", report::error_line(&e));
+            return e.exit_code();
+        }
+    };
+    let display = WaitDisplay::new(a.quiet);
+    let shown = display.clone();
+    let mut b = LeaseBuilder::new(&a.lock)
+        .ttl(a.ttl)
+        .command(job.argv_lossy())
+        .poll(a.poll)
+        .on_lost(sup.loss_notifier())
+        .on_wait(move |v| shown.waiting(v));
+    if let Some(h) = a.heartbeat {
+        b = b.heartbeat(h);
+    }
+    if let Some(g) = a.grace {
+        b = b.grace(g);
+    }
+    if let Some(n) = &a.note {
+        b = b.note(n.clone());
+    }
+    if let Err(e) = b.timing() {
+        say!("{}", report::error_line(&e));
+        return e.exit_code();
+    }
+    let got = if a.no_wait {
+        b.try_acquire()
+    } else if let Some(w) = a.wait {
+        b.acquire_timeout(w)
+    } else {
+        b.acquire()
+    };
+    display.done();
+    let guard = match got {
+        Ok(g) => g,
+        Err(e) if is_conflict(&e) => {
+            if !a.quiet {
+                say!("{}", report::error_line(&e));
+            }
+            return i32::from(a.conflict_exit_code);
+        }
+        Err(e) => {
+            say!("{}", report::error_line(&e));
+            return e.exit_code();
+        }
+    };
+    if let (Some(v), false) = (guard.broke(), a.quiet) {
+        say!("{}", report::broke_line(v, false));
+    }
+    let lock = guard.path().to_path_buf();
+    if a.verbose {
+        say!(
+            "leasehold: acquired {} (token {}, lease id {}, TTL {}, heartbeat {}, grace {})",
+            lock.display(),
+            guard.token(),
+            guard.lease_id(),
+            crate::human_duration(guard.timing().ttl),
+            crate::human_duration(guard.timing().heartbeat),
+            crate::human_duration(guard.timing().grace),
+        );
+    }
+    let outcome = match sup.run(&guard, &job) {
+        Ok(o) => o,
+        Err(e) => {
+            say!("{}", report::error_line(&e));
+            let _ = guard.release_with(&format!("leasehold failed: {e}"));
+            return e.exit_code();
+        }
+    };
+    let how = outcome.ending();
+    let lost = guard.loss();
+    let released = guard.release_with(&how);
+    match &outcome {
+        Outcome::Fenced { reason, survivors } => {
+            say!(
+                "{}",
+                report::fenced_line(&job.display(), reason, &lock, *survivors)
+            );
+        }
+        Outcome::NotStarted(n) => say!("leasehold: {}", n.why),
+        Outcome::Exited(_) | Outcome::Signaled(_) => {
+            if let Some(r) = lost {
+                say!(
+                    "leasehold: warning: the lease on {} was lost ({r}) as {} ended",
+                    lock.display(),
+                    job.display()
+                );
+            }
+        }
+    }
+    if let Err(e) = released {
+        say!("{}", report::error_line(&e));
+    } else if a.verbose {
+        say!("leasehold: released {} ({how})", lock.display());
+    }
+    outcome.exit_code()
+}
