@@ -342,6 +342,7 @@ pub struct Supervisor {
     wake_tx: OwnedFd,
     forwarded: Vec<Signal>,
     tty: Option<Terminal>,
+    leftovers: std::cell::Cell<usize>,
 }
 
 impl Supervisor {
@@ -364,6 +365,7 @@ impl Supervisor {
             wake_tx: tx,
             forwarded: Vec::new(),
             tty: None,
+            leftovers: std::cell::Cell::new(0),
         })
     }
 
@@ -600,10 +602,34 @@ impl Supervisor {
                 };
                 Outcome::Fenced { reason, survivors }
             }
-            other => other,
+            other => {
+                // The command ended while the lease was ours, but processes it started may
+                // still run in its group: the job is not over until they are, so stop them
+                // (SIGTERM, grace, SIGKILL) before the lease is released.
+                let left = process::group_members(child.as_raw());
+                if !left.is_empty() {
+                    let _ = killpg(child, Signal::SIGTERM);
+                    let _ = killpg(child, Signal::SIGCONT);
+                    let end = Instant::now() + guard.timing().grace;
+                    while !process::group_members(child.as_raw()).is_empty()
+                        && Instant::now() < end
+                    {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    kill_group_and_wait(child, None, KILL_WAIT);
+                    self.leftovers.set(left.len());
+                }
+                other
+            }
         };
         let _ = waitpid(child, None);
         o
+    }
+
+    /// How many processes the command left running in its process group when it ended by
+    /// itself; they were stopped before the lease was released.
+    pub fn leftovers_stopped(&self) -> usize {
+        self.leftovers.get()
     }
 
     /// Fences: SIGTERM (and SIGCONT) the command's group, wait up to `grace`, SIGKILL the group

@@ -334,3 +334,29 @@ fn a_sigstopped_wrapper_is_taken_over_after_a_ttl_and_exits_74_when_resumed() {
     assert!(err.contains("fenced"), "{err}");
     assert!(group(pgid).is_empty());
 }
+
+#[test]
+fn processes_left_behind_by_a_finished_command_are_stopped_before_release() {
+    let d = tmp();
+    let lock = d.path().join("left.lock");
+    let gc = d.path().join("left.gc");
+    let script = format!(
+        "sleep 100 & echo $! > '{gc}.tmp' && mv '{gc}.tmp' '{gc}'; exit 3",
+        gc = gc.display()
+    );
+    let out = lh()
+        .args(["run", "--ttl", "2s", "--grace", "200ms"])
+        .arg(&lock)
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("run");
+    // The command's own status is kept; the background sleep is gone before the release.
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("left 1 process(es) running"), "{err}");
+    let grandchild = read_pid(&gc);
+    assert!(!alive(grandchild), "the leftover sleep {grandchild} survived");
+    let l = lease(&lock).expect("lease");
+    assert_eq!(l["state"], "released");
+}

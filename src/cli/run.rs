@@ -122,6 +122,14 @@ pub(super) fn run(a: &RunArgs) -> i32 {
         }
         Outcome::NotStarted(n) => say!("leasehold: {}", n.why),
         Outcome::Exited(_) | Outcome::Signaled(_) => {
+            let left = sup.leftovers_stopped();
+            if left > 0 && !a.quiet {
+                say!(
+                    "leasehold: {} ended but left {left} process(es) running in its process group; stopped them before releasing {}",
+                    job.display(),
+                    lock.display()
+                );
+            }
             if let Some(r) = lost {
                 say!(
                     "leasehold: warning: the lease on {} was lost ({r}) as {} ended",
