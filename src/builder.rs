@@ -19,7 +19,7 @@ use crate::identity::Identity;
 use crate::mutex::{self, MutexGuard, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
-use crate::process;
+use crate::process::{self, JobEvidence};
 use crate::queue::{self, Observed, Ticket};
 use crate::record::{Holder, Lease, LeaseState};
 use crate::verdict::{Judge, State, Verdict};
@@ -353,7 +353,8 @@ impl LeaseBuilder {
                     if let Some(l) = &v.lease
                         && let (Some(pg), false) = (l.holder.pgid, v.remnants.is_empty())
                     {
-                        process::kill_group_verified(pg, l.holder.uid, Duration::from_secs(2))
+                        let ev = JobEvidence::new(&l.lease_id, l.holder.uid, &ctx.paths.mutex);
+                        process::kill_group_verified(pg, &ev, Duration::from_secs(2))
                             .map_err(|why| refused(ctx, &v, &why))?;
                     }
                     let prev = v.lease.clone();
@@ -361,7 +362,7 @@ impl LeaseBuilder {
                 }
                 State::Hung if self.take_over_hung => match v.lease.clone() {
                     Some(l) => {
-                        stop_hung(&l).map_err(|why| refused(ctx, &v, &why))?;
+                        stop_hung(&l, &ctx.paths).map_err(|why| refused(ctx, &v, &why))?;
                         Some(self.take(ctx, m, Some(&l), Some(v.clone()))?)
                     }
                     None => None,
@@ -460,28 +461,25 @@ fn refused(ctx: &Ctx, v: &Verdict, why: &str) -> Error {
     }
 }
 
-/// Stops the processes of a hung same-host holder, verifying each against /proc first: its
-/// command's process group (every member owned by the lease's uid), or the holder itself when it
-/// recorded no command (a library holder).
-fn stop_hung(l: &Lease) -> std::result::Result<(), String> {
+/// Stops the processes of a hung same-host holder, each verified against /proc first (see
+/// [`JobEvidence`]): the members of its command's process group that carry its lease id, or the
+/// holder itself (which keeps the lock's mutex file open) when it recorded no command.
+pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usize, String> {
     let h = &l.holder;
+    let ev = JobEvidence::new(&l.lease_id, h.uid, &paths.mutex);
     let wait = Duration::from_secs(2);
-    match (h.pgid, h.child_pid, h.child_start) {
-        (Some(pg), Some(c), Some(cs)) => {
-            // The group must be the recorded child's own group, still led by it or its remnants.
-            if let Ok(Some(s)) = process::stat(c)
-                && s.start == cs
-                && s.pgrp != pg
-            {
+    match h.pgid {
+        Some(pg) => {
+            let n = process::kill_group_verified(pg, &ev, wait)?;
+            if n == 0 {
                 return Err(format!(
-                    "pid {c} is no longer in process group {pg}; not signalling"
+                    "no process of its process group {pg} can be verified as this job's; not signalling"
                 ));
             }
-            process::kill_group_verified(pg, h.uid, wait)
+            Ok(n)
         }
-        _ => process::kill_verified(h.pid, h.pid_start, h.uid, wait).map(|_| 1),
+        None => process::kill_verified(h.pid, h.pid_start, &ev, wait).map(|_| 1),
     }
-    .map(|_| ())
 }
 
 /// A random 128-bit id in 32 hex digits.

@@ -159,6 +159,10 @@ struct Inner {
     lost: AtomicBool,
     loss: Mutex<Option<LossReason>>,
     on_lost: Option<LostCallback>,
+    /// The lock's mutex file, kept open (not locked) while we hold the lease: the kernel's
+    /// evidence, in /proc/PID/fd, that this process is a holder of this lock (see
+    /// `process::JobEvidence`). Closed on exec, so commands do not inherit it.
+    _witness: Option<std::fs::File>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
@@ -207,6 +211,7 @@ impl LeaseGuard {
             on_lost,
             broke,
         } = s;
+        let witness = std::fs::File::open(&paths.mutex).ok();
         let inner = Arc::new(Inner {
             paths,
             timing,
@@ -221,6 +226,7 @@ impl LeaseGuard {
             lost: AtomicBool::new(false),
             loss: Mutex::new(None),
             on_lost,
+            _witness: witness,
         });
         let mut threads = Vec::with_capacity(2);
         for (name, body) in [

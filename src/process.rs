@@ -3,15 +3,16 @@
 //!
 //! Owns: reading /proc/PID/stat (state, process group, start time), scanning for group members,
 //! and the one place that sends SIGKILL to another job's processes. Must never: signal a process
-//! that has not been verified against this host's /proc (PID, start time, owner, group) — never on
-//! the word of a lease file alone.
+//! that has not been verified against this host's /proc (PID, start time, owner, and kernel-held
+//! evidence that it belongs to the job: see [`JobEvidence`]) — never on the word of a lease file
+//! alone.
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 /// What /proc says of one process.
@@ -134,51 +135,136 @@ pub fn group_members(pgid: i32) -> Vec<ProcStat> {
     out
 }
 
-/// SIGKILLs process group `pgid` after verifying that every live member is owned by `uid`, then
-/// waits (up to `wait`) until no live member is left. Refuses, with the reason, when a member
-/// belongs to someone else or the group cannot be signalled.
-pub fn kill_group_verified(pgid: i32, uid: u32, wait: Duration) -> Result<usize, String> {
-    let members = group_members(pgid);
-    if members.is_empty() {
-        return Ok(0);
+/// What /proc must show before leasehold signals a process on behalf of a lease: never the
+/// word of the lease file alone.
+///
+/// A process belongs to the job of a lease when it runs under the lease's uid AND either
+/// - its initial environment (`/proc/PID/environ`) holds `LEASEHOLD_LEASE_ID=<the lease id>`,
+///   which `leasehold run` gives the command and every process it starts inherits; or
+/// - it has the lock's mutex file open (`/proc/PID/fd`), as every lease holder keeps it open
+///   for as long as it holds the lease (the kernel's word that it is a leasehold holder of this
+///   very lock).
+///
+/// A forged or stale lease naming pid 1, or another user's process, fails both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEvidence {
+    /// The lease id the job's processes carry in their environment.
+    pub lease_id: String,
+    /// The uid the lease was taken under.
+    pub uid: u32,
+    /// Device and inode of the lock's mutex file.
+    pub mutex: Option<(u64, u64)>,
+}
+
+impl JobEvidence {
+    /// Evidence for the lease `lease_id`/`uid` of the lock whose mutex file is `mutex`.
+    pub fn new(lease_id: &str, uid: u32, mutex: &std::path::Path) -> JobEvidence {
+        JobEvidence {
+            lease_id: lease_id.to_string(),
+            uid,
+            mutex: fs::metadata(mutex).ok().map(|m| (m.dev(), m.ino())),
+        }
     }
-    if let Some(m) = members.iter().find(|m| m.uid != uid) {
-        return Err(format!(
-            "process group {pgid} holds pid {} owned by uid {}, not the lease's uid {uid}",
-            m.pid, m.uid
-        ));
+
+    /// `Ok` when `p` provably belongs to the job; otherwise why not.
+    pub fn check(&self, p: &ProcStat) -> Result<(), String> {
+        if p.uid != self.uid {
+            return Err(format!(
+                "pid {} runs as uid {}, not the lease's uid {}",
+                p.pid, p.uid, self.uid
+            ));
+        }
+        if self.carries_lease_id(p.pid) || self.holds_mutex_open(p.pid) {
+            return Ok(());
+        }
+        Err(format!(
+            "pid {} carries neither LEASEHOLD_LEASE_ID={} nor an open lock file: not this job's",
+            p.pid, self.lease_id
+        ))
     }
-    match killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(e) => return Err(format!("cannot signal process group {pgid}: {e}")),
+
+    fn carries_lease_id(&self, pid: i32) -> bool {
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+            return false;
+        };
+        let want = format!("LEASEHOLD_LEASE_ID={}", self.lease_id);
+        env.split(|b| *b == 0).any(|v| v == want.as_bytes())
     }
+
+    fn holds_mutex_open(&self, pid: i32) -> bool {
+        let Some((dev, ino)) = self.mutex else {
+            return false;
+        };
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+        })
+    }
+}
+
+/// The live members of process group `pgid` that provably belong to the job.
+pub fn job_members(pgid: i32, ev: &JobEvidence) -> Vec<ProcStat> {
+    group_members(pgid)
+        .into_iter()
+        .filter(|m| ev.check(m).is_ok())
+        .collect()
+}
+
+/// SIGKILLs, one by one, every live member of process group `pgid` that provably belongs to the
+/// job (see [`JobEvidence`]), until none is left or `wait` passes. Members that do not belong
+/// to it are never signalled. Returns how many processes were stopped.
+pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Result<usize, String> {
     let deadline = Instant::now() + wait;
+    let mut killed = std::collections::HashSet::new();
     loop {
-        if group_members(pgid).is_empty() {
-            return Ok(members.len());
+        let members = job_members(pgid, ev);
+        if members.is_empty() {
+            return Ok(killed.len());
         }
         if Instant::now() >= deadline {
             return Err(format!(
-                "process group {pgid} still has live processes {wait:?} after SIGKILL"
+                "process group {pgid} still has {} live process(es) {wait:?} after SIGKILL",
+                members.len()
             ));
+        }
+        for m in &members {
+            // Re-read right before signalling: same pid, same start time, still in the group.
+            if let Ok(Some(now)) = stat(m.pid)
+                && now.start == m.start
+                && now.pgrp == pgid
+                && !now.is_dead()
+            {
+                match kill(Pid::from_raw(m.pid), Signal::SIGKILL) {
+                    Ok(()) | Err(nix::errno::Errno::ESRCH) => {
+                        killed.insert((m.pid, m.start));
+                    }
+                    Err(e) => return Err(format!("cannot signal pid {}: {e}", m.pid)),
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// SIGKILLs one verified process (pid, start time and owner must match) and waits for it to be
-/// gone or a zombie.
-pub fn kill_verified(pid: i32, start: u64, uid: u32, wait: Duration) -> Result<(), String> {
+/// SIGKILLs one process that provably belongs to the job (pid and start time as recorded, and
+/// [`JobEvidence::check`]) and waits for it to be gone or a zombie.
+pub fn kill_verified(pid: i32, start: u64, ev: &JobEvidence, wait: Duration) -> Result<(), String> {
     match stat(pid) {
-        Ok(Some(s)) if s.start == start && s.uid == uid && !s.is_dead() => {}
-        Ok(Some(s)) if s.is_dead() || s.start != start => return Ok(()),
-        Ok(Some(s)) => {
-            return Err(format!(
-                "pid {pid} is owned by uid {}, not the lease's uid {uid}",
-                s.uid
-            ));
-        }
-        Ok(None) => return Ok(()),
+        Ok(Some(s)) if s.start == start && !s.is_dead() => ev.check(&s)?,
+        Ok(_) => return Ok(()),
+        Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
+    }
+    kill_checked(pid, start, wait)
+}
+
+/// SIGKILLs `pid` if it still has start time `start`, and waits for it to be gone or a zombie.
+/// Callers must have verified it first.
+pub(crate) fn kill_checked(pid: i32, start: u64, wait: Duration) -> Result<(), String> {
+    match stat(pid) {
+        Ok(Some(s)) if s.start == start && !s.is_dead() => {}
+        Ok(_) => return Ok(()),
         Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
     }
     match kill(Pid::from_raw(pid), Signal::SIGKILL) {

@@ -168,7 +168,10 @@ impl Judge<'_> {
                 Liveness::Alive => "process gone".to_string(),
             };
             if let Some(g) = h.pgid {
-                v.remnants = process::group_members(g).iter().map(|p| p.pid).collect();
+                // Only processes provably of this job count: a reused group id must neither be
+                // signalled nor keep the lock forever.
+                let ev = process::JobEvidence::new(&lease.lease_id, h.uid, &self.paths.mutex);
+                v.remnants = process::job_members(g, &ev).iter().map(|p| p.pid).collect();
                 if !v.remnants.is_empty() {
                     v.reason += &format!(
                         "; {} leftover process(es) in its process group {g}",
