@@ -1,0 +1,261 @@
+#![allow(dead_code)]
+//! Kill trials shared by faults_kill.rs (library holders) and faults_kill_cli.rs (`leasehold run`).
+//!
+//! Each trial starts a holder and, in most trials, a waiter that queues behind it, both on one
+//! LOCK on a tmpfs with TTL 200 ms and a 20 ms heartbeat; SIGKILLs the holder, the waiter or both
+//! at a random point (during start-up and acquisition, mid-hold and mid-renew, around release);
+//! reaps everyone; then checks: LOCK parses (serde_json and the library's status; with the CLI
+//! also `leasehold status` exit 0), nothing but documented helpers lies beside LOCK, the next
+//! run gets the lock within TTL + 1 s (a same-host dead holder should be immediate) with a token
+//! greater than every token seen, and no two critical sections overlapped.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{self, Kid, Rng};
+
+pub const TTL: Duration = Duration::from_millis(200);
+pub const BOUND: Duration = Duration::from_millis(1200); // TTL + 1 s
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Library,
+    Cli,
+}
+
+pub struct Figures {
+    pub trials: usize,
+    pub violations: usize,
+    pub worst_takeover: Duration,
+    pub slow_takeovers: usize,
+    pub killed_holders: usize,
+    pub killed_waiters: usize,
+    pub killed_after_ready: usize,
+}
+
+fn spawn(mode: Mode, lock: &Path, work: &Path, name: &str, hold_ms: u64) -> Kid {
+    let ready = work.join(format!("{name}.ready"));
+    let _ = fs::remove_file(&ready);
+    let mut c = match mode {
+        Mode::Library => {
+            let mut c = common::helper_cmd("hold");
+            c.env("FAULTS_LOCK", lock)
+                .env("FAULTS_TTL_MS", TTL.as_millis().to_string())
+                .env("FAULTS_HB_MS", "20")
+                .env("FAULTS_WAIT_MS", "3000");
+            c
+        }
+        Mode::Cli => {
+            let mut c = Command::new(common::bin());
+            c.args([
+                "run",
+                "-q",
+                "--ttl",
+                "200ms",
+                "--heartbeat",
+                "20ms",
+                "-w",
+                "3s",
+            ])
+            .arg(lock)
+            .arg("--")
+            .arg(std::env::current_exe().unwrap())
+            .args(["helper", "--exact", "--nocapture", "--test-threads=1", "-q"])
+            .env("FAULTS_HELPER", "cs")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+            c
+        }
+    };
+    c.env("FAULTS_HOLD_MS", hold_ms.to_string())
+        .env("FAULTS_READY", &ready)
+        .env("FAULTS_CS", work.join("cs"))
+        .stderr(Stdio::piped());
+    Kid::spawn(&mut c, name)
+}
+
+fn max_token(lock: &Path, seen: &mut u64) {
+    if let Ok(b) = fs::read(lock)
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b)
+        && let Some(t) = v["token"].as_u64()
+    {
+        *seen = (*seen).max(t);
+    }
+}
+
+/// Reaps orphans reparented to us (we are a child subreaper in CLI mode) once our own children
+/// are all waited for: PID 1 on these machines does not reap them.
+fn reap_orphans() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(st) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if st == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+pub fn run_trials(mode: Mode, trials: usize) -> Figures {
+    let mut rng = Rng::new(&format!("kill trials ({mode:?})"));
+    let base = if Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").expect("tempdir")
+    } else {
+        tempfile::tempdir().expect("tempdir")
+    };
+    let lockdir = base.path().join("locks");
+    let work = base.path().join("work");
+    fs::create_dir_all(&lockdir).unwrap();
+    fs::create_dir_all(work.join("cs")).unwrap();
+    let lock: PathBuf = lockdir.join("job.lock");
+    if mode == Mode::Cli {
+        nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
+    }
+    let mut f = Figures {
+        trials,
+        violations: 0,
+        worst_takeover: Duration::ZERO,
+        slow_takeovers: 0,
+        killed_holders: 0,
+        killed_waiters: 0,
+        killed_after_ready: 0,
+    };
+    let mut top_token = 0u64;
+    let mut problems: Vec<String> = Vec::new();
+    for trial in 0..trials {
+        let hold = rng.below(30);
+        let mut holder = spawn(mode, &lock, &work, "holder", hold);
+        let with_waiter = rng.chance(70);
+        let mut waiter = with_waiter.then(|| spawn(mode, &lock, &work, "waiter", rng.below(15)));
+        // Kill the holder (50 %), the waiter (25 %) or both (25 %), at a random point: either a
+        // random delay after start (start-up, mid-acquire, early hold), or a random delay after
+        // the holder said it holds (mid-hold, mid-renew, around release).
+        let pick = rng.below(4);
+        let (kill_h, kill_w) = match pick {
+            0 | 1 => (true, false),
+            2 => (false, true),
+            _ => (true, true),
+        };
+        let after_ready = rng.chance(50);
+        if after_ready {
+            let ready = work.join("holder.ready");
+            common::wait_for(Duration::from_secs(3), || {
+                ready.exists() || holder.try_wait().is_some()
+            });
+            f.killed_after_ready += 1;
+            std::thread::sleep(Duration::from_micros(rng.below((hold + 5) * 1000)));
+        } else {
+            std::thread::sleep(Duration::from_micros(rng.below(25_000)));
+        }
+        if kill_h {
+            holder.kill();
+            f.killed_holders += 1;
+        }
+        if kill_w && let Some(w) = waiter.as_mut() {
+            w.kill();
+            f.killed_waiters += 1;
+        }
+        // Survivors finish by themselves (a waiter takes over a dead holder, holds, releases).
+        let mut kids: Vec<&mut Kid> = vec![&mut holder];
+        if let Some(w) = waiter.as_mut() {
+            kids.push(w);
+        }
+        for k in kids {
+            let st = k.wait_timeout(Duration::from_secs(10));
+            let c = common::code(st);
+            // 0 = done, 137 = our SIGKILL, 75 = could not get it in time (should not happen).
+            if c != 0 && c != 137 {
+                let mut err = String::new();
+                if let Some(mut e) = k.child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                problems.push(format!(
+                    "trial {trial}: {} exited {c}: {}",
+                    k.what,
+                    err.trim()
+                ));
+            }
+        }
+        if mode == Mode::Cli {
+            reap_orphans();
+        }
+        // The checks.
+        max_token(&lock, &mut top_token);
+        common::assert_lock_parses(&lock);
+        if mode == Mode::Cli {
+            let out = Command::new(common::bin())
+                .args(["status", "--json"])
+                .arg(&lock)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "trial {trial}: leasehold status exited {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .expect("status --json prints JSON");
+        }
+        let stray = common::stray_files(&lockdir, "job.lock");
+        assert!(
+            stray.is_empty(),
+            "trial {trial}: stray files beside LOCK: {stray:?}"
+        );
+        let t0 = Instant::now();
+        let taken = leasehold::LeaseBuilder::new(&lock)
+            .ttl(TTL)
+            .durable(false)
+            .acquire_timeout(BOUND);
+        let took = t0.elapsed();
+        let g = match taken {
+            Ok(g) => g,
+            Err(e) => {
+                panic!("trial {trial}: the next run did not get the lock within {BOUND:?}: {e}")
+            }
+        };
+        f.worst_takeover = f.worst_takeover.max(took);
+        if took > Duration::from_millis(100) {
+            f.slow_takeovers += 1;
+        }
+        assert!(
+            g.token() > top_token,
+            "trial {trial}: token {} not above {top_token}",
+            g.token()
+        );
+        top_token = g.token();
+        g.release().expect("release");
+        let v = common::violations(&work);
+        if v.len() != f.violations {
+            problems.push(format!(
+                "trial {trial}: overlap: {}",
+                v[f.violations..].join("; ")
+            ));
+            f.violations = v.len();
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    f
+}
+
+pub fn print(label: &str, f: &Figures) {
+    println!(
+        "faults: kill trials ({label}): trials={} violations={} worst_takeover_ms={} takeovers_over_100ms={} killed_holders={} killed_waiters={} killed_after_ready={} ttl_ms={} bound_ms={}",
+        f.trials,
+        f.violations,
+        f.worst_takeover.as_millis(),
+        f.slow_takeovers,
+        f.killed_holders,
+        f.killed_waiters,
+        f.killed_after_ready,
+        TTL.as_millis(),
+        BOUND.as_millis()
+    );
+}
