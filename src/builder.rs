@@ -254,13 +254,6 @@ impl LeaseBuilder {
             let (v, predecessor) = match self.attempt(&ctx, deadline, &mut mem, Some(&mut queued)) {
                 Ok(Attempt::Taken(g)) => return Ok(*g),
                 Ok(Attempt::Busy(v, p)) => (v, p),
-                Err(Error::MutexStuck { .. }) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    return Err(Error::Timeout {
-                        path: ctx.paths.lock.clone(),
-                        waited: start.elapsed(),
-                        verdict: Box::new(self.peek(&ctx, &mut mem)),
-                    });
-                }
                 Err(e) => return Err(e),
             };
             if let Some(d) = deadline
@@ -293,17 +286,6 @@ impl LeaseBuilder {
                 Some(p) => waiter.wait_turn(p, deadline),
                 None => waiter.wait_lease(&v, deadline),
             }
-        }
-    }
-
-    /// A judgement without taking anything (used to explain a timeout).
-    fn peek(&self, ctx: &Ctx, mem: &mut Memory) -> Verdict {
-        let judge = self.judge(ctx);
-        match fsio::read_lock(&ctx.paths.lock) {
-            Ok(c) => judge.judge(&c, mem),
-            Err(e) => judge
-                .judge(&fsio::LockContent::Missing, mem)
-                .with_reason(e.to_string()),
         }
     }
 

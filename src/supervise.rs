@@ -611,8 +611,7 @@ impl Supervisor {
                     let _ = killpg(child, Signal::SIGTERM);
                     let _ = killpg(child, Signal::SIGCONT);
                     let end = Instant::now() + guard.timing().grace;
-                    while !process::group_members(child.as_raw()).is_empty()
-                        && Instant::now() < end
+                    while !process::group_members(child.as_raw()).is_empty() && Instant::now() < end
                     {
                         std::thread::sleep(Duration::from_millis(2));
                     }

@@ -263,9 +263,3 @@ impl fmt::Display for Verdict {
     }
 }
 
-impl Verdict {
-    pub(crate) fn with_reason(mut self, reason: String) -> Verdict {
-        self.reason = reason;
-        self
-    }
-}

@@ -7,8 +7,18 @@ use std::time::{Duration, Instant};
 
 use leasehold::LeaseBuilder;
 
+/// A child killed and reaped on drop, so a failing test leaves no stopped process behind.
+struct Frozen(std::process::Child);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts a python process that takes the mutex of `lock` and stops itself.
-fn frozen_mutex_holder(lock: &std::path::Path) -> std::process::Child {
+fn frozen_mutex_holder(lock: &std::path::Path) -> Frozen {
     let mutex = lock.with_file_name(format!(
         ".{}.leasehold-mutex",
         lock.file_name().unwrap().to_str().unwrap()
@@ -31,7 +41,7 @@ fn frozen_mutex_holder(lock: &std::path::Path) -> std::process::Child {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
         let state = stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap();
         if state == 'T' {
-            return child;
+            return Frozen(child);
         }
         assert!(Instant::now() < end, "python never stopped itself");
         std::thread::sleep(Duration::from_millis(2));
@@ -56,7 +66,7 @@ fn a_frozen_mutex_holder_is_killed_after_a_ttl() {
     let took = t0.elapsed();
     eprintln!("mutex: frozen holder stopped and lease taken after {took:?} (TTL {ttl:?})");
     assert!(took >= ttl, "judged before a TTL: {took:?}");
-    let status = frozen.wait().unwrap();
+    let status = frozen.0.wait().unwrap();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9),
@@ -73,7 +83,7 @@ fn a_deadline_is_kept_while_the_mutex_is_stuck() {
     }
     let dir = tempfile::tempdir().unwrap();
     let lock = dir.path().join("d.lock");
-    let mut frozen = frozen_mutex_holder(&lock);
+    let frozen = frozen_mutex_holder(&lock);
     let t0 = Instant::now();
     // A long TTL: the holder is not yet judged, so only the deadline ends the wait.
     let err = LeaseBuilder::new(&lock)
@@ -89,6 +99,5 @@ fn a_deadline_is_kept_while_the_mutex_is_stuck() {
     let t0 = Instant::now();
     assert!(LeaseBuilder::new(&lock).try_acquire().is_err());
     assert!(t0.elapsed() < Duration::from_secs(1));
-    frozen.kill().unwrap();
-    frozen.wait().unwrap();
+    drop(frozen);
 }
