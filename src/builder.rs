@@ -445,20 +445,29 @@ fn refused(ctx: &Ctx, v: &Verdict, why: &str) -> Error {
 
 /// Stops the processes of a hung same-host holder, each verified against /proc first (see
 /// [`JobEvidence`]): the members of its command's process group that carry its lease id, or the
-/// holder itself (which keeps the lock's mutex file open) when it recorded no command.
+/// holder itself (which keeps the lock's mutex file open) when it recorded no command. The
+/// frozen wrapper is left alone: when resumed it finds its lease gone and fences itself.
 pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usize, String> {
     let h = &l.holder;
     let ev = JobEvidence::new(&l.lease_id, h.uid, &paths.mutex);
     let wait = Duration::from_secs(2);
     match h.pgid {
         Some(pg) => {
-            let n = process::kill_group_verified(pg, &ev, wait)?;
-            if n == 0 {
-                return Err(format!(
-                    "no process of its process group {pg} can be verified as this job's; not signalling"
-                ));
+            // The recorded command, if it still runs, must provably be this job's, in its group.
+            if let (Some(c), Some(cs)) = (h.child_pid, h.child_start)
+                && let Ok(Some(s)) = process::stat(c)
+                && s.start == cs
+                && !s.is_dead()
+            {
+                ev.check(&s)?;
+                if s.pgrp != pg {
+                    return Err(format!(
+                        "pid {c} has left process group {pg}; not signalling"
+                    ));
+                }
             }
-            Ok(n)
+            // Only verified members are signalled; others in a reused group are not this job.
+            process::kill_group_verified(pg, &ev, wait)
         }
         None => process::kill_verified(h.pid, h.pid_start, &ev, wait).map(|_| 1),
     }

@@ -198,9 +198,8 @@ impl JobEvidence {
         let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
             return false;
         };
-        fds.flatten().any(|fd| {
-            fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino)
-        })
+        fds.flatten()
+            .any(|fd| fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
     }
 }
 

@@ -262,4 +262,3 @@ impl fmt::Display for Verdict {
         }
     }
 }
-

@@ -356,7 +356,10 @@ fn processes_left_behind_by_a_finished_command_are_stopped_before_release() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("left 1 process(es) running"), "{err}");
     let grandchild = read_pid(&gc);
-    assert!(!alive(grandchild), "the leftover sleep {grandchild} survived");
+    assert!(
+        !alive(grandchild),
+        "the leftover sleep {grandchild} survived"
+    );
     let l = lease(&lock).expect("lease");
     assert_eq!(l["state"], "released");
 }

@@ -3,6 +3,7 @@
 # Kernel command line: lh.host=NAME lh.mode=v4|v3local lh.mnt=/guest/mount/path lh.id=UNIQUE
 export PATH=/sbin:/bin
 fail() { echo "LH-FAIL: $*" >/dev/console; sleep 1; exit 1; }   # init exits -> panic -> VM exits
+step() { read -r up _ </proc/uptime; echo "LH-STEP $up $*" >/dev/console; }
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
@@ -14,6 +15,7 @@ exec </dev/console >/dev/console 2>&1
 arg() { for a in $(cat /proc/cmdline); do case "$a" in "$1="*) echo "${a#*=}"; return;; esac; done; }
 HOST=$(arg lh.host); MODE=$(arg lh.mode); MNT=$(arg lh.mnt); ID=$(arg lh.id)
 [ -n "$HOST" ] && [ -n "$MODE" ] && [ -n "$MNT" ] || fail "missing lh.* kernel arguments"
+step init
 hostname "$HOST"
 echo "$HOST" >/etc/hostname
 echo "127.0.0.1 localhost" >/etc/hosts
@@ -27,6 +29,7 @@ while read -r m; do
     esac
 done </lh/modorder
 
+step modules loaded
 i=0
 while [ ! -e /sys/class/net/eth0 ]; do
     i=$((i + 1)); [ $i -gt 100 ] && fail "no eth0 after 10 s"; sleep 0.1
@@ -36,14 +39,18 @@ ip addr add 10.0.2.15/24 dev eth0
 ip link set eth0 up
 ip route add default via 10.0.2.2
 
+step network up
 SRV=10.0.2.100
 V4OPTS="vers=4.1,addr=$SRV,clientaddr=10.0.2.15,proto=tcp,port=2049,hard"
 mount -t nfs4 -o "ro,$V4OPTS" "$SRV:/usr" /usr || fail "mount of host /usr (NFSv4.1) failed"
+step /usr mounted
 # host binaries from the read-only /usr: make /bin, /sbin, /lib, /lib64 lookups work
-# (/bin and /sbin stay busybox; PATH puts /usr/bin first)
+# (/bin and /sbin keep busybox's applets, but /bin/sh becomes the host's dash: busybox sh would
+# run its own applets (date, flock, ...) instead of the host's; PATH puts /usr/bin first)
 ln -s /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu
 ln -s /usr/lib64 /lib64
 ln -s /usr/bin/bash /bin/bash
+[ -x /usr/bin/dash ] && ln -sf /usr/bin/dash /bin/sh
 mkdir -p "$MNT"
 if [ "$MODE" = v4 ]; then
     mount -t nfs4 -o "$V4OPTS" "$SRV:/lh" "$MNT" || fail "mount of the export (NFSv4.1) failed"
@@ -63,4 +70,5 @@ else
 fi
 
 grep " $MNT " /proc/mounts >/dev/console
-exec /usr/bin/python3 /lh/lab.py serve 7000
+step export mounted
+exec /usr/bin/python3 -I -S /lh/lab.py serve 7000

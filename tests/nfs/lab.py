@@ -16,11 +16,12 @@ Roles:
   freeport                  host: print a free TCP port on 127.0.0.1.
   waitport PORT TIMEOUT PIDFILE   host: wait for 127.0.0.1:PORT to accept while PIDFILE's pid lives.
 
-Wire protocol of serve/exec: client sends one JSON line {"cmd":..., "time":host_time,
-"settime":bool}; server answers frames: 1 byte kind (o=stdout e=stderr x=exit) + 4 byte
+  clock PORT                host: print the guest's clock offset to the host and the round trip.
+
+Wire protocol of serve/exec: client sends one JSON line {"cmd":...} (or {"op":"clock"} /
+{"op":"adjust","delta":seconds}); server answers frames: 1 byte kind (o=stdout e=stderr x=exit) + 4 byte
 big-endian length + payload. Closing the connection kills the command's process group.
 """
-import ctypes
 import json
 import os
 import select
@@ -50,6 +51,7 @@ def pid_alive(pid):
 
 # ----------------------------------------------------------------------------- supervisor
 def supervise(rundir):
+    import ctypes
     PR_SET_CHILD_SUBREAPER = 36
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -236,9 +238,13 @@ def serve(port):
             if not line:
                 return
             req = json.loads(line.decode())
-            if req.get("settime"):
-                t = float(req["time"]) + 0.005
-                time.clock_settime(time.CLOCK_REALTIME, t)
+            if req.get("op") == "clock":  # answer the guest's wall clock at once
+                send(conn, b"x", repr(time.time()).encode(), wlock)
+                return
+            if req.get("op") == "adjust":  # step the guest's wall clock by delta seconds
+                time.clock_settime(time.CLOCK_REALTIME, time.time() + float(req["delta"]))
+                send(conn, b"x", b"0", wlock)
+                return
             outr, outw = os.pipe()
             errr, errw = os.pipe()
             ev = threading.Event()
@@ -321,7 +327,7 @@ def serve(port):
     srv.bind(("0.0.0.0", port))
     srv.listen(64)
     with open("/dev/console", "w") as c:
-        c.write("LH-READY %s\n" % socket.gethostname())
+        c.write("LH-READY %s uptime %s\n" % (socket.gethostname(), open("/proc/uptime").read().split()[0]))
     while True:
         try:
             conn, _ = srv.accept()
@@ -335,12 +341,16 @@ class ChannelError(Exception):
     pass
 
 
-def run_remote(port, cmd, settime=False, out=None, err=None, connect_timeout=5.0):
+def run_remote(port, cmd, out=None, err=None, connect_timeout=5.0, timeout=None, op=None, **kw):
     """Returns the exit status; raises ChannelError when the channel broke."""
     s = socket.create_connection(("127.0.0.1", port), timeout=connect_timeout)
-    s.settimeout(None)
+    s.settimeout(timeout)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall((json.dumps({"cmd": cmd, "time": time.time(), "settime": settime}) + "\n").encode())
+    req = {"cmd": cmd}
+    if op:
+        req["op"] = op
+        req.update(kw)
+    s.sendall((json.dumps(req) + "\n").encode())
     f = s.makefile("rb")
     out = out if out is not None else sys.stdout.buffer
     err = err if err is not None else sys.stderr.buffer
@@ -360,7 +370,7 @@ def run_remote(port, cmd, settime=False, out=None, err=None, connect_timeout=5.0
                 err.write(payload)
                 err.flush()
             elif kind == b"x":
-                return int(payload)
+                return float(payload) if op == "clock" else int(payload)
     finally:
         s.close()
 
@@ -375,6 +385,28 @@ def exec_cmd(port, cmd):
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(code)
+
+
+def clock_offset(port):
+    """(guest - host) wall clock offset estimated NTP-style, and the round trip time."""
+    best = None
+    for _ in range(5):
+        t0 = time.time()
+        g = run_remote(port, "", op="clock", timeout=5)
+        t1 = time.time()
+        if best is None or t1 - t0 < best[1]:
+            best = (g - (t0 + t1) / 2, t1 - t0)
+    return best
+
+
+def sync_clock(port):
+    """Step the guest's clock to the host's (guests' RTC has 1 s resolution)."""
+    for _ in range(4):
+        off, rtt = clock_offset(port)
+        if abs(off) < 0.02:
+            return off, rtt
+        run_remote(port, "", op="adjust", delta=-off, timeout=5)
+    return clock_offset(port)
 
 
 def tail(path, n=40):
@@ -406,11 +438,14 @@ def wait_guest(name, port, pidfile, console, timeout):
         try:
             import io
             buf = io.BytesIO()
-            code = run_remote(port, "hostname", settime=True, out=buf, err=io.BytesIO(),
-                              connect_timeout=2)
+            code = run_remote(port, "hostname", out=buf, err=io.BytesIO(), connect_timeout=2,
+                              timeout=10)
             got = buf.getvalue().decode().strip()
             if code == 0 and got == name:
-                print("guest %s ready after %.1f s" % (name, time.time() - t0))
+                ready = time.time() - t0
+                off, rtt = sync_clock(port)
+                print("guest %s ready after %.1f s (clock offset after sync %+.3f s, rtt %.3f s)"
+                      % (name, ready, off, rtt))
                 return
             last = "probe answered %r status %d" % (got, code)
         except (OSError, ChannelError) as e:
@@ -458,6 +493,9 @@ def main(argv):
         wait_guest(argv[2], int(argv[3]), argv[4], argv[5], float(argv[6]))
     elif op == "waitport":
         wait_port(int(argv[2]), float(argv[3]), argv[4])
+    elif op == "clock":
+        off, rtt = clock_offset(int(argv[2]))
+        print("%+.3f %.3f" % (off, rtt))
     elif op == "freeport":
         s = socket.socket()
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,408 @@
+#!/bin/bash
+# Real-NFS scenarios for leasehold (issue 7), run inside the two lab guests (see lab.sh).
+#
+#   bash tests/nfs/lab.sh setup
+#   LEASEHOLD_BIN=$PWD/target/release/leasehold bash tests/nfs/scenarios.sh
+#
+# Env: LEASEHOLD_BIN (required, absolute path of a host-built binary; it is copied into the export)
+#      LEASEHOLD_NFS_MODES (default "v4 v3local"), LEASEHOLD_NFS_ROUNDS (default 10 per host).
+# Prints every check and the measured figures; the last line is `nfs: N passed, M failed`;
+# exits non-zero when anything failed (including a lab that cannot start on this machine).
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LAB="$HERE/lab.sh"
+MODES=${LEASEHOLD_NFS_MODES:-v4 v3local}
+ROUNDS=${LEASEHOLD_NFS_ROUNDS:-10}
+PY=/usr/bin/python3
+PASS=0
+FAIL=0
+FAILED=()
+FIGURES=()
+T_ALL=$SECONDS
+
+ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
+bad() { FAIL=$((FAIL + 1)); FAILED+=("$*"); echo "FAIL - $*"; }
+fig() { FIGURES+=("$*"); echo "     # $*"; }
+now() { date +%s.%N; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
+# run in a guest, bounded: gx SECONDS GUEST CMD
+gx() { local t=$1; shift; timeout -k 5 "$t" bash "$LAB" exec "$@"; }
+
+finish() {
+    local rc=$?
+    trap - EXIT
+    bash "$LAB" stop >/dev/null 2>&1 || { bad "lab.sh stop failed"; }
+    echo
+    echo "== NFS scenario summary ($((SECONDS - T_ALL)) s)"
+    local f
+    for f in "${FIGURES[@]}"; do echo "  $f"; done
+    for f in "${FAILED[@]}"; do echo "  FAILED: $f"; done
+    [ "$PASS" -gt 0 ] || [ "$FAIL" -gt 0 ] || { FAIL=1; echo "  FAILED: nothing ran (exit $rc)"; }
+    echo "nfs: $PASS passed, $FAIL failed"
+    [ "$FAIL" = 0 ] && exit 0 || exit 1
+}
+trap finish EXIT
+trap 'echo "interrupted"; exit 1' INT TERM
+
+# ------------------------------------------------------------------------------------------ checks
+if [ -z "${LEASEHOLD_BIN:-}" ]; then
+    bad "LEASEHOLD_BIN is not set (absolute path of the host-built leasehold binary)"; exit 1
+fi
+case "$LEASEHOLD_BIN" in /*) ;; *) bad "LEASEHOLD_BIN must be absolute: $LEASEHOLD_BIN"; exit 1 ;; esac
+[ -x "$LEASEHOLD_BIN" ] || { bad "LEASEHOLD_BIN is not an executable file: $LEASEHOLD_BIN"; exit 1; }
+"$LEASEHOLD_BIN" --help 2>&1 | grep -q 'run' ||
+    { bad "$LEASEHOLD_BIN --help does not list a run command"; exit 1; }
+[ "$(id -u)" = 0 ] || { bad "must run as root (the lab runs an NFS server and VMs)"; exit 1; }
+
+# guest-side helpers, copied into the export at each start ($G is the guest path of that folder)
+write_helpers() {
+    local d=$1
+    # critical section: overlap detector (O_EXCL marker), token logs, timestamps
+    cat >"$d/cs.sh" <<'EOF'
+d=$1; h=$(hostname); t0=$(date +%s.%N)
+if ! (set -C; : >"$d/inside") 2>/dev/null; then echo "$h token $LEASEHOLD_TOKEN at $t0" >>"$d/overlap.$h"; fi
+echo "$LEASEHOLD_TOKEN $h" >>"$d/shared.log"
+sleep 0.1
+t1=$(date +%s.%N)
+rm -f "$d/inside"
+echo "$LEASEHOLD_TOKEN $t0 $t1" >>"$d/tokens.$h"
+EOF
+    # loop.sh LH LOCK DIR N SECONDS: N guarded runs of cs.sh (or until SECONDS passed)
+    cat >"$d/loop.sh" <<'EOF'
+lh=$1 lock=$2 d=$3 n=$4 end=$(( $(date +%s) + $5 )) i=0 h=$(hostname)
+while [ "$i" -lt "$n" ] && [ "$(date +%s)" -lt "$end" ]; do
+    i=$((i + 1))
+    "$lh" run -q --poll --ttl 5s -w 60s "$lock" -- sh "$(dirname "$0")/cs.sh" "$d"
+    echo "$i $?" >>"$d/rc.$h"
+done
+EOF
+    # attempts.sh LH LOCK SECONDS: `run -n` attempts against a live foreign holder
+    cat >"$d/attempts.sh" <<'EOF'
+lh=$1 lock=$2 end=$(( $(date +%s) + $3 )) n=0 other=0
+while [ "$(date +%s)" -lt "$end" ]; do
+    n=$((n + 1))
+    "$lh" run -q -n --poll --ttl 2s "$lock" -c 'echo BROKEN-IN token=$LEASEHOLD_TOKEN'
+    rc=$?
+    [ $rc = 75 ] || { other=$((other + 1)); echo "attempt $n: exit $rc"; }
+    sleep 0.3
+done
+echo "attempts=$n other=$other"
+EOF
+    # takeover.sh LH LOCK OUT SECONDS: `run -n` until it gets the lease; OUT gets time and token
+    cat >"$d/takeover.sh" <<'EOF'
+lh=$1 lock=$2 out=$3 end=$(( $(date +%s) + $4 )) n=0 codes=""
+while [ "$(date +%s)" -lt "$end" ]; do
+    n=$((n + 1))
+    "$lh" run -q -n --poll --ttl 2s "$lock" -c "echo \$(date +%s.%N) \$LEASEHOLD_TOKEN > $out"
+    rc=$?
+    [ $rc = 0 ] && { echo "attempts=$n codes:$codes"; exit 0; }
+    case " $codes " in *" $rc "*) ;; *) codes="$codes $rc" ;; esac
+    sleep 0.1
+done
+echo "attempts=$n codes:$codes (never acquired)"; exit 1
+EOF
+}
+
+wait_file() {  # wait_file PATH SECONDS (host side)
+    local i=0 n=$(($2 * 20))
+    while [ ! -s "$1" ]; do i=$((i + 1)); [ $i -le $n ] || return 1; sleep 0.05; done
+}
+
+start_lab() {
+    local mode=$1 out
+    bash "$LAB" stop >/dev/null 2>&1 || true
+    echo "== lab start $mode"
+    if ! out=$(bash "$LAB" start "$mode" 2>&1); then
+        echo "$out" | sed 's/^/    /'
+        bad "[$mode] lab start (the NFS lab cannot run here; reason above)"
+        return 1
+    fi
+    echo "$out" | grep -E 'ready|lab up' | sed 's/^/    /'
+    eval "$(bash "$LAB" env)"
+    fig "[$mode] boot: $(echo "$out" | sed -n 's/.*guests booted in \([0-9.]*\) s.*/\1/p') s for both guests to have the export mounted and answer"
+    ok "[$mode] lab started: two NFS client guests (hosta, hostb)"
+    mkdir -p "$LAB_EXPORT/t"
+    cp "$LEASEHOLD_BIN" "$LAB_EXPORT/t/leasehold"
+    write_helpers "$LAB_EXPORT/t"
+    E=$LAB_EXPORT/t G=$LAB_MOUNT/t LH=$LAB_MOUNT/t/leasehold
+    if gx 30 hosta "$LH --version" >/dev/null && gx 30 hostb "$LH --version" >/dev/null; then
+        ok "[$mode] leasehold runs in both guests (from the export, host /usr libraries)"
+    else
+        bad "[$mode] leasehold does not run in the guests"; return 1
+    fi
+}
+
+# ------------------------------------------------------------------------------- lab sanity checks
+lab_cto() {  # close-to-open: hostb re-opens and reads what hosta renamed over it
+    local mode=$1 i r delays=()
+    cat >"$E/cto_reader.py" <<'EOF'
+import sys, time
+p = sys.argv[1]; old = open(p).read()
+print("ready", flush=True)
+t0 = time.time()
+while time.time() - t0 < 20:
+    c = open(p).read().strip()
+    if c != old.strip():
+        print("%.4f" % max(0.0, time.time() - float(c))); break
+    time.sleep(0.002)
+else:
+    print("never")
+EOF
+    for i in 1 2 3; do
+        echo 0 >"$E/cto"
+        rm -f "$E/cto.out"
+        gx 40 hostb "python3 -I -S $G/cto_reader.py $G/cto" >"$E/cto.out" 2>&1 &
+        local rp=$!
+        wait_file "$E/cto.out" 30 || true   # the reader has read the old content
+        gx 20 hosta "python3 -I -S -c 'import os,time; open(\"$G/cto.tmp\",\"w\").write(\"%.6f\" % time.time()); os.rename(\"$G/cto.tmp\",\"$G/cto\")'"
+        wait $rp
+        r=$(tail -1 "$E/cto.out")
+        delays+=("$r")
+    done
+    if printf '%s\n' "${delays[@]}" | awk '$1 == "never" || $1 > 2 { bad = 1 } END { exit bad }'; then
+        ok "[$mode] close-to-open: hostb re-reads hosta's rename-over in ${delays[*]} s"
+    else
+        bad "[$mode] close-to-open: delays ${delays[*]} (never = not seen in 20 s)"
+    fi
+    fig "[$mode] close-to-open visibility (hosta rename-over -> hostb re-open; guest clocks synced to ~20 ms): ${delays[*]} s"
+}
+
+lab_flock() {  # kernel flock across hosts: shared in v4, host-local in v3local
+    local mode=$1 out
+    gx 30 hosta "touch $G/flk; flock -n $G/flk -c 'echo held >$G/flk.held; sleep 6'" >/dev/null &
+    local hp=$!
+    wait_file "$E/flk.held" 20 || true
+    out=$(gx 20 hostb "flock -n $G/flk -c 'echo granted'; echo rc=\$?")
+    wait $hp
+    if [ "$mode" = v4 ]; then
+        [ "$out" = "rc=1" ] && ok "[$mode] flock -n on hostb refused while hosta holds it (locks shared)" ||
+            bad "[$mode] flock -n on hostb while hosta holds it: expected refusal, got: $out"
+    else
+        [ "$(echo $out)" = "granted rc=0" ] && ok "[$mode] flock -n on hostb granted while hosta holds it (locks host-local, as local_lock=all means)" ||
+            bad "[$mode] flock on hostb while hosta holds it: expected granted, got: $out"
+    fi
+}
+
+# ------------------------------------------------------------------------------------ scenarios
+sc_exclusion() {  # (a) both hosts loop run on one LOCK
+    local mode=$1 d=$E/a
+    mkdir -p "$d"
+    echo "-- (a) mutual exclusion: $ROUNDS guarded runs per host on one LOCK"
+    local t0=$SECONDS
+    gx 300 hosta "sh $G/loop.sh $LH $G/a.lock $G/a $ROUNDS 240" &
+    local pa=$!
+    gx 300 hostb "sh $G/loop.sh $LH $G/a.lock $G/a $ROUNDS 240" &
+    local pb=$!
+    wait $pa; wait $pb
+    local res
+    res=$($PY - "$d" "$ROUNDS" <<'EOF'
+import glob, os, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+problems, runs = [], []
+for h in ("hosta", "hostb"):
+    codes = [l.split() for l in open(os.path.join(d, "rc." + h))] if os.path.exists(os.path.join(d, "rc." + h)) else []
+    nonzero = [c for c in codes if c[1] != "0"]
+    if len(codes) < rounds: problems.append("%s ran only %d of %d" % (h, len(codes), rounds))
+    if nonzero: problems.append("%s exit codes: %s" % (h, " ".join("#%s=%s" % tuple(c) for c in nonzero)))
+    toks = [l.split() for l in open(os.path.join(d, "tokens." + h))] if os.path.exists(os.path.join(d, "tokens." + h)) else []
+    t = [int(x[0]) for x in toks]
+    if any(b <= a for a, b in zip(t, t[1:])): problems.append("%s tokens not strictly increasing: %s" % (h, t))
+    runs += [(float(x[1]), float(x[2]), int(x[0]), h) for x in toks]
+for f in glob.glob(os.path.join(d, "overlap.*")):
+    problems.append("OVERLAP: " + open(f).read().strip().replace("\n", "; "))
+runs.sort()
+toks = [r[2] for r in runs]
+if len(set(toks)) != len(toks): problems.append("duplicate tokens")
+if any(b <= a for a, b in zip(toks, toks[1:])): problems.append("tokens not increasing in time order")
+for a, b in zip(runs, runs[1:]):
+    if b[0] < a[1] - 0.05: problems.append("intervals overlap: %s and %s" % (a, b))
+shared = [int(l.split()[0]) for l in open(os.path.join(d, "shared.log"))] if os.path.exists(os.path.join(d, "shared.log")) else []
+if shared != sorted(set(shared)) or len(shared) != len(runs): problems.append("shared log not a strictly increasing record of every run")
+switches = sum(1 for a, b in zip(runs, runs[1:]) if a[3] != b[3])
+print("runs=%d hosts_alternated=%d tokens=%s..%s" % (len(runs), switches, toks[0] if toks else "-", toks[-1] if toks else "-"))
+for p in problems: print("PROBLEM " + p)
+EOF
+)
+    echo "$res" | sed 's/^/    /'
+    if echo "$res" | grep -q PROBLEM; then
+        bad "[$mode] (a) mutual exclusion across hosts"
+    else
+        ok "[$mode] (a) mutual exclusion across hosts: zero overlaps, tokens strictly increasing ($(echo "$res" | head -1))"
+    fi
+    if [ -f "$E/a.lock" ] && $PY -c 'import json,sys; json.load(open(sys.argv[1]))' "$E/a.lock" 2>/dev/null; then
+        ok "[$mode] LOCK still exists after the runs and holds a JSON lease (never deleted)"
+    else
+        bad "[$mode] LOCK missing or not JSON after the runs"
+    fi
+    fig "[$mode] (a) $(echo "$res" | head -1) in $((SECONDS - t0)) s"
+}
+
+sc_handoff() {  # (e) handoff latency between hosts, default TTL, --poll
+    local mode=$1 i h w lat=() rc
+    echo "-- (e) handoff between hosts (holder releases, other host waiting with -w)"
+    for i in 1 2 3 4; do
+        if [ $((i % 2)) = 1 ]; then h=hosta w=hostb; else h=hostb w=hosta; fi
+        rm -f "$E/e.held" "$E/e.rel" "$E/e.acq"
+        gx 60 $h "$LH run -q --poll $G/e.lock -c 'touch $G/e.held; sleep 2; date +%s.%N >$G/e.rel'" &
+        local hp=$!
+        wait_file "$E/e.held" 30 || true
+        gx 60 $w "$LH run -q --poll -w 30s $G/e.lock -c 'date +%s.%N >$G/e.acq'"
+        rc=$?
+        wait $hp
+        if [ $rc = 0 ] && [ -s "$E/e.rel" ] && [ -s "$E/e.acq" ]; then
+            lat+=("$(sub "$(cat "$E/e.acq")" "$(cat "$E/e.rel")")")
+        else
+            lat+=("fail(rc=$rc)")
+        fi
+    done
+    # the waiter polls every min(1 s, TTL/10) +-25 %: a handoff near the TTL means the release
+    # was not seen and the waiter only got in when the lease expired
+    if printf '%s\n' "${lat[@]}" | grep -q fail; then
+        bad "[$mode] (e) handoff between hosts: ${lat[*]}"
+    elif printf '%s\n' "${lat[@]}" | awk '$1 > 5 { slow = 1 } END { exit !slow }'; then
+        bad "[$mode] (e) handoff between hosts slower than 5 s: ${lat[*]} s (release not seen by the waiter?)"
+    else
+        ok "[$mode] (e) waiter on the other host acquires after release: ${lat[*]} s"
+    fi
+    fig "[$mode] (e) handoff across hosts (holder's command ends -> waiter's command starts; default TTL 30s, --poll): ${lat[*]} s"
+}
+
+sc_foreign_holder() {  # (b) + (c): live holder on hosta never broken; status from hostb; crash
+    local mode=$1 out
+    echo "-- (b)(c) live holder on hosta (ttl 2s), attempts from hostb, status, crash, takeover"
+    rm -f "$E/b.token" "$E/b.taken"
+    gx 900 hosta "$LH run -q --poll --ttl 2s $G/b.lock -c 'echo \$LEASEHOLD_TOKEN >$G/b.token; exec sleep 600'" >"$E/b.holder.out" 2>&1 &
+    local hp=$!
+    if ! wait_file "$E/b.token" 60; then bad "[$mode] (b) holder on hosta did not start"; return; fi
+    local tok; tok=$(cat "$E/b.token")
+
+    # (c) status from the other host, a few times: right holder, host, sane heartbeat age
+    local i ages=() sbad=""
+    for i in 1 2 3 4 5; do
+        out=$(gx 30 hostb "$LH status --json $G/b.lock")
+        r=$($PY -c '
+import json, sys
+s = json.loads(sys.stdin.read()); s = s[0] if isinstance(s, list) else s
+tok = int(sys.argv[1]); problems = []
+if s.get("state") != "held": problems.append("state=%s (%s)" % (s.get("state"), s.get("reason")))
+if s.get("host") != "hosta": problems.append("host=%s" % s.get("host"))
+if s.get("token") != tok: problems.append("token=%s expected %s" % (s.get("token"), tok))
+if s.get("same_host") is not False: problems.append("same_host=%s" % s.get("same_host"))
+age, ttl = s.get("heartbeat_age_ms"), s.get("ttl_ms")
+if not isinstance(age, int) or not (-100 <= age <= ttl): problems.append("heartbeat_age_ms=%s ttl_ms=%s" % (age, ttl))
+print(age, "PROBLEM " + "; ".join(problems) if problems else "")
+' "$tok" <<<"$out" 2>&1)
+        ages+=("${r%% *}")
+        case "$r" in *PROBLEM*) sbad="$sbad ${r#* }" ;; esac
+        sleep 0.4
+    done
+    [ -z "$sbad" ] && ok "[$mode] (c) status --json on hostb: held by host hosta, token $tok, heartbeat ages ${ages[*]} ms (ttl 2000)" ||
+        bad "[$mode] (c) status --json on hostb:$sbad"
+    fig "[$mode] (c) heartbeat age seen from the other host (ttl 2s, heartbeat ttl/3): ${ages[*]} ms"
+    out=$(gx 30 hosta "$LH status --json $G/b.lock")
+    $PY -c 'import json,sys; s=json.loads(sys.stdin.read()); s=s[0] if isinstance(s,list) else s; sys.exit(0 if s.get("same_host") is True and s.get("state")=="held" else 1)' <<<"$out" &&
+        ok "[$mode] (c) status on hosta itself: same_host true, held" ||
+        bad "[$mode] (c) status on hosta itself: $(echo "$out" | tr -d '\n' | cut -c1-300)"
+
+    # (b) hostb's run -n attempts over >= 5 TTLs never break the live holder
+    out=$(gx 60 hostb "sh $G/attempts.sh $LH $G/b.lock 12")
+    echo "$out" | sed 's/^/    /'
+    local still=yes
+    kill -0 $hp 2>/dev/null || still=no
+    [ "$(cat "$E/b.token")" = "$tok" ] || still=no
+    if echo "$out" | grep -q 'other=0' && [ $still = yes ] && ! echo "$out" | grep -q BROKEN-IN; then
+        ok "[$mode] (b) live holder on hosta not broken by hostb over 6 TTLs ($(echo "$out" | tail -1))"
+    else
+        bad "[$mode] (b) live holder on hosta: hostb attempts: $(echo "$out" | tr '\n' ' '), holder still running: $still"
+    fi
+
+    # crash hosta's VM; hostb takes over
+    local tc; tc=$(now)
+    bash "$LAB" crash hosta
+    wait $hp 2>/dev/null
+    out=$(gx 120 hostb "sh $G/takeover.sh $LH $G/b.lock $G/b.taken 90")
+    if [ $? = 0 ] && [ -s "$E/b.taken" ]; then
+        local ta ntok; read -r ta ntok <"$E/b.taken"
+        local dt; dt=$(sub "$ta" "$tc")
+        if [ "$ntok" -gt "$tok" ]; then
+            ok "[$mode] (b) after hosta's VM was SIGKILLed, hostb took over in $dt s with token $ntok > $tok ($out)"
+        else
+            bad "[$mode] (b) takeover token $ntok not greater than $tok"
+        fi
+        fig "[$mode] (b) takeover after host crash, holder outside the mutex (ttl 2s): $dt s"
+    else
+        bad "[$mode] (b) hostb never took over after hosta crashed: $out"
+    fi
+}
+
+sc_crash_in_mutex() {  # (b2) holder's host dies while holding the kernel lock on the mutex file
+    local mode=$1 out
+    echo "-- (b2) crash inside the mutex: hostb dies holding the kernel lock, hosta takes over"
+    bash "$LAB" boot hosta 2>&1 | sed 's/^/    /'
+    rm -f "$E/c.token" "$E/c.taken" "$E/c.inmutex"
+    gx 900 hostb "$LH run -q --poll --ttl 2s $G/c.lock -c 'echo \$LEASEHOLD_TOKEN >$G/c.token; exec sleep 600'" >/dev/null 2>&1 &
+    local hp=$!
+    wait_file "$E/c.token" 60 || { bad "[$mode] (b2) holder on hostb did not start"; return; }
+    local tok; tok=$(cat "$E/c.token") mutex=$E/.c.lock.leasehold-mutex
+    if [ ! -e "$mutex" ]; then
+        echo "    (no $mutex: leasehold's mutex file has another name; scenario skipped)"
+        kill $hp 2>/dev/null; wait $hp 2>/dev/null; return
+    fi
+    # hold the same kernel lock leasehold takes around lease updates (flock on the mutex file),
+    # as if hostb's leasehold died in the middle of an update
+    gx 900 hostb "flock $G/.c.lock.leasehold-mutex -c 'touch $G/c.inmutex; exec sleep 600'" >/dev/null 2>&1 &
+    local fp=$!
+    wait_file "$E/c.inmutex" 30 || true
+    local tc; tc=$(now)
+    bash "$LAB" crash hostb
+    wait $hp $fp 2>/dev/null
+    out=$(gx 150 hosta "sh $G/takeover.sh $LH $G/c.lock $G/c.taken 120")
+    if [ $? = 0 ] && [ -s "$E/c.taken" ]; then
+        local ta ntok; read -r ta ntok <"$E/c.taken"
+        local dt; dt=$(sub "$ta" "$tc")
+        [ "$ntok" -gt "$tok" ] && ok "[$mode] (b2) hostb died inside the mutex; hosta took over in $dt s, token $ntok > $tok ($out)" ||
+            bad "[$mode] (b2) takeover token $ntok not greater than $tok"
+        fig "[$mode] (b2) takeover after host crash inside the mutex (ttl 2s, ganesha Lease_Lifetime 10 s): $dt s"
+    else
+        bad "[$mode] (b2) hosta never took over after hostb crashed inside the mutex: $out"
+    fi
+}
+
+sc_local_lock() {  # (d) refuse host-local kernel locks by default
+    local mode=$1 out rc
+    echo "-- (d) local_lock=all mount: leasehold must refuse by default"
+    rm -f "$E/d.ran"
+    out=$(gx 60 hosta "$LH run $G/d.lock -c 'touch $G/d.ran'" 2>&1)
+    rc=$?
+    echo "$out" | sed 's/^/    /'
+    if [ $rc != 0 ] && [ ! -e "$E/d.ran" ] && echo "$out" | grep -q 'local_lock'; then
+        ok "[$mode] (d) leasehold refuses the local_lock=all mount (exit $rc, message names local_lock, command not run)"
+    else
+        bad "[$mode] (d) local_lock refusal: exit $rc, command ran: $([ -e "$E/d.ran" ] && echo yes || echo no)"
+    fi
+    out=$(gx 60 hostb "$LH run -n $G/d.lock -c 'touch $G/d.ran'" 2>&1)
+    rc=$?
+    [ $rc != 0 ] && [ ! -e "$E/d.ran" ] && ok "[$mode] (d) refused with -n too, on the other host (exit $rc)" ||
+        bad "[$mode] (d) -n on hostb: exit $rc"
+}
+
+# ---------------------------------------------------------------------------------------- main
+for mode in $MODES; do
+    start_lab "$mode" || continue
+    lab_cto "$mode"
+    lab_flock "$mode"
+    case "$mode" in
+        v4)
+            sc_exclusion "$mode"
+            sc_handoff "$mode"
+            sc_foreign_holder "$mode"
+            sc_crash_in_mutex "$mode"
+            ;;
+        v3local)
+            sc_local_lock "$mode"
+            ;;
+        *) bad "unknown mode $mode" ;;
+    esac
+    bash "$LAB" stop >/dev/null 2>&1 || bad "[$mode] lab.sh stop"
+done
