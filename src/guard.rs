@@ -311,19 +311,23 @@ impl LeaseGuard {
 
     /// Records the wrapped command (its pid, start time and process group) in the lease, so that
     /// contenders see that the holding job lives on while the command does.
+    ///
+    /// Waits for the mutex up to two TTLs; a stopped process sitting on it is judged after one
+    /// TTL, as a contender would judge it. Renewals go on meanwhile (they need no mutex).
     pub fn set_child(&self, pid: i32, start: u64, pgid: i32) -> Result<()> {
         let inner = &self.inner;
+        // The mutex first, then our record: a renewal (record only) is never held up by the wait.
+        let m = mutex::lock(
+            &inner.paths.mutex,
+            Some(Instant::now() + inner.timing.ttl * 2),
+            inner.timing.ttl,
+            StuckPolicy::KillStopped,
+        )?;
         let mut rec = lock(&inner.record);
         let mut lease = rec.lease.clone();
         lease.holder.child_pid = Some(pid);
         lease.holder.child_start = Some(start);
         lease.holder.pgid = Some(pgid);
-        let m = mutex::lock(
-            &inner.paths.mutex,
-            Some(Instant::now() + inner.timing.renew_window()),
-            inner.timing.ttl,
-            StuckPolicy::Report,
-        )?;
         ensure_ours(&inner.paths, &rec.lease)?;
         let bytes = lease.to_bytes();
         fsio::replace(&inner.paths, &inner.paths.lock, &bytes, false)?;
