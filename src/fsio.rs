@@ -139,11 +139,25 @@ pub(crate) fn read_open(file: &File, path: &Path) -> Result<LockContent> {
     }
 }
 
-/// Opens LOCK afresh (close-to-open on NFS) and reads what it holds.
+/// Opens LOCK afresh (close-to-open on NFS) and reads what it holds. On NFS an open can be
+/// served from a cached handle of a file another host has since renamed over, and the server
+/// then answers ESTALE: open again, which looks the name up anew.
 pub(crate) fn read_lock(path: &Path) -> Result<LockContent> {
-    match open_lock(path, false)? {
-        None => Ok(LockContent::Missing),
-        Some(f) => read_open(&f, path),
+    let mut tries = 0;
+    loop {
+        let r = match open_lock(path, false) {
+            Ok(None) => return Ok(LockContent::Missing),
+            Ok(Some(f)) => read_open(&f, path),
+            Err(e) => Err(e),
+        };
+        match r {
+            Err(Error::Io { source, .. })
+                if source.raw_os_error() == Some(nix::errno::Errno::ESTALE as i32) && tries < 5 =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
     }
 }
 

@@ -225,9 +225,25 @@ impl Ticket {
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(&path)
             .map_err(|e| Error::io(&path, "create a queue ticket", e))?;
-        // Blocking: only a momentary `status` look can hold it, never for long.
-        file.lock()
-            .map_err(|e| Error::io(&path, "lock our queue ticket", e))?;
+        // Only a momentary `status` look can hold it: retry try-locks for a moment rather than
+        // issue a blocking lock, which an NFS client retries with a backoff of seconds.
+        let mut tries = 0;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if tries < 1000 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        &path,
+                        "lock our queue ticket",
+                        io::Error::other(e.to_string()),
+                    ));
+                }
+            }
+        }
         let info = Waiting {
             seq,
             pid: std::process::id() as i32,

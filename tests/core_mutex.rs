@@ -18,6 +18,7 @@ impl Drop for Frozen {
 }
 
 /// Starts a python process that takes the mutex of `lock` and stops itself.
+#[allow(clippy::zombie_processes)] // reaped by `Frozen`'s Drop
 fn frozen_mutex_holder(lock: &std::path::Path) -> Frozen {
     let mutex = lock.with_file_name(format!(
         ".{}.leasehold-mutex",

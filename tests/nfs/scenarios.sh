@@ -104,7 +104,7 @@ echo "attempts=$n codes:$codes (never acquired)"; exit 1
 EOF
 }
 
-wait_file() {  # wait_file PATH SECONDS (host side)
+wait_file() {  # wait_file PATH SECONDS (host side): until PATH is non-empty (markers must have content)
     local i=0 n=$(($2 * 20))
     while [ ! -s "$1" ]; do i=$((i + 1)); [ $i -le $n ] || return 1; sleep 0.05; done
 }
@@ -244,9 +244,13 @@ sc_handoff() {  # (e) handoff latency between hosts, default TTL, --poll
     for i in 1 2 3 4; do
         if [ $((i % 2)) = 1 ]; then h=hosta w=hostb; else h=hostb w=hosta; fi
         rm -f "$E/e.held" "$E/e.rel" "$E/e.acq"
-        gx 60 $h "$LH run -q --poll $G/e.lock -c 'touch $G/e.held; sleep 2; date +%s.%N >$G/e.rel'" &
+        # markers are non-empty: wait_file waits for content, and an empty marker made it time
+        # out (30 s) and start the waiter only after the release, measuring ~28.6-29.9 s
+        gx 60 $h "$LH run -q --poll $G/e.lock -c 'echo held >$G/e.held; sleep 2; date +%s.%N >$G/e.rel'" &
         local hp=$!
-        wait_file "$E/e.held" 30 || true
+        if ! wait_file "$E/e.held" 30; then
+            wait $hp; lat+=("fail(holder-did-not-start)"); continue
+        fi
         gx 60 $w "$LH run -q --poll -w 30s $G/e.lock -c 'date +%s.%N >$G/e.acq'"
         rc=$?
         wait $hp
@@ -351,7 +355,7 @@ sc_crash_in_mutex() {  # (b2) holder's host dies while holding the kernel lock o
     fi
     # hold the same kernel lock leasehold takes around lease updates (flock on the mutex file),
     # as if hostb's leasehold died in the middle of an update
-    gx 900 hostb "flock $G/.c.lock.leasehold-mutex -c 'touch $G/c.inmutex; exec sleep 600'" >/dev/null 2>&1 &
+    gx 900 hostb "flock $G/.c.lock.leasehold-mutex -c 'echo in >$G/c.inmutex; exec sleep 600'" >/dev/null 2>&1 &
     local fp=$!
     wait_file "$E/c.inmutex" 30 || true
     local tc; tc=$(now)
