@@ -75,7 +75,7 @@ impl std::fmt::Debug for LeaseBuilder {
 enum Attempt {
     Taken(Box<LeaseGuard>),
     /// Not ours yet: what we saw, and the ticket ahead of ours we wait behind (if any).
-    Busy(Box<Verdict>, Option<PathBuf>),
+    Busy(Box<Verdict>, Option<queue::Ahead>),
 }
 
 struct Ctx {
@@ -315,7 +315,7 @@ impl LeaseBuilder {
             StuckPolicy::Report
         };
         let m = mutex::lock(&ctx.paths.mutex, deadline, ctx.timing.ttl, policy)?;
-        let ahead = match queued.as_deref_mut() {
+        let mut ahead = match queued.as_deref_mut() {
             Some(q) => {
                 if q.ticket.as_ref().is_some_and(|t| !t.still_queued()) {
                     q.ticket = None; // skipped while frozen: queue again at the back
@@ -369,10 +369,7 @@ impl LeaseBuilder {
             q.ticket = Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv).ok();
         }
         v.queue_ahead = ahead.len();
-        Ok(Attempt::Busy(
-            Box::new(v),
-            ahead.last().map(|a| a.path.clone()),
-        ))
+        Ok(Attempt::Busy(Box::new(v), ahead.pop()))
     }
 
     fn take(

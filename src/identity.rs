@@ -35,9 +35,28 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Reads the identity of this process from the kernel. Never fails: fields that cannot be read
-    /// are filled with values that never match another host's (empty boot id, namespace 0).
+    /// Reads the identity of this process from the kernel (once per process: it is cached).
+    /// Never fails: fields that cannot be read are filled with values that never match another
+    /// host's (empty boot id, namespace 0).
     pub fn current() -> Identity {
+        static CACHE: std::sync::Mutex<Option<(u32, Identity)>> = std::sync::Mutex::new(None);
+        let pid = std::process::id();
+        let uid = nix::unistd::getuid().as_raw();
+        if let Ok(c) = CACHE.lock()
+            && let Some((p, id)) = c.as_ref()
+            && *p == pid
+            && id.uid == uid
+        {
+            return id.clone();
+        }
+        let id = Self::read();
+        if let Ok(mut c) = CACHE.lock() {
+            *c = Some((pid, id.clone()));
+        }
+        id
+    }
+
+    fn read() -> Identity {
         let host = rustix::system::uname()
             .nodename()
             .to_string_lossy()

@@ -81,11 +81,23 @@ fn parse_stat(pid: i32, text: &str, uid: u32) -> Option<ProcStat> {
 
 /// The start time of this process (clock ticks after boot), for writing into our own lease.
 pub fn own_start_time() -> u64 {
-    stat(std::process::id() as i32)
+    // (pid, start): cached, and read again in a forked child.
+    static CACHE: std::sync::Mutex<(u32, u64)> = std::sync::Mutex::new((0, 0));
+    let pid = std::process::id();
+    if let Ok(c) = CACHE.lock()
+        && c.0 == pid
+    {
+        return c.1;
+    }
+    let start = stat(pid as i32)
         .ok()
         .flatten()
         .map(|s| s.start)
-        .unwrap_or(0)
+        .unwrap_or(0);
+    if let Ok(mut c) = CACHE.lock() {
+        *c = (pid, start);
+    }
+    start
 }
 
 /// Whether a recorded process is still the one that was recorded.

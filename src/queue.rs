@@ -65,10 +65,13 @@ pub(crate) struct Observed {
     seen: HashMap<u64, (u64, Instant)>,
 }
 
-/// A live ticket ahead of ours.
-#[derive(Debug, Clone)]
+/// A live ticket ahead of ours, opened while it was judged live (under the mutex), so that
+/// waiting on it can never wait on another file that took its name since.
+#[derive(Debug)]
 pub(crate) struct Ahead {
-    pub path: PathBuf,
+    pub file: File,
+    /// Device and inode of the ticket.
+    pub id: (u64, u64),
 }
 
 fn ticket_name(seq: u64) -> String {
@@ -169,7 +172,11 @@ pub(crate) fn live_ahead(
                 continue;
             }
         }
-        out.push(Ahead { path });
+        let id = file
+            .metadata()
+            .map(|m| (m.dev(), m.ino()))
+            .unwrap_or((0, 0));
+        out.push(Ahead { file, id });
     }
     Ok(out)
 }

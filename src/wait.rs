@@ -13,7 +13,7 @@
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -25,6 +25,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 use crate::paths::LockPaths;
 use crate::process::{self, Liveness};
+use crate::queue::Ahead;
 use crate::verdict::{State, Verdict};
 
 /// The state of one contender's waiting.
@@ -33,36 +34,24 @@ pub(crate) struct Waiter {
     poll_mode: bool,
     ttl: Duration,
     inotify: Option<Inotify>,
+    dir: PathBuf,
     lock_name: OsString,
     seed: u64,
-    predecessor: Option<(PathBuf, Receiver<()>)>,
+    predecessor: Option<((u64, u64), Receiver<()>)>,
     /// How many times this waiter woke up (for tests and benchmarks of herd-freedom).
     pub wakeups: u64,
 }
 
 impl Waiter {
-    /// Sets up change notification *before* the first look at the lock, so that no change
-    /// between that look and the first wait can be missed.
+    /// A waiter for `paths`. Change notification is set up lazily, the first time the lock
+    /// turns out to be busy, so that an uncontended acquisition costs no inotify instance:
+    /// closing one costs the kernel an RCU grace period (measured at 5–25 ms here).
     pub(crate) fn new(paths: &LockPaths, poll_mode: bool, ttl: Duration) -> Waiter {
-        let inotify = if poll_mode {
-            None
-        } else {
-            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-                .ok()
-                .filter(|ino| {
-                    let flags = AddWatchFlags::IN_MOVED_TO
-                        | AddWatchFlags::IN_MODIFY
-                        | AddWatchFlags::IN_CLOSE_WRITE
-                        | AddWatchFlags::IN_CREATE
-                        | AddWatchFlags::IN_DELETE
-                        | AddWatchFlags::IN_ATTRIB;
-                    ino.add_watch(&paths.dir, flags).is_ok()
-                })
-        };
         Waiter {
-            poll_mode: poll_mode || inotify.is_none(),
+            poll_mode,
             ttl,
-            inotify,
+            inotify: None,
+            dir: paths.dir.clone(),
             lock_name: paths
                 .lock
                 .file_name()
@@ -72,6 +61,30 @@ impl Waiter {
             predecessor: None,
             wakeups: 0,
         }
+    }
+
+    /// Makes sure an inotify watch on LOCK's directory exists. Returns true when it was just set
+    /// up: the caller must look at the lock again before sleeping, since a change between its
+    /// last look and the watch would otherwise go unseen until the next tick.
+    fn watch(&mut self) -> bool {
+        if self.inotify.is_some() || self.poll_mode {
+            return false;
+        }
+        self.inotify = pool_take(&self.dir).or_else(|| {
+            let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+            let flags = AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_MODIFY
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_CREATE
+                | AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_ATTRIB;
+            ino.add_watch(&self.dir, flags).ok()?;
+            Some(ino)
+        });
+        if self.inotify.is_none() {
+            self.poll_mode = true; // no inotify here: poll
+        }
+        true
     }
 
     /// The polling interval on network file systems: TTL/10 within [5 ms, 1 s], jittered by
@@ -102,6 +115,9 @@ impl Waiter {
     /// died, a tick passed, or the deadline.
     pub(crate) fn wait_lease(&mut self, seen: &Verdict, deadline: Option<Instant>) {
         self.wakeups += 1;
+        if self.watch() {
+            return; // look again, now that changes will be seen
+        }
         if self.poll_mode {
             let nap = self.poll_interval();
             std::thread::sleep(Self::until(deadline, nap));
@@ -161,7 +177,7 @@ impl Waiter {
 
     /// Behind another waiter: waits until that predecessor leaves the queue or dies (exactly
     /// this waiter is woken), a tick passes, or the deadline.
-    pub(crate) fn wait_turn(&mut self, predecessor: &Path, deadline: Option<Instant>) {
+    pub(crate) fn wait_turn(&mut self, predecessor: &Ahead, deadline: Option<Instant>) {
         self.wakeups += 1;
         if self.poll_mode {
             let nap = self.poll_interval();
@@ -171,9 +187,9 @@ impl Waiter {
         if self
             .predecessor
             .as_ref()
-            .is_none_or(|(p, _)| p != predecessor)
+            .is_none_or(|(id, _)| *id != predecessor.id)
         {
-            self.predecessor = Some((predecessor.to_path_buf(), flock_waiter(predecessor)));
+            self.predecessor = Some((predecessor.id, flock_waiter(&predecessor.file)));
         }
         let timeout = Self::until(deadline, self.tick());
         if let Some((_, rx)) = &self.predecessor {
@@ -185,16 +201,51 @@ impl Waiter {
     }
 }
 
-/// A thread that blocks in flock on `path` and says when it got it (the predecessor left or
-/// died). It lets go at once. If we stop caring, it lingers until the predecessor's lock is
-/// released, then ends.
-fn flock_waiter(path: &Path) -> Receiver<()> {
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Some(ino) = self.inotify.take() {
+            pool_put(&self.dir, ino);
+        }
+    }
+}
+
+/// Inotify instances with a watch on a lock directory, kept for the next waiter in this process
+/// instead of being closed (closing waits for an RCU grace period).
+static POOL: std::sync::Mutex<Vec<(PathBuf, Inotify)>> = std::sync::Mutex::new(Vec::new());
+const POOL_MAX: usize = 4;
+
+fn pool_take(dir: &Path) -> Option<Inotify> {
+    let mut pool = POOL.lock().ok()?;
+    let i = pool.iter().position(|(d, _)| d == dir)?;
+    let (_, ino) = pool.swap_remove(i);
+    // Events that arrived while it was idle are stale: drain them.
+    while let Ok(ev) = ino.read_events() {
+        if ev.is_empty() {
+            break;
+        }
+    }
+    Some(ino)
+}
+
+fn pool_put(dir: &Path, ino: Inotify) {
+    if let Ok(mut pool) = POOL.lock()
+        && pool.len() < POOL_MAX
+    {
+        pool.push((dir.to_path_buf(), ino));
+    }
+}
+
+/// A thread that blocks in flock on the predecessor's ticket and says when it got it (the
+/// predecessor left or died). It opens the very inode that was judged live, through
+/// /proc/self/fd (a new open file description, so its lock is its own and goes when it lets go
+/// at once). If we stop caring, it lingers until the predecessor's lock is released, then ends.
+fn flock_waiter(ticket: &std::fs::File) -> Receiver<()> {
     let (tx, rx) = mpsc::channel();
     let opened = OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
-        .open(path);
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(format!("/proc/self/fd/{}", ticket.as_raw_fd()));
     if let Ok(file) = opened {
         let spawned = std::thread::Builder::new()
             .name("leasehold-queue".into())

@@ -24,6 +24,60 @@ fn scratch() -> tempfile::TempDir {
     }
 }
 
+/// Looper entry: acquires and releases `LH_LOOPS` times, failing on any acquisition that took
+/// longer than a second (a waiter that missed its wake-up sleeps a 5 s tick with a 30 s TTL).
+#[test]
+fn looper_entry() {
+    let Ok(loops) = std::env::var("LH_LOOPS") else {
+        return;
+    };
+    let lock = PathBuf::from(std::env::var("LH_LOCK").unwrap());
+    let mut b = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(30))
+        .durable(false);
+    for i in 0..loops.parse::<u32>().unwrap() {
+        let t = Instant::now();
+        let g = b.acquire().unwrap();
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "acquisition {i} stalled for {took:?}"
+        );
+        g.release().unwrap();
+    }
+}
+
+/// Processes that take the lock again and again (each re-queueing behind the other, ticket names
+/// being reused) never stall: a regression test for a waiter that waited on its own ticket.
+#[test]
+fn back_to_back_acquirers_never_stall() {
+    let dir = scratch();
+    let lock = dir.path().join("loop.lock");
+    let kids: Vec<Child> = (0..3)
+        .map(|_| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "looper_entry", "--nocapture", "--test-threads=1"])
+                .env("LH_LOOPS", "200")
+                .env("LH_LOCK", &lock)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut w = Workers {
+        children: kids
+            .into_iter()
+            .map(|c| ("looper".to_string(), c))
+            .collect(),
+    };
+    for (_, c) in &mut w.children {
+        assert!(
+            c.wait().unwrap().success(),
+            "a looper failed (see its output)"
+        );
+    }
+}
+
 /// Worker entry: does nothing unless re-executed as a worker.
 #[test]
 fn worker_entry() {
