@@ -551,7 +551,9 @@ impl Supervisor {
                     let _ = killpg(child, *sig);
                 }
             }
-            self.sleep(Duration::from_millis(250));
+            // Signals, the command's end and loss all write to the wake pipe; the timeout is only
+            // a safety net, kept long so that an idle job costs next to no wakeups.
+            self.sleep(guard.timing().ttl);
         }
     }
 
