@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# THE benchmark command: runs every benchmark of issue 6 and writes docs/benchmarks.md and
+# docs/bench.svg.
+#
+#   bash bench/run.sh            # full run, ~10–15 min on 2 cores (includes a 60 s idle holder)
+#   QUICK=1 bash bench/run.sh    # ~2–3 min smoke run, same outputs with fewer samples
+#
+# Installs what it needs: hyperfine, lockfile-progs, liblockfile-bin (Debian, when root) and a
+# venv with Python filelock (target/bench-venv). Raw results go to target/bench/. Re-run it after
+# any change to waiting or release: every table and the plot are regenerated from scratch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+QUICK=${QUICK:-0}
+export LEASEHOLD_BENCH_QUICK=$QUICK
+FILELOCK_VERSION=${FILELOCK_VERSION:-4.3.1}
+OUT=$ROOT/target/bench
+TMPFS=/dev/shm/leasehold-bench-$$
+DISK=$ROOT/target/bench-scratch/run-$$
+export LEASEHOLD_BENCH_DISK=$ROOT/target/bench-scratch
+mkdir -p "$OUT" "$TMPFS" "$DISK"
+trap 'rm -rf "$TMPFS" "$DISK"' EXIT
+rm -f "$OUT"/*.json
+log() { printf '\n== %s (%s)\n' "$*" "$(date +%T)" >&2; }
+
+log "tools"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  for p in hyperfine lockfile-progs liblockfile-bin python3-venv; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null || true
+  fi
+fi
+VENV=$ROOT/target/bench-venv
+if ! "$VENV/bin/python" -c "import filelock, sys; sys.exit(filelock.__version__ != '$FILELOCK_VERSION')" 2>/dev/null; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q "filelock==$FILELOCK_VERSION"
+fi
+PY=$VENV/bin/python
+export LEASEHOLD_BENCH_PYTHON=$PY
+
+log "build"
+cargo build --release
+cargo bench --no-run --bench ops --bench contention
+
+log "ops (criterion)"
+rm -rf target/criterion/ops_tmpfs target/criterion/ops_disk
+cargo bench --bench ops || echo "ops bench failed: its rows will be missing" >&2
+"$PY" bench/py_ops.py "$OUT/py_ops.json" "tmpfs=$TMPFS" "disk=$DISK" || echo "py_ops failed" >&2
+
+log "contention"
+LEASEHOLD_BENCH_OUT=$OUT/contention.json cargo bench --bench contention ||
+  echo "contention bench failed: its tables will be missing" >&2
+
+log "whole process (hyperfine)"
+LH=$ROOT/target/release/leasehold
+if [ "$QUICK" = 1 ]; then HF=(--warmup 3 --min-runs 20 --max-runs 40); else HF=(--warmup 20 --min-runs 300); fi
+if ! "$LH" run "$TMPFS/probe.lock" -- true; then
+  echo "leasehold run does not work; skipping the whole-process comparison" >&2
+elif command -v hyperfine >/dev/null; then
+  for fs in tmpfs disk; do
+    d=$TMPFS; [ $fs = disk ] && d=$DISK
+    hyperfine -N "${HF[@]}" --export-json "$OUT/hyperfine-$fs.json" \
+      -n true "true" \
+      -n leasehold "$LH run $d/lh.lock -- true" \
+      -n flock "flock $d/fl.lock true" \
+      -n dotlockfile "dotlockfile -l $d/dot.lock true" \
+      -n lockfile-progs "sh -c 'lockfile-create $d/lp && true && lockfile-remove $d/lp'" \
+      -n "sh -c true" "sh -c true" >&2
+  done
+fi
+
+log "idle holder"
+if [ "$QUICK" = 1 ]; then WINDOW=10; else WINDOW=60; fi
+if "$LH" run "$TMPFS/probe.lock" -- true; then
+  "$PY" bench/idle.py "$LH" "$TMPFS/idle.lock" "$WINDOW" "$OUT/idle.json" || echo "idle measurement failed" >&2
+fi
+
+log "where the time goes (strace -c)"
+if command -v strace >/dev/null; then
+  B=$(cargo bench --no-run --bench ops --message-format=json 2>/dev/null |
+    "$PY" -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="ops" and m.get("executable"): print(m["executable"])' | tail -1)
+  if [ -n "$B" ]; then
+    LEASEHOLD_BENCH_DISK=$DISK strace -f -c -o "$OUT/strace-acquire.txt" "$B" --bench --profile-time 1 'ops_tmpfs/leasehold_acquire_release' >/dev/null 2>&1 || true
+  fi
+  strace -f -c -o "$OUT/strace-run.txt" "$LH" run "$TMPFS/strace.lock" -- true || true
+fi
+
+log "report"
+python3 bench/report.py "$OUT" docs/benchmarks.md docs/bench.svg
+echo "wrote docs/benchmarks.md and docs/bench.svg" >&2
