@@ -203,7 +203,7 @@ impl LeaseBuilder {
         let paths = LockPaths::new(&self.path)?;
         let fs = fsinfo::inspect(&paths.dir);
         if let (Some(why), false) = (&fs.host_local_locks, self.allow_host_local_locks) {
-            return Err(Error::Refused {
+            return Err(Error::UnsafeFileSystem {
                 path: paths.lock.clone(),
                 why: format!(
                     "{why}: another host could take the lease at the same time. Mount with \

@@ -99,6 +99,14 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
+    /// LOCK's file system cannot make the lock safe (an NFS mount whose locks are host-local).
+    #[error("{path}: {why}")]
+    UnsafeFileSystem {
+        /// The lock path.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        why: String,
+    },
     /// A holder on this host was hung, and could not be safely stopped, so it was not taken over.
     #[error("{path}: {why}")]
     Refused {
@@ -137,6 +145,8 @@ pub mod exit {
     pub const TEMPFAIL: i32 = 75;
     /// Permission denied.
     pub const NOPERM: i32 = 77;
+    /// LOCK's file system cannot make the lock safe (configuration error).
+    pub const CONFIG: i32 = 78;
 }
 
 impl Error {
@@ -167,6 +177,7 @@ impl Error {
                 exit::TEMPFAIL
             }
             Error::Refused { .. } => exit::TEMPFAIL,
+            Error::UnsafeFileSystem { .. } => exit::CONFIG,
             Error::Settings(_) => exit::USAGE,
             Error::BadPath { .. } => exit::NOINPUT,
             Error::Lost { .. } => exit::IOERR_FENCED,

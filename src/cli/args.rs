@@ -25,6 +25,7 @@ Exit status of `run`:
   70       internal error
   73       cannot create a file, or no space
   77       permission denied
+  78       LOCK's file system cannot make the lock safe (NFS with host-local locks)
   126/127  the command could not be run / was not found
 `status` exits 0 when every LOCK could be read; `break` exits 75 when it refuses.";
 
