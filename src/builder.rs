@@ -59,6 +59,9 @@ pub struct LeaseBuilder {
     poll: bool,
     durable: bool,
     allow_host_local_locks: bool,
+    /// LOCK's resolved paths and file-system facts, worked out on the first acquisition and
+    /// kept for the next ones (resolving costs a realpath and a read of mountinfo).
+    resolved: Option<(LockPaths, fsinfo::FsInfo)>,
 }
 
 impl std::fmt::Debug for LeaseBuilder {
@@ -112,6 +115,7 @@ impl LeaseBuilder {
             poll: false,
             durable: true,
             allow_host_local_locks: false,
+            resolved: None,
         }
     }
 
@@ -198,10 +202,17 @@ impl LeaseBuilder {
         Timing::new(self.ttl, self.heartbeat, self.grace)
     }
 
-    fn ctx(&self) -> Result<Ctx> {
+    fn ctx(&mut self) -> Result<Ctx> {
         let timing = self.timing()?;
-        let paths = LockPaths::new(&self.path)?;
-        let fs = fsinfo::inspect(&paths.dir);
+        let (paths, fs) = match &self.resolved {
+            Some(r) => r.clone(),
+            None => {
+                let paths = LockPaths::new(&self.path)?;
+                let fs = fsinfo::inspect(&paths.dir);
+                self.resolved = Some((paths.clone(), fs.clone()));
+                (paths, fs)
+            }
+        };
         if let (Some(why), false) = (&fs.host_local_locks, self.allow_host_local_locks) {
             return Err(Error::UnsafeFileSystem {
                 path: paths.lock.clone(),

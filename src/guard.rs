@@ -1,15 +1,16 @@
 //! Holding a lease: the heartbeat, the renew deadline, loss, and release.
 //!
-//! Owns: the renewer thread (in-place heartbeat every interval, checking the lease is still
-//! ours), the watchdog thread (declares the guard lost when no renewal has succeeded by the
-//! deadline), loss notification, recording the wrapped command in the lease, and release.
+//! Owns: the keeper — two threads per process, started on first use and shared by every guard:
+//! the renewer (in-place heartbeat of each guard every interval, checking the lease is still
+//! ours) and the watchdog (declares a guard lost when no renewal has succeeded by its deadline;
+//! it never does I/O, so a renewal stuck in I/O cannot hold it up) — loss notification,
+//! recording the wrapped command in the lease, and release.
 //! Must never: extend the deadline on a renewal that completed after it; count a renewal whose
 //! lease was not ours; write LOCK after finding it is not ours.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, format_rfc3339};
@@ -145,6 +146,8 @@ struct Record {
 
 struct Control {
     deadline: Instant,
+    /// When the keeper should next renew this guard.
+    next_renew: Instant,
     stop: bool,
     last_error: Option<String>,
 }
@@ -161,8 +164,9 @@ struct Inner {
     on_lost: Option<LostCallback>,
     /// The lock's mutex file, kept open (not locked) while we hold the lease: the kernel's
     /// evidence, in /proc/PID/fd, that this process is a holder of this lock (see
-    /// `process::JobEvidence`). Closed on exec, so commands do not inherit it.
-    _witness: Option<std::fs::File>,
+    /// `process::JobEvidence`). Closed on exec, so commands do not inherit it; closed at
+    /// release.
+    witness: Mutex<Option<std::fs::File>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
@@ -183,7 +187,6 @@ fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
 /// ```
 pub struct LeaseGuard {
     inner: Arc<Inner>,
-    threads: Vec<JoinHandle<()>>,
     broke: Option<Verdict>,
     done: bool,
 }
@@ -219,6 +222,7 @@ impl LeaseGuard {
             record: Mutex::new(Record { lease, bytes }),
             control: Mutex::new(Control {
                 deadline: started + timing.renew_window(),
+                next_renew: started + timing.heartbeat,
                 stop: false,
                 last_error: None,
             }),
@@ -226,23 +230,15 @@ impl LeaseGuard {
             lost: AtomicBool::new(false),
             loss: Mutex::new(None),
             on_lost,
-            _witness: witness,
+            witness: Mutex::new(witness),
         });
-        let mut threads = Vec::with_capacity(2);
-        for (name, body) in [
-            ("leasehold-renew", renewer as fn(&Inner)),
-            ("leasehold-watch", watchdog as fn(&Inner)),
-        ] {
-            let i = Arc::clone(&inner);
-            let h = std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || body(&i))
-                .map_err(|e| Error::io(&inner.paths.lock, "start the renewal thread", e))?;
-            threads.push(h);
-        }
+        let k =
+            keeper().map_err(|e| Error::io(&inner.paths.lock, "start the renewal threads", e))?;
+        lock(&k.guards).push(Arc::clone(&inner));
+        k.renew.notify_all();
+        k.watch.notify_all();
         Ok(LeaseGuard {
             inner,
-            threads,
             broke,
             done: false,
         })
@@ -348,11 +344,14 @@ impl LeaseGuard {
         self.release_with("released")
     }
 
+    /// Takes this guard off the keeper: no renewal starts after this, and one in progress
+    /// finishes before our record lock can be had.
     fn stop_threads(&mut self) {
         lock(&self.inner.control).stop = true;
         self.inner.cond.notify_all();
-        for h in self.threads.drain(..) {
-            let _ = h.join();
+        if let Ok(k) = keeper() {
+            k.renew.notify_all();
+            k.watch.notify_all();
         }
     }
 
@@ -364,6 +363,7 @@ impl LeaseGuard {
         self.stop_threads();
         let inner = &self.inner;
         let rec = lock(&inner.record);
+        let _witness = lock(&inner.witness).take();
         let mut released = rec.lease.clone();
         released.state = LeaseState::Released;
         released.ended = Some(Ending {
@@ -471,6 +471,9 @@ impl Inner {
     /// One renewal. `Err(Some(reason))` is fatal; `Err(None)` is transient (retry).
     fn renew_once(&self) -> std::result::Result<(), Option<LossReason>> {
         let mut rec = lock(&self.record);
+        if lock(&self.control).stop {
+            return Ok(()); // released meanwhile: never touch LOCK again
+        }
         let path = &self.paths.lock;
         let file = match fsio::open_lock(path, true) {
             Ok(Some(f)) => f,
@@ -544,69 +547,143 @@ fn unreachable_missing() -> std::result::Result<(), Option<LossReason>> {
     }))
 }
 
-fn renewer(inner: &Inner) {
-    let t = inner.timing;
-    let retry = (t.heartbeat / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
-    let mut next = Instant::now() + t.heartbeat;
-    loop {
-        {
-            let mut c = lock(&inner.control);
-            loop {
-                if c.stop || inner.lost.load(Ordering::Acquire) {
-                    return;
-                }
-                let now = Instant::now();
-                if now >= next {
-                    break;
-                }
-                c = inner
-                    .cond
-                    .wait_timeout(c, next - now)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
-        }
+impl Inner {
+    fn done(&self) -> bool {
+        self.lost.load(Ordering::Acquire) || lock(&self.control).stop
+    }
+
+    /// One renewal turn by the keeper: renew, then schedule the next one.
+    fn renew_turn(&self) {
+        let t = self.timing;
         let started = Instant::now();
-        match inner.renew_once() {
+        match self.renew_once() {
             Ok(()) => {
                 let done = Instant::now();
-                let mut c = lock(&inner.control);
-                if done < c.deadline && !inner.lost.load(Ordering::Acquire) {
+                let mut c = lock(&self.control);
+                if done < c.deadline && !self.lost.load(Ordering::Acquire) {
+                    // Counted only if it completed before the deadline; the watchdog finds the
+                    // later deadline when it wakes at the old one.
                     c.deadline = started + t.renew_window();
                     c.last_error = None;
                 }
-                drop(c);
-                // No notify: the watchdog finds the later deadline when it wakes at the old one,
-                // so an idle holder wakes about once per heartbeat, not twice.
-                next = started + t.heartbeat;
+                c.next_renew = started + t.heartbeat;
             }
-            Err(Some(reason)) => {
-                inner.set_lost(reason);
-                return;
+            Err(Some(reason)) => self.set_lost(reason),
+            Err(None) => {
+                let retry =
+                    (t.heartbeat / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
+                lock(&self.control).next_renew = Instant::now() + retry;
             }
-            Err(None) => next = Instant::now() + retry,
         }
     }
 }
 
-fn watchdog(inner: &Inner) {
-    let mut c = lock(&inner.control);
+/// The process-wide keeper: every live guard, and the two threads that serve them.
+struct Keeper {
+    guards: Mutex<Vec<Arc<Inner>>>,
+    renew: Condvar,
+    watch: Condvar,
+}
+
+/// The keeper of this process, its threads started on first use — and again in a forked child,
+/// which inherits the keeper's memory but not its threads.
+fn keeper() -> std::io::Result<&'static Keeper> {
+    static KEEPER: Mutex<Option<(u32, &'static Keeper)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = lock(&KEEPER);
+    if let Some((p, k)) = *slot
+        && p == pid
+    {
+        return Ok(k);
+    }
+    let k: &'static Keeper = Box::leak(Box::new(Keeper {
+        guards: Mutex::new(Vec::new()),
+        renew: Condvar::new(),
+        watch: Condvar::new(),
+    }));
+    for (name, body) in [
+        ("leasehold-renew", renewer as fn(&'static Keeper)),
+        ("leasehold-watch", watchdog as fn(&'static Keeper)),
+    ] {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || body(k))?;
+    }
+    *slot = Some((pid, k));
+    Ok(k)
+}
+
+/// Renews every guard when it is due. Renewals run one after another: one stuck in I/O delays
+/// the others, whose deadlines the watchdog still keeps (they are then lost, never kept).
+fn renewer(k: &'static Keeper) {
     loop {
-        if c.stop || inner.lost.load(Ordering::Acquire) {
-            return;
+        let due: Vec<Arc<Inner>> = {
+            let mut list = lock(&k.guards);
+            loop {
+                list.retain(|g| !g.done());
+                let now = Instant::now();
+                let next = list.iter().map(|g| lock(&g.control).next_renew).min();
+                match next {
+                    Some(n) if n <= now => break,
+                    Some(n) => {
+                        list = k
+                            .renew
+                            .wait_timeout(list, n - now)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    None => list = k.renew.wait(list).unwrap_or_else(PoisonError::into_inner),
+                }
+            }
+            let now = Instant::now();
+            list.iter()
+                .filter(|g| lock(&g.control).next_renew <= now)
+                .cloned()
+                .collect()
+        };
+        for g in due {
+            g.renew_turn();
         }
+    }
+}
+
+/// Declares guards lost at their deadlines. Never does I/O.
+fn watchdog(k: &'static Keeper) {
+    let mut list = lock(&k.guards);
+    loop {
         let now = Instant::now();
-        if now >= c.deadline {
-            let last_error = c.last_error.clone();
-            drop(c);
-            inner.set_lost(LossReason::RenewTimeout { last_error });
-            return;
+        let mut expired = Vec::new();
+        let mut earliest: Option<Instant> = None;
+        for g in list.iter() {
+            if g.lost.load(Ordering::Acquire) {
+                continue;
+            }
+            let c = lock(&g.control);
+            if c.stop {
+                continue;
+            }
+            if now >= c.deadline {
+                expired.push((Arc::clone(g), c.last_error.clone()));
+            } else {
+                earliest = Some(earliest.map_or(c.deadline, |e| e.min(c.deadline)));
+            }
         }
-        let wait = c.deadline - now;
-        c = inner
-            .cond
-            .wait_timeout(c, wait)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        if !expired.is_empty() {
+            drop(list);
+            for (g, last_error) in expired {
+                g.set_lost(LossReason::RenewTimeout { last_error });
+            }
+            list = lock(&k.guards);
+            continue;
+        }
+        list = match earliest {
+            Some(e) => {
+                k.watch
+                    .wait_timeout(list, e.saturating_duration_since(now))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => k.watch.wait(list).unwrap_or_else(PoisonError::into_inner),
+        };
     }
 }
