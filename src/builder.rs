@@ -265,6 +265,19 @@ impl LeaseBuilder {
             let (v, predecessor) = match self.attempt(&ctx, deadline, &mut mem, Some(&mut queued)) {
                 Ok(Attempt::Taken(g)) => return Ok(*g),
                 Ok(Attempt::Busy(v, p)) => (v, p),
+                // The deadline ran out while another process was inside the mutex: that is a
+                // timeout like any other, explained by who sits on the mutex.
+                Err(Error::MutexStuck { holder, .. })
+                    if deadline.is_some_and(|d| Instant::now() >= d) =>
+                {
+                    let mut v = self.peek(&ctx, &mut mem);
+                    v.reason = format!("{}; the lease mutex is held by {holder}", v.reason);
+                    return Err(Error::Timeout {
+                        path: ctx.paths.lock,
+                        waited: start.elapsed(),
+                        verdict: Box::new(v),
+                    });
+                }
                 Err(e) => return Err(e),
             };
             if let Some(d) = deadline
@@ -298,6 +311,14 @@ impl LeaseBuilder {
                 None => waiter.wait_lease(&v, deadline),
             }
         }
+    }
+
+    /// A judgement without the mutex and without recording anything (to explain a timeout).
+    fn peek(&self, ctx: &Ctx, mem: &mut Memory) -> Verdict {
+        let mut judge = self.judge(ctx);
+        judge.persist = false;
+        let content = fsio::read_lock(&ctx.paths.lock).unwrap_or(fsio::LockContent::Missing);
+        judge.judge(&content, mem)
     }
 
     fn judge<'a>(&'a self, ctx: &'a Ctx) -> Judge<'a> {

@@ -77,9 +77,7 @@ pub enum Error {
         verdict: Box<Verdict>,
     },
     /// Some process has sat on the short internal mutex far longer than any lease operation takes.
-    #[error(
-        "{path}: the lease mutex has been held for {waited:?} by {holder}; that process looks hung"
-    )]
+    #[error("{path}: could not take the lease mutex within {waited:?}: it is held by {holder}")]
     MutexStuck {
         /// The mutex file.
         path: PathBuf,

@@ -307,13 +307,27 @@ fn a_release_wakes_only_the_head() {
         .unwrap();
     let extra = [("LH_HOLD_FILE", hold.display().to_string())];
     let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
-    // Every waiter is now parked in its blocking wait (it was seen queued).
-    let before: Vec<u64> = w.children.iter().map(|(_, c)| switches(c.id())).collect();
+    // Wait until every waiter is parked in its blocking wait: seen queued is not enough (the last
+    // one may still be on its way from its ticket to its wait), so wait until no waiter has been
+    // scheduled for a while.
+    let sample =
+        |w: &Workers| -> Vec<u64> { w.children.iter().map(|(_, c)| switches(c.id())).collect() };
+    let mut before = sample(&w);
+    let settle_end = Instant::now() + Duration::from_secs(10);
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = sample(&w);
+        if now == before {
+            break;
+        }
+        assert!(Instant::now() < settle_end, "waiters never settled");
+        before = now;
+    }
     holder.release().unwrap();
     // w0 takes the lease and keeps it while `hold` exists.
     let _ = wait_lines(&log, 1, 30);
     std::thread::sleep(Duration::from_millis(50)); // let any herd show itself
-    let after: Vec<u64> = w.children.iter().map(|(_, c)| switches(c.id())).collect();
+    let after = sample(&w);
     let woke: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
     eprintln!("wait: waiters woken by one release (head first): {woke:?}");
     // The head woke and took it; its successor woke once, when the head left the queue, to
