@@ -64,8 +64,16 @@ fn live_foreign_holder_is_never_broken_over_5_ttls() {
                 );
             }
             Ok(g) => {
-                if f.kid.try_wait().is_none() && common::alive(f.kid.pid()) {
-                    broken.push(format!("at {:?}: took a live foreign lease", t0.elapsed()));
+                // Taking a lease the holder has just released (its hold is over, its namespace
+                // still being torn down) is right; breaking it while the holder lives is not.
+                if let Some(v) = g.broke()
+                    && f.kid.try_wait().is_none()
+                    && common::alive(f.kid.pid())
+                {
+                    broken.push(format!(
+                        "at {:?}: broke a live foreign lease: {v}",
+                        t0.elapsed()
+                    ));
                 }
                 drop(g);
             }
@@ -73,17 +81,24 @@ fn live_foreign_holder_is_never_broken_over_5_ttls() {
         }
         attempts += 1;
         if common::cli_ready() && Instant::now() >= next_cli {
-            let st = Command::new(common::bin())
-                .args(["run", "-n", "-q", "--ttl", "400ms"])
+            let out = Command::new(common::bin())
+                .args(["run", "-n", "--ttl", "400ms"])
                 .arg(&lock)
                 .args(["--", "true"])
                 .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
+                .output()
                 .unwrap();
-            if f.kid.try_wait().is_none() && common::code(st) != 75 {
+            let err = String::from_utf8_lossy(&out.stderr);
+            // Exit 0 after the holder released (its hold over, its namespace still being torn
+            // down) is right; breaking its lease while it lives is not.
+            if f.kid.try_wait().is_none()
+                && common::alive(f.kid.pid())
+                && (err.contains("broke") || !matches!(common::code(out.status), 0 | 75))
+            {
                 broken.push(format!(
-                    "`leasehold run -n` exited {st} against a live foreign holder"
+                    "`leasehold run -n` exited {} against a live foreign holder: {}",
+                    out.status,
+                    err.trim()
                 ));
             }
             cli_attempts += 1;
