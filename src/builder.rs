@@ -363,25 +363,13 @@ impl LeaseBuilder {
         if ahead.is_empty() {
             let taken = match v.state {
                 State::Free => Some(self.take(ctx, m, v.lease.as_ref(), None)?),
-                State::Stale => {
-                    if let Some(l) = &v.lease
-                        && let (Some(pg), false) = (l.holder.pgid, v.remnants.is_empty())
-                    {
-                        let ev = JobEvidence::new(&l.lease_id, l.holder.uid, &ctx.paths.mutex);
-                        process::kill_group_verified(pg, &ev, Duration::from_secs(2))
-                            .map_err(|why| refused(ctx, &v, &why))?;
-                    }
+                State::Held => None,
+                State::Hung if !self.take_over_hung => None,
+                State::Stale | State::Hung => {
+                    stop_old_job(&v, &ctx.paths).map_err(|why| refused(ctx, &v, &why))?;
                     let prev = v.lease.clone();
                     Some(self.take(ctx, m, prev.as_ref(), Some(v.clone()))?)
                 }
-                State::Hung if self.take_over_hung => match v.lease.clone() {
-                    Some(l) => {
-                        stop_hung(&l, &ctx.paths).map_err(|why| refused(ctx, &v, &why))?;
-                        Some(self.take(ctx, m, Some(&l), Some(v.clone()))?)
-                    }
-                    None => None,
-                },
-                State::Held | State::Hung => None,
             };
             if let Some(g) = taken {
                 if let Some(q) = queued {
@@ -469,6 +457,24 @@ fn refused(ctx: &Ctx, v: &Verdict, why: &str) -> Error {
     Error::Refused {
         path: ctx.paths.lock.clone(),
         why: format!("not taking over ({v}): {why}"),
+    }
+}
+
+/// Before a stale or hung same-host lease is taken over or broken: stops what is left of its
+/// job, every process verified first — the command's group of a hung holder (see
+/// [`stop_hung`]), or the leftover processes a dead holder's job left in its group. Returns how
+/// many were stopped; nothing to do for foreign or free leases.
+pub(crate) fn stop_old_job(v: &Verdict, paths: &LockPaths) -> std::result::Result<usize, String> {
+    let Some(l) = &v.lease else {
+        return Ok(0);
+    };
+    match (v.state, l.holder.pgid) {
+        (State::Hung, _) if v.same_host => stop_hung(l, paths),
+        (State::Stale, Some(pg)) if v.same_host && !v.remnants.is_empty() => {
+            let ev = JobEvidence::new(&l.lease_id, l.holder.uid, &paths.mutex);
+            process::kill_group_verified(pg, &ev, Duration::from_secs(2))
+        }
+        _ => Ok(0),
     }
 }
 

@@ -19,7 +19,6 @@ use crate::identity::Identity;
 use crate::mutex::{self, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
-use crate::process::{self, JobEvidence};
 use crate::queue;
 use crate::record::{Ending, LeaseState};
 use crate::verdict::{Judge, State, Verdict};
@@ -149,21 +148,8 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         }
         _ => {}
     }
-    let h = &lease.holder;
-    let mut stopped = 0;
-    let kill_group = v.state == State::Hung || !v.remnants.is_empty();
-    if kill_group && v.same_host {
-        let r = if v.state == State::Hung {
-            crate::builder::stop_hung(lease, &paths)
-        } else {
-            let ev = JobEvidence::new(&lease.lease_id, h.uid, &paths.mutex);
-            match h.pgid {
-                Some(pg) => process::kill_group_verified(pg, &ev, Duration::from_secs(2)),
-                None => Ok(0),
-            }
-        };
-        stopped = r.map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
-    }
+    let stopped = crate::builder::stop_old_job(&v, &paths)
+        .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
     let mut rec = lease.as_ref().clone();
     rec.state = LeaseState::Released;
     rec.damaged = false;
