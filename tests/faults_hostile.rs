@@ -225,19 +225,7 @@ fn lease_naming_pid_1_or_another_users_process_never_signals_it() {
     }
     let ttl = Duration::from_millis(200);
     // Another user's process, in its own process group.
-    let mut victim = {
-        let mut c = Command::new("setpriv");
-        c.args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "sleep",
-            "600",
-        ])
-        .stdin(Stdio::null());
-        std::os::unix::process::CommandExt::process_group(&mut c, 0);
-        Kid::spawn(&mut c, "victim")
-    };
+    let mut victim = spawn_victim();
     assert!(common::wait_for(Duration::from_secs(5), || {
         leasehold::process::stat(victim.pid())
             .ok()
@@ -310,18 +298,8 @@ fn lease_naming_pid_1_or_another_users_process_never_signals_it() {
                 "{what}: the other user's process was killed by a contender; last outcome: {last}"
             ));
             // A fresh victim for the next case.
-            let mut c = Command::new("setpriv");
-            c.args([
-                "--reuid=nobody",
-                "--regid=nogroup",
-                "--clear-groups",
-                "sleep",
-                "600",
-            ])
-            .stdin(Stdio::null());
-            std::os::unix::process::CommandExt::process_group(&mut c, 0);
             victim.kill_and_reap();
-            victim = Kid::spawn(&mut c, "victim");
+            victim = spawn_victim();
         } else if outcomes
             .iter()
             .any(|o| o.contains("after SIGKILL") || (!may_take_over && o.contains("TOOK OVER")))
@@ -342,6 +320,21 @@ fn lease_naming_pid_1_or_another_users_process_never_signals_it() {
         println!("{l}");
     }
     assert!(failures.is_empty(), "BUG: {}", failures.join("\n"));
+}
+
+/// Another user's process (`sleep 600` as nobody), in its own process group.
+fn spawn_victim() -> Kid {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "sleep",
+        "600",
+    ])
+    .stdin(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    Kid::spawn(&mut c, "victim")
 }
 
 fn ns_free_pid() -> i32 {
