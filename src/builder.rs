@@ -16,7 +16,7 @@ use crate::fsinfo;
 use crate::fsio;
 use crate::guard::{LeaseGuard, LossReason, LostCallback, Start, Timing};
 use crate::identity::Identity;
-use crate::mutex::{self, MutexGuard, StuckPolicy};
+use crate::mutex::{self, MutexFile, MutexGuard, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, JobEvidence};
@@ -62,6 +62,10 @@ pub struct LeaseBuilder {
     /// LOCK's resolved paths and file-system facts, worked out on the first acquisition and
     /// kept for the next ones (resolving costs a realpath and a read of mountinfo).
     resolved: Option<(LockPaths, fsinfo::FsInfo)>,
+    /// The mutex file, kept open between attempts (see [`MutexFile`]).
+    mutex_file: Option<MutexFile>,
+    /// LOCK's directory, kept open to fsync it after each rename.
+    dir_file: Option<Arc<std::fs::File>>,
 }
 
 impl std::fmt::Debug for LeaseBuilder {
@@ -86,6 +90,12 @@ struct Ctx {
     timing: Timing,
     me: Identity,
     poll: bool,
+    /// Not a network file system.
+    local: bool,
+    /// LOCK's directory, open (when durable writes need it).
+    dir: Option<Arc<std::fs::File>>,
+    /// Whether writes are fsynced: asked for, and the file system is not memory-backed.
+    sync: bool,
 }
 
 /// A blocking acquirer's place in the FIFO queue.
@@ -93,6 +103,11 @@ struct Ctx {
 struct Queued {
     ticket: Option<Ticket>,
     observed: Observed,
+    /// Our ticket was first in the queue when last judged under the mutex. Tickets are
+    /// numbered above every ticket present, so it stays first for as long as it exists.
+    head: bool,
+    /// LOCK's file as last read (local file systems only), to read it again without opening.
+    seen: Option<fsio::Seen>,
 }
 
 impl LeaseBuilder {
@@ -116,6 +131,8 @@ impl LeaseBuilder {
             durable: true,
             allow_host_local_locks: false,
             resolved: None,
+            mutex_file: None,
+            dir_file: None,
         }
     }
 
@@ -183,7 +200,8 @@ impl LeaseBuilder {
         self
     }
     /// Whether token and lease writes are fsynced (default true; turn off only for tests and
-    /// benchmarks on tmpfs, where fsync costs nothing anyway).
+    /// benchmarks). On memory-backed file systems (tmpfs, ramfs) fsync is a no-op, and
+    /// leasehold skips it whatever this says.
     pub fn durable(mut self, yes: bool) -> Self {
         self.durable = yes;
         self
@@ -222,11 +240,18 @@ impl LeaseBuilder {
                 ),
             });
         }
+        let sync = self.durable && !fs.memory_backed;
+        if sync && self.dir_file.is_none() {
+            self.dir_file = fsio::open_dir(&paths.dir).ok().map(Arc::new);
+        }
         Ok(Ctx {
+            sync,
+            dir: self.dir_file.clone(),
             timing,
             paths,
             me: self.identity.clone().unwrap_or_else(Identity::current),
             poll: self.poll || fs.network,
+            local: !fs.network,
         })
     }
 
@@ -346,48 +371,63 @@ impl LeaseBuilder {
         } else {
             StuckPolicy::Report
         };
-        let m = mutex::lock(&ctx.paths.mutex, deadline, ctx.timing.ttl, policy)?;
+        let m = mutex::lock_with(
+            self.mutex_file.take(),
+            &ctx.paths.mutex,
+            deadline,
+            ctx.timing.ttl,
+            policy,
+        )?;
         let mut ahead = match queued.as_deref_mut() {
             Some(q) => {
                 if q.ticket.as_ref().is_some_and(|t| !t.still_queued()) {
                     q.ticket = None; // skipped while frozen: queue again at the back
+                    q.head = false;
                 }
                 let mine = q.ticket.as_ref().map(|t| t.seq);
-                queue::live_ahead(&ctx.paths, mine, Some(&mut q.observed), ctx.timing.ttl)
+                if q.head && mine.is_some() {
+                    Ok(Vec::new())
+                } else {
+                    queue::live_ahead(&ctx.paths, mine, Some(&mut q.observed), ctx.timing.ttl)
+                }
             }
             None => queue::live_ahead(&ctx.paths, None, None, ctx.timing.ttl),
         }
         .unwrap_or_default();
-        let content = fsio::read_lock(&ctx.paths.lock)?;
+        let seen = queued.as_deref_mut().and_then(|q| q.seen.take());
+        let (content, replaced) = fsio::read_lock_keep(&ctx.paths.lock, seen)?;
         let mut v = self.judge(ctx).judge(&content, mem);
         if ahead.is_empty() {
-            let taken = match v.state {
-                State::Free => Some(self.take(ctx, m, v.lease.as_ref(), None)?),
+            let take_over = match v.state {
+                State::Free => Some(None),
                 State::Held => None,
                 State::Hung if !self.take_over_hung => None,
                 State::Stale | State::Hung => {
                     stop_old_job(&v, &ctx.paths).map_err(|why| refused(ctx, &v, &why))?;
-                    let prev = v.lease.clone();
-                    Some(self.take(ctx, m, prev.as_ref(), Some(v.clone()))?)
+                    Some(Some(v.clone()))
                 }
             };
-            if let Some(g) = taken {
-                if let Some(q) = queued {
-                    q.ticket = None; // leave the queue: wakes exactly our successor
-                }
+            if let Some(broke) = take_over {
+                let ticket = queued.and_then(|q| q.ticket.take());
+                let g = self.take(ctx, m, v.lease.as_ref(), broke, replaced, ticket)?;
                 return Ok(Attempt::Taken(Box::new(g)));
             }
         } else if v.state == State::Free || v.state == State::Stale {
             v.reason = format!("{}, but {} waiter(s) queued ahead", v.reason, ahead.len());
             v.state = State::Held;
         }
-        if let Some(q) = queued
-            && q.ticket.is_none()
-        {
-            // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
-            let argv = self.command.clone().unwrap_or_default();
-            q.ticket = Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv).ok();
+        if let Some(q) = queued {
+            if ctx.local {
+                q.seen = replaced;
+            }
+            if q.ticket.is_none() {
+                // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
+                let argv = self.command.clone().unwrap_or_default();
+                q.ticket = Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv).ok();
+            }
+            q.head = q.ticket.is_some() && ahead.is_empty();
         }
+        self.mutex_file = m.unlock();
         v.queue_ahead = ahead.len();
         Ok(Attempt::Busy(Box::new(v), ahead.pop()))
     }
@@ -398,13 +438,15 @@ impl LeaseBuilder {
         m: MutexGuard,
         prev: Option<&Lease>,
         broke: Option<Verdict>,
+        replaced: Option<fsio::Seen>,
+        ticket: Option<Ticket>,
     ) -> Result<LeaseGuard> {
         let token = m
             .high_water()?
             .max(prev.map_or(0, |l| l.token))
             .checked_add(1)
             .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
-        m.set_high_water(token, self.durable)?;
+        m.set_high_water(token, ctx.sync)?;
         let now = format_rfc3339(self.clock.wall());
         let lease = Lease {
             state: LeaseState::Held,
@@ -437,8 +479,18 @@ impl LeaseBuilder {
         let bytes = lease.to_bytes();
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = Instant::now();
-        fsio::replace(&ctx.paths, &ctx.paths.lock, &bytes, self.durable)?;
-        drop(m);
+        let written = fsio::replace_keep(
+            &ctx.paths,
+            &ctx.paths.lock,
+            &bytes,
+            ctx.sync,
+            ctx.dir.as_deref(),
+        )?;
+        // Leave the queue: the name goes while we hold the mutex (so it is surely ours), the
+        // lock after the mutex is free, waking exactly our successor.
+        let ticket = ticket.map(Ticket::unlink_held);
+        let witness = m.unlock();
+        drop(ticket);
         let g = LeaseGuard::start(Start {
             paths: ctx.paths.clone(),
             timing: ctx.timing,
@@ -448,6 +500,12 @@ impl LeaseBuilder {
             started,
             on_lost: self.on_lost.clone(),
             broke,
+            witness,
+            written: Some(written),
+            local: ctx.local,
+            dir: ctx.dir.clone(),
+            sync: ctx.sync,
+            replaced: replaced.map(|s| s.file),
         })?;
         Ok(g)
     }
@@ -508,24 +566,13 @@ pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usi
     }
 }
 
-/// A random 128-bit id in 32 hex digits.
+/// A random 128-bit id in 32 hex digits, from std's keyed SipHash: its keys come from the OS
+/// once per thread and differ for every `RandomState`; the pid keeps a forked child, which
+/// inherits the keys, from repeating its parent's ids. No system call after the first.
 pub(crate) fn random_id() -> String {
-    let mut b = [0u8; 16];
-    let mut filled = 0;
-    while filled < b.len() {
-        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(n) => filled += n,
-            Err(_) => {
-                // No getrandom: mix time and pid; ids only need to be unique, not secret.
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos();
-                let x = t ^ (u128::from(std::process::id()) << 64);
-                b.copy_from_slice(&x.to_le_bytes());
-                break;
-            }
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    use std::hash::BuildHasher;
+    let s = std::collections::hash_map::RandomState::new();
+    let pid = std::process::id();
+    let (a, b) = (s.hash_one((pid, 0u8)), s.hash_one((pid, 1u8)));
+    format!("{a:016x}{b:016x}")
 }

@@ -16,6 +16,9 @@ pub struct FsInfo {
     pub fstype: String,
     /// When set, kernel locks on this mount do not reach other hosts; the text says why.
     pub host_local_locks: Option<String>,
+    /// Memory-backed (tmpfs, ramfs): nothing survives a reboot and fsync is a no-op, so
+    /// leasehold skips it.
+    pub memory_backed: bool,
 }
 
 const NFS_SUPER_MAGIC: i64 = 0x6969;
@@ -25,6 +28,8 @@ const SMB2_MAGIC: i64 = 0xFE53_4D42;
 const CEPH_SUPER_MAGIC: i64 = 0x00C3_6400;
 const AFS_SUPER_MAGIC: i64 = 0x5346_414F;
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
 /// Inspects the file system of `dir` (a canonical directory path).
 ///
@@ -46,6 +51,7 @@ pub fn inspect(dir: &Path) -> FsInfo {
                 | AFS_SUPER_MAGIC
                 | FUSE_SUPER_MAGIC
         );
+        info.memory_backed = matches!(magic, TMPFS_MAGIC | RAMFS_MAGIC);
     }
     if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo")
         && let Some(m) = mount_of(&text, dir)

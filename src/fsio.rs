@@ -34,6 +34,11 @@ pub(crate) enum LockContent {
 /// Opens LOCK for reading or read-write without following a symlink or blocking on a FIFO, and
 /// checks it is a regular file of plausible size. `Ok(None)` when it does not exist.
 pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<File>> {
+    Ok(open_lock_len(path, write)?.map(|(f, _)| f))
+}
+
+/// As [`open_lock`], also giving the file's size at open.
+fn open_lock_len(path: &Path, write: bool) -> Result<Option<(File, std::fs::Metadata)>> {
     let flags = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
     let res = OpenOptions::new()
         .read(true)
@@ -74,7 +79,7 @@ pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<File>> {
             &format!("{} bytes, larger than any lease", meta.len()),
         ));
     }
-    Ok(Some(file))
+    Ok(Some((file, meta)))
 }
 
 fn not_a_lease(path: &Path, what: &str) -> Error {
@@ -84,8 +89,10 @@ fn not_a_lease(path: &Path, what: &str) -> Error {
     }
 }
 
-/// Reads the whole of an open LOCK from offset 0 (at most the size cap plus one byte).
-fn read_all(file: &File, path: &Path, buf: &mut Vec<u8>) -> Result<()> {
+/// Reads the whole of an open LOCK from offset 0 (at most the size cap plus one byte). With
+/// `len`, the size the file had when it was opened, it stops there instead of reading on to
+/// an empty read (a torn result is caught by the checksum, and re-read without the hint).
+fn read_all(file: &File, path: &Path, buf: &mut Vec<u8>, len: Option<u64>) -> Result<()> {
     buf.clear();
     let mut chunk = [0u8; 4096];
     let mut off = 0u64;
@@ -100,6 +107,9 @@ fn read_all(file: &File, path: &Path, buf: &mut Vec<u8>) -> Result<()> {
         }
         buf.extend_from_slice(&chunk[..n]);
         off += n as u64;
+        if len.is_some_and(|l| off >= l) {
+            return Ok(());
+        }
         if off > MAX_LEASE_BYTES {
             return Err(not_a_lease(path, "larger than any lease"));
         }
@@ -109,9 +119,14 @@ fn read_all(file: &File, path: &Path, buf: &mut Vec<u8>) -> Result<()> {
 /// Parses an open LOCK, re-reading through torn reads. Judges a persistently bad checksum as a
 /// damaged record.
 pub(crate) fn read_open(file: &File, path: &Path) -> Result<LockContent> {
+    read_open_sized(file, path, None)
+}
+
+/// As [`read_open`], with the file's size at open as a hint for the first read.
+pub(crate) fn read_open_sized(file: &File, path: &Path, len: Option<u64>) -> Result<LockContent> {
     let mut buf = Vec::with_capacity(1024);
     for attempt in 0..TORN_RETRIES {
-        read_all(file, path, &mut buf)?;
+        read_all(file, path, &mut buf, len.filter(|_| attempt == 0))?;
         match Lease::parse(&buf) {
             Parsed::Empty => return Ok(LockContent::Empty),
             Parsed::Lease(l) => return Ok(LockContent::Lease(l, buf)),
@@ -143,11 +158,50 @@ pub(crate) fn read_open(file: &File, path: &Path) -> Result<LockContent> {
 /// served from a cached handle of a file another host has since renamed over, and the server
 /// then answers ESTALE: open again, which looks the name up anew.
 pub(crate) fn read_lock(path: &Path) -> Result<LockContent> {
+    read_lock_keep(path, None).map(|(c, _)| c)
+}
+
+/// LOCK's file as last read, still open, with its device and inode.
+#[derive(Debug)]
+pub(crate) struct Seen {
+    pub file: File,
+    pub id: (u64, u64),
+}
+
+/// As [`read_lock`], also handing back the file read, still open. Whoever replaces LOCK can keep
+/// it open past the rename: the old inode is then freed at that later close, not inside the
+/// rename (freeing a file's pages costs more than the rest of the rename on tmpfs).
+///
+/// With `seen` (only ever on a local file system, where the kernel's page cache is the file),
+/// if LOCK still names that file it is read through it: one stat instead of an open and a
+/// close.
+pub(crate) fn read_lock_keep(
+    path: &Path,
+    seen: Option<Seen>,
+) -> Result<(LockContent, Option<Seen>)> {
+    if let Some(s) = seen {
+        match std::fs::symlink_metadata(path) {
+            Ok(m)
+                if (m.dev(), m.ino()) == s.id
+                    && m.file_type().is_file()
+                    && m.len() <= MAX_LEASE_BYTES =>
+            {
+                return read_open_sized(&s.file, path, Some(m.len())).map(|c| (c, Some(s)));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok((LockContent::Missing, None));
+            }
+            _ => {}
+        }
+    }
     let mut tries = 0;
     loop {
-        let r = match open_lock(path, false) {
-            Ok(None) => return Ok(LockContent::Missing),
-            Ok(Some(f)) => read_open(&f, path),
+        let r = match open_lock_len(path, false) {
+            Ok(None) => return Ok((LockContent::Missing, None)),
+            Ok(Some((f, meta))) => {
+                let id = (meta.dev(), meta.ino());
+                read_open_sized(&f, path, Some(meta.len())).map(|c| (c, Some(Seen { file: f, id })))
+            }
             Err(e) => Err(e),
         };
         match r {
@@ -168,13 +222,33 @@ pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()
         .map_err(|e| Error::io(path, "rewrite the lease header in place", e))
 }
 
+/// A file just renamed into place, still open read-write, and its device and inode.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub file: File,
+    pub id: (u64, u64),
+}
+
 /// Replaces `target` atomically with `bytes`: write the temp file, optionally fsync it, rename
 /// it over `target`, optionally fsync the directory. Callers hold the mutex, so the one temp
 /// name is never used by two writers at once; a crashed writer's temp file is simply
 /// overwritten by the next.
 pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    replace_keep(paths, target, bytes, durable, None).map(|_| ())
+}
+
+/// As [`replace`], handing back the new file open (see [`Written`]). `dir`, when given, is
+/// LOCK's directory already open, to fsync without opening it again.
+pub(crate) fn replace_keep(
+    paths: &LockPaths,
+    target: &Path,
+    bytes: &[u8],
+    durable: bool,
+    dir: Option<&File>,
+) -> Result<Written> {
     let tmp = &paths.tmp;
     let mut f = OpenOptions::new()
+        .read(true)
         .write(true)
         .create(true)
         .truncate(true)
@@ -202,29 +276,41 @@ pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: b
         }
         std::fs::rename(tmp, target).map_err(|e| Error::io(target, "rename into place", e))?;
         if durable {
-            sync_dir(&paths.dir)?;
+            match dir {
+                Some(d) => sync_open_dir(d, &paths.dir)?,
+                None => sync_dir(&paths.dir)?,
+            }
         }
         Ok(())
     })();
+    let id = (meta.dev(), meta.ino());
     if result.is_err() {
         // Give back the blocks on a full disk, but only if the name is still our file.
-        if let (Ok(now), Ok(ours)) = (std::fs::symlink_metadata(tmp), f.metadata())
-            && now.ino() == ours.ino()
-            && now.dev() == ours.dev()
+        if let Ok(now) = std::fs::symlink_metadata(tmp)
+            && (now.dev(), now.ino()) == id
         {
             let _ = std::fs::remove_file(tmp);
         }
     }
-    result
+    result.map(|()| Written { file: f, id })
+}
+
+/// Opens a directory (to fsync it later).
+pub(crate) fn open_dir(dir: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).bits())
+        .open(dir)
+        .map_err(|e| Error::io(dir, "open the directory", e))
 }
 
 /// fsync a directory, so that a rename in it is durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    let d = OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).bits())
-        .open(dir)
-        .map_err(|e| Error::io(dir, "open the directory", e))?;
+    sync_open_dir(&open_dir(dir)?, dir)
+}
+
+/// fsync an open directory (`dir` names it, for errors).
+fn sync_open_dir(d: &File, dir: &Path) -> Result<()> {
     match d.sync_all() {
         Ok(()) => Ok(()),
         // Some file systems refuse fsync on directories; the rename is then as durable as it gets.

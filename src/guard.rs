@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsio::{self, LockContent};
-use crate::mutex::{self, StuckPolicy};
+use crate::mutex::{self, MutexFile, StuckPolicy};
 use crate::paths::LockPaths;
 use crate::record::{Ending, Lease, LeaseState};
 use crate::verdict::Verdict;
@@ -137,6 +137,20 @@ pub(crate) struct Start {
     pub started: Instant,
     pub on_lost: Option<LostCallback>,
     pub broke: Option<Verdict>,
+    /// The mutex file the acquisition locked (now unlocked), kept as the witness.
+    pub witness: Option<MutexFile>,
+    /// Our lease's file, as renamed into place.
+    pub written: Option<fsio::Written>,
+    /// Whether LOCK is on a local file system, where the kernel's view of the file is the truth
+    /// at once (no attribute or data cache between hosts): release may then check and mark our
+    /// lease through the file we keep open.
+    pub local: bool,
+    /// LOCK's directory, open, for fsyncs.
+    pub dir: Option<Arc<std::fs::File>>,
+    /// Whether writes are fsynced.
+    pub sync: bool,
+    /// The file our lease replaced, still open (see `fsio::read_lock_keep`); closed at release.
+    pub replaced: Option<std::fs::File>,
 }
 
 struct Record {
@@ -149,6 +163,8 @@ struct Control {
     /// When the keeper should next renew this guard.
     next_renew: Instant,
     stop: bool,
+    /// Threads inside `wait_lost` (notified only when there are any).
+    waiting: usize,
     last_error: Option<String>,
 }
 
@@ -164,9 +180,15 @@ struct Inner {
     on_lost: Option<LostCallback>,
     /// The lock's mutex file, kept open (not locked) while we hold the lease: the kernel's
     /// evidence, in /proc/PID/fd, that this process is a holder of this lock (see
-    /// `process::JobEvidence`). Closed on exec, so commands do not inherit it; closed at
-    /// release.
-    witness: Mutex<Option<std::fs::File>>,
+    /// `process::JobEvidence`). Closed on exec, so commands do not inherit it; locked through at
+    /// release, then closed.
+    witness: Mutex<Option<MutexFile>>,
+    /// Our lease's file as last renamed into place (see [`Start::written`]).
+    written: Mutex<Option<fsio::Written>>,
+    local: bool,
+    dir: Option<Arc<std::fs::File>>,
+    sync: bool,
+    replaced: Mutex<Option<std::fs::File>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
@@ -213,8 +235,14 @@ impl LeaseGuard {
             started,
             on_lost,
             broke,
+            witness,
+            written,
+            local,
+            dir,
+            sync,
+            replaced,
         } = s;
-        let witness = std::fs::File::open(&paths.mutex).ok();
+        let witness = witness.or_else(|| MutexFile::open(&paths.mutex).ok());
         let inner = Arc::new(Inner {
             paths,
             timing,
@@ -224,6 +252,7 @@ impl LeaseGuard {
                 deadline: started + timing.renew_window(),
                 next_renew: started + timing.heartbeat,
                 stop: false,
+                waiting: 0,
                 last_error: None,
             }),
             cond: Condvar::new(),
@@ -231,12 +260,33 @@ impl LeaseGuard {
             loss: Mutex::new(None),
             on_lost,
             witness: Mutex::new(witness),
+            written: Mutex::new(written),
+            local,
+            dir,
+            sync,
+            replaced: Mutex::new(replaced),
         });
         let k =
             keeper().map_err(|e| Error::io(&inner.paths.lock, "start the renewal threads", e))?;
-        lock(&k.guards).push(Arc::clone(&inner));
-        k.renew.notify_all();
-        k.watch.notify_all();
+        let (renew_at, deadline) = {
+            let c = lock(&inner.control);
+            (c.next_renew, c.deadline)
+        };
+        let mut st = lock(&k.state);
+        st.guards.push(Arc::clone(&inner));
+        // Wake a keeper thread only if it sleeps past this guard's first need of it; in steady
+        // state (one guard after another) neither is woken.
+        let (wake_renewer, wake_watchdog) = (
+            st.renewer.later_than(renew_at),
+            st.watchdog.later_than(deadline),
+        );
+        drop(st);
+        if wake_renewer {
+            k.renew.notify_all();
+        }
+        if wake_watchdog {
+            k.watch.notify_all();
+        }
         Ok(LeaseGuard {
             inner,
             broke,
@@ -289,6 +339,7 @@ impl LeaseGuard {
     pub fn wait_lost(&self, timeout: Duration) -> Option<LossReason> {
         let end = Instant::now() + timeout;
         let mut c = lock(&self.inner.control);
+        c.waiting += 1;
         while !self.is_lost() && !c.stop {
             let now = Instant::now();
             if now >= end {
@@ -301,6 +352,7 @@ impl LeaseGuard {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        c.waiting -= 1;
         drop(c);
         self.loss()
     }
@@ -326,7 +378,8 @@ impl LeaseGuard {
         lease.holder.pgid = Some(pgid);
         ensure_ours(&inner.paths, &rec.lease)?;
         let bytes = lease.to_bytes();
-        fsio::replace(&inner.paths, &inner.paths.lock, &bytes, false)?;
+        let w = fsio::replace_keep(&inner.paths, &inner.paths.lock, &bytes, false, None)?;
+        *lock(&inner.written) = Some(w);
         drop(m);
         *rec = Record { lease, bytes };
         Ok(())
@@ -344,43 +397,72 @@ impl LeaseGuard {
         self.release_with("released")
     }
 
-    /// Takes this guard off the keeper: no renewal starts after this, and one in progress
-    /// finishes before our record lock can be had.
-    fn stop_threads(&mut self) {
-        lock(&self.inner.control).stop = true;
-        self.inner.cond.notify_all();
-        if let Ok(k) = keeper() {
-            k.renew.notify_all();
-            k.watch.notify_all();
-        }
-    }
-
     fn finish(&mut self, how: &str) -> Result<()> {
         if self.done {
             return Ok(());
         }
         self.done = true;
-        self.stop_threads();
         let inner = &self.inner;
+        // Holding our record keeps a renewal from starting until `stop` is set below (a renewal
+        // checks it after taking the record).
         let rec = lock(&inner.record);
-        let _witness = lock(&inner.witness).take();
+        let witness = lock(&inner.witness).take();
+        let written = lock(&inner.written).take();
+        // Closed when this returns, after the handover: freeing old files is off its path.
+        let _replaced = lock(&inner.replaced).take();
+        let ended_at = format_rfc3339(inner.clock.wall());
+        // On a local file system, flip our header to released in place first, as a renewal
+        // writes it (no mutex: only we ever write our record in place, and a breaker replaces
+        // the whole file). Its inotify event wakes the head waiter at once.
+        let marked = match (&written, inner.local) {
+            (Some(w), true) => mark_released(&inner.paths, &rec, w, &ended_at),
+            _ => None,
+        };
+        stop_threads(inner);
         let mut released = rec.lease.clone();
         released.state = LeaseState::Released;
         released.ended = Some(Ending {
-            at: format_rfc3339(inner.clock.wall()),
+            at: ended_at,
             how: how.to_string(),
             by: None,
         });
+        if let (Some(w), Some(_)) = (&written, &marked)
+            && crate::queue::anyone_waiting(&inner.paths)
+        {
+            // Handed over: the waiter replaces the record straight away, so a full released
+            // record saying how the job ended would be read by nobody.
+            if inner.sync {
+                w.file
+                    .sync_data()
+                    .map_err(|e| Error::io(&inner.paths.lock, "fsync the released header", e))?;
+            }
+            return Ok(());
+        }
         let wait = inner.timing.ttl.min(Duration::from_secs(5));
         let full = (|| {
-            let _m = mutex::lock(
+            let _m = mutex::lock_with(
+                witness,
                 &inner.paths.mutex,
                 Some(Instant::now() + wait),
                 inner.timing.ttl,
                 StuckPolicy::Report,
             )?;
-            ensure_ours(&inner.paths, &rec.lease)?;
-            fsio::replace(&inner.paths, &inner.paths.lock, &released.to_bytes(), true)
+            match (&written, &marked) {
+                (Some(w), Some(bytes)) => {
+                    if !still_is(&inner.paths, w, bytes) {
+                        return Ok(()); // taken since we marked it: nothing of ours to write
+                    }
+                }
+                _ => ensure_ours(&inner.paths, &rec.lease)?,
+            }
+            fsio::replace_keep(
+                &inner.paths,
+                &inner.paths.lock,
+                &released.to_bytes(),
+                inner.sync,
+                inner.dir.as_deref(),
+            )
+            .map(|_| ())
         })();
         match full {
             Ok(()) => Ok(()),
@@ -416,6 +498,22 @@ impl LeaseGuard {
     }
 }
 
+/// Takes a guard off the keeper: no renewal starts after this, and one in progress finishes
+/// before our record lock can be had. The keeper threads are not woken: they find the guard
+/// gone when they next wake.
+fn stop_threads(inner: &Arc<Inner>) {
+    let mut c = lock(&inner.control);
+    c.stop = true;
+    let waiting = c.waiting > 0;
+    drop(c);
+    if waiting {
+        inner.cond.notify_all();
+    }
+    if let Ok(k) = keeper() {
+        lock(&k.state).guards.retain(|g| !Arc::ptr_eq(g, inner));
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         let _ = self.finish("released (guard dropped)");
@@ -431,6 +529,33 @@ fn mark_in_place(paths: &LockPaths, mine: &Lease, region: &[u8]) -> bool {
         _ => return false,
     }
     fsio::write_header(&f, &paths.lock, region).is_ok() && f.sync_data().is_ok()
+}
+
+/// Whether LOCK still names the file we wrote (`w`) and it holds exactly `bytes`.
+fn still_is(paths: &LockPaths, w: &fsio::Written, bytes: &[u8]) -> bool {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    match std::fs::symlink_metadata(&paths.lock) {
+        Ok(m) if (m.dev(), m.ino()) == w.id => {}
+        _ => return false,
+    }
+    // One byte more than expected, to notice a file that grew.
+    let mut now = vec![0u8; bytes.len() + 1];
+    matches!(w.file.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes)
+}
+
+/// Flips our record's header to released in place, when LOCK still names the file we wrote and
+/// holds exactly the bytes we last wrote (our lease, held, intact). Returns the bytes LOCK now
+/// holds, or `None` if it was not simply ours (the caller then goes the long way, which
+/// reports what happened). Not made durable here.
+fn mark_released(paths: &LockPaths, rec: &Record, w: &fsio::Written, at: &str) -> Option<Vec<u8>> {
+    if !still_is(paths, w, &rec.bytes) {
+        return None;
+    }
+    let mut bytes = rec.bytes.clone();
+    let seq = rec.lease.heartbeat_seq.saturating_add(1);
+    let region = Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, at)?;
+    fsio::write_header(&w.file, &paths.lock, region).ok()?;
+    Some(bytes)
 }
 
 /// Errors with `Error::Lost` unless LOCK holds our lease, still held.
@@ -580,9 +705,37 @@ impl Inner {
 
 /// The process-wide keeper: every live guard, and the two threads that serve them.
 struct Keeper {
-    guards: Mutex<Vec<Arc<Inner>>>,
+    state: Mutex<KeeperState>,
     renew: Condvar,
     watch: Condvar,
+}
+
+struct KeeperState {
+    guards: Vec<Arc<Inner>>,
+    renewer: Sleep,
+    watchdog: Sleep,
+}
+
+/// What a keeper thread is doing, so that a new guard wakes it only when it must.
+#[derive(Clone, Copy)]
+enum Sleep {
+    /// Awake: it looks at the guard list again before it sleeps.
+    Awake,
+    /// Asleep until then.
+    Until(Instant),
+    /// Asleep until woken.
+    Forever,
+}
+
+impl Sleep {
+    /// Whether a thread in this state would wake up too late for something due at `due`.
+    fn later_than(self, due: Instant) -> bool {
+        match self {
+            Sleep::Awake => false,
+            Sleep::Until(t) => t > due,
+            Sleep::Forever => true,
+        }
+    }
 }
 
 /// The keeper of this process, its threads started on first use — and again in a forked child,
@@ -597,7 +750,11 @@ fn keeper() -> std::io::Result<&'static Keeper> {
         return Ok(k);
     }
     let k: &'static Keeper = Box::leak(Box::new(Keeper {
-        guards: Mutex::new(Vec::new()),
+        state: Mutex::new(KeeperState {
+            guards: Vec::new(),
+            renewer: Sleep::Awake,
+            watchdog: Sleep::Awake,
+        }),
         renew: Condvar::new(),
         watch: Condvar::new(),
     }));
@@ -618,25 +775,31 @@ fn keeper() -> std::io::Result<&'static Keeper> {
 fn renewer(k: &'static Keeper) {
     loop {
         let due: Vec<Arc<Inner>> = {
-            let mut list = lock(&k.guards);
+            let mut st = lock(&k.state);
             loop {
-                list.retain(|g| !g.done());
+                st.guards.retain(|g| !g.done());
                 let now = Instant::now();
-                let next = list.iter().map(|g| lock(&g.control).next_renew).min();
+                let next = st.guards.iter().map(|g| lock(&g.control).next_renew).min();
                 match next {
                     Some(n) if n <= now => break,
                     Some(n) => {
-                        list = k
+                        st.renewer = Sleep::Until(n);
+                        st = k
                             .renew
-                            .wait_timeout(list, n - now)
+                            .wait_timeout(st, n - now)
                             .unwrap_or_else(PoisonError::into_inner)
                             .0;
                     }
-                    None => list = k.renew.wait(list).unwrap_or_else(PoisonError::into_inner),
+                    None => {
+                        st.renewer = Sleep::Forever;
+                        st = k.renew.wait(st).unwrap_or_else(PoisonError::into_inner);
+                    }
                 }
+                st.renewer = Sleep::Awake;
             }
             let now = Instant::now();
-            list.iter()
+            st.guards
+                .iter()
                 .filter(|g| lock(&g.control).next_renew <= now)
                 .cloned()
                 .collect()
@@ -649,12 +812,13 @@ fn renewer(k: &'static Keeper) {
 
 /// Declares guards lost at their deadlines. Never does I/O.
 fn watchdog(k: &'static Keeper) {
-    let mut list = lock(&k.guards);
+    let mut st = lock(&k.state);
     loop {
+        st.watchdog = Sleep::Awake;
         let now = Instant::now();
         let mut expired = Vec::new();
         let mut earliest: Option<Instant> = None;
-        for g in list.iter() {
+        for g in st.guards.iter() {
             if g.lost.load(Ordering::Acquire) {
                 continue;
             }
@@ -669,21 +833,25 @@ fn watchdog(k: &'static Keeper) {
             }
         }
         if !expired.is_empty() {
-            drop(list);
+            drop(st);
             for (g, last_error) in expired {
                 g.set_lost(LossReason::RenewTimeout { last_error });
             }
-            list = lock(&k.guards);
+            st = lock(&k.state);
             continue;
         }
-        list = match earliest {
+        st = match earliest {
             Some(e) => {
+                st.watchdog = Sleep::Until(e);
                 k.watch
-                    .wait_timeout(list, e.saturating_duration_since(now))
+                    .wait_timeout(st, e.saturating_duration_since(now))
                     .unwrap_or_else(PoisonError::into_inner)
                     .0
             }
-            None => k.watch.wait(list).unwrap_or_else(PoisonError::into_inner),
+            None => {
+                st.watchdog = Sleep::Forever;
+                k.watch.wait(st).unwrap_or_else(PoisonError::into_inner)
+            }
         };
     }
 }

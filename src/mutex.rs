@@ -21,10 +21,41 @@ use crate::process;
 const HWM_PREFIX: &str = "leasehold-mutex 1 token ";
 const HWM_LEN: usize = HWM_PREFIX.len() + 20 + 1;
 
-/// The mutex, held. Dropping it closes the file, which releases the kernel lock.
+/// The mutex file, open (not necessarily locked), with the identity of the inode it names and
+/// the process that opened it. Kept across acquisitions by a builder, and by a guard as its
+/// witness, so that taking the mutex again costs a flock and one stat, not an open.
+#[derive(Debug)]
+pub(crate) struct MutexFile {
+    file: File,
+    dev: u64,
+    ino: u64,
+    pid: u32,
+}
+
+impl MutexFile {
+    /// Opens (creating if need be) the mutex file at `path`.
+    pub(crate) fn open(path: &Path) -> Result<MutexFile> {
+        let (file, meta) = open(path)?;
+        Ok(MutexFile {
+            file,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            pid: std::process::id(),
+        })
+    }
+
+    /// Whether this process opened it. A forked child shares the parent's open file
+    /// description, and with it the parent's flock: it must never lock through it.
+    fn ours(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+/// The mutex, held. Dropping it closes the file, which releases the kernel lock;
+/// [`MutexGuard::unlock`] releases it and keeps the file open for the next time.
 #[derive(Debug)]
 pub(crate) struct MutexGuard {
-    file: File,
+    file: MutexFile,
     path: PathBuf,
 }
 
@@ -45,13 +76,29 @@ pub(crate) fn lock(
     stuck_after: Duration,
     policy: StuckPolicy,
 ) -> Result<MutexGuard> {
+    lock_with(None, path, deadline, stuck_after, policy)
+}
+
+/// As [`lock`], through `reuse` when it is given, still names the mutex file at `path`, and was
+/// opened by this process; through a fresh open otherwise.
+pub(crate) fn lock_with(
+    reuse: Option<MutexFile>,
+    path: &Path,
+    deadline: Option<Instant>,
+    stuck_after: Duration,
+    policy: StuckPolicy,
+) -> Result<MutexGuard> {
     let start = Instant::now();
     let mut next_judgement = start.checked_add(stuck_after);
     let mut backoff = Duration::from_micros(20);
+    let mut reuse = reuse.filter(MutexFile::ours);
     loop {
-        let file = open(path)?;
+        let mf = match reuse.take() {
+            Some(mf) => mf,
+            None => MutexFile::open(path)?,
+        };
         loop {
-            match file.try_lock() {
+            match mf.file.try_lock() {
                 Ok(()) => break,
                 Err(std::fs::TryLockError::WouldBlock) => {}
                 Err(std::fs::TryLockError::Error(e)) => {
@@ -65,11 +112,11 @@ pub(crate) fn lock(
                 return Err(Error::MutexStuck {
                     path: path.to_path_buf(),
                     waited: now - start,
-                    holder: describe_holder(&file),
+                    holder: describe_holder(&mf.file),
                 });
             }
             if next_judgement.is_some_and(|j| now >= j) {
-                judge_stuck(&file, policy);
+                judge_stuck(&mf.file, policy);
                 next_judgement = now.checked_add(stuck_after);
             }
             let mut nap = backoff;
@@ -80,13 +127,10 @@ pub(crate) fn lock(
             backoff = (backoff * 2).min(Duration::from_millis(5));
         }
         // The lock is on the inode we opened; make sure that inode is still the one at `path`.
-        let ours = file
-            .metadata()
-            .map_err(|e| Error::io(path, "stat the mutex", e))?;
         match std::fs::symlink_metadata(path) {
-            Ok(m) if m.ino() == ours.ino() && m.dev() == ours.dev() => {
+            Ok(m) if m.ino() == mf.ino && m.dev() == mf.dev => {
                 return Ok(MutexGuard {
-                    file,
+                    file: mf,
                     path: path.to_path_buf(),
                 });
             }
@@ -98,7 +142,7 @@ pub(crate) fn lock(
     }
 }
 
-fn open(path: &Path) -> Result<File> {
+fn open(path: &Path) -> Result<(File, std::fs::Metadata)> {
     // Read-write: NFSv4 refuses exclusive locks on read-only descriptors.
     let file = OpenOptions::new()
         .read(true)
@@ -118,14 +162,22 @@ fn open(path: &Path) -> Result<File> {
             what: "the mutex file's name is taken by something that is not a file".into(),
         });
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 impl MutexGuard {
+    /// Releases the kernel lock and hands back the open file for the next time. If the unlock
+    /// itself fails, the file is closed instead (which releases the lock) and `None` returned.
+    pub(crate) fn unlock(self) -> Option<MutexFile> {
+        let MutexGuard { file, .. } = self;
+        file.file.unlock().ok().map(|()| file)
+    }
+
     /// The highest fencing token ever handed out for this lock (0 if none yet).
     pub(crate) fn high_water(&self) -> Result<u64> {
         let mut buf = [0u8; HWM_LEN];
         let n = self
+            .file
             .file
             .read_at(&mut buf, 0)
             .map_err(|e| Error::io(&self.path, "read the mutex file", e))?;
@@ -140,10 +192,12 @@ impl MutexGuard {
     pub(crate) fn set_high_water(&self, token: u64, durable: bool) -> Result<()> {
         let text = format!("{HWM_PREFIX}{token:020}\n");
         self.file
+            .file
             .write_all_at(text.as_bytes(), 0)
             .map_err(|e| Error::io(&self.path, "write the token high-water mark", e))?;
         if durable {
             self.file
+                .file
                 .sync_data()
                 .map_err(|e| Error::io(&self.path, "fsync the token high-water mark", e))?;
         }

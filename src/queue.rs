@@ -55,6 +55,10 @@ pub(crate) struct Ticket {
     pub seq: u64,
     path: PathBuf,
     file: File,
+    /// Device and inode of our ticket file.
+    id: (u64, u64),
+    /// Its name is gone already.
+    unlinked: bool,
     bytes: Vec<u8>,
     beat: u64,
 }
@@ -121,11 +125,28 @@ fn read_info(file: &File) -> Option<Waiting> {
 
 /// Unlinks `path` only if it is still the inode `file` has open.
 fn unlink_if_same(path: &Path, file: &File) {
-    if let (Ok(now), Ok(ours)) = (std::fs::symlink_metadata(path), file.metadata())
-        && now.ino() == ours.ino()
-        && now.dev() == ours.dev()
+    if let Ok(ours) = file.metadata() {
+        unlink_if_id(path, (ours.dev(), ours.ino()));
+    }
+}
+
+/// Unlinks `path` only if it is still the inode `id` (device, inode).
+fn unlink_if_id(path: &Path, id: (u64, u64)) {
+    if let Ok(now) = std::fs::symlink_metadata(path)
+        && (now.dev(), now.ino()) == id
     {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Whether any ticket is in the queue (live or not: a cheap look, used only to choose between
+/// two safe ways of releasing).
+pub(crate) fn anyone_waiting(paths: &LockPaths) -> bool {
+    match std::fs::read_dir(&paths.queue) {
+        Ok(rd) => rd
+            .flatten()
+            .any(|e| e.file_name().to_str().and_then(parse_name).is_some()),
+        Err(_) => false,
     }
 }
 
@@ -267,10 +288,16 @@ impl Ticket {
         }
         text.push_str(&format!("\"beat\":{:>BEAT_W$}{TAIL}", 0));
         let bytes = text.into_bytes();
+        let id = file
+            .metadata()
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|e| Error::io(&path, "stat our queue ticket", e))?;
         let t = Ticket {
             seq,
             path,
             file,
+            id,
+            unlinked: false,
             bytes,
             beat: 0,
         };
@@ -291,17 +318,31 @@ impl Ticket {
 
     /// False when someone removed our ticket (we were judged frozen): queue again.
     pub(crate) fn still_queued(&self) -> bool {
-        match (std::fs::symlink_metadata(&self.path), self.file.metadata()) {
-            (Ok(now), Ok(ours)) => now.ino() == ours.ino() && now.dev() == ours.dev(),
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(now) => (now.dev(), now.ino()) == self.id,
             _ => false,
         }
     }
 }
 
+impl Ticket {
+    /// Called under the mutex, when our ticket was found still queued under it: removes its
+    /// name without another check (nobody else touches the queue while we hold the mutex). Its
+    /// lock goes when the ticket is dropped.
+    pub(crate) fn unlink_held(mut self) -> Ticket {
+        let _ = std::fs::remove_file(&self.path);
+        self.unlinked = true;
+        self
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
+        if self.unlinked {
+            return;
+        }
         // Unlink first, then the lock goes with the descriptor: the successor wakes to a queue
         // that no longer holds us.
-        unlink_if_same(&self.path, &self.file);
+        unlink_if_id(&self.path, self.id);
     }
 }

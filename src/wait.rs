@@ -158,17 +158,15 @@ impl Waiter {
             if died {
                 return;
             }
-            // Drain; wake only for events about LOCK itself (or a queue overflow).
-            let mut relevant = false;
-            while let Ok(events) = ino.read_events() {
-                if events.is_empty() {
-                    break;
-                }
-                relevant |= events.iter().any(|e| {
+            // Wake only for events about LOCK itself (or a queue overflow). One read takes what
+            // is queued (the buffer holds a hundred events); anything left makes the next poll
+            // return at once.
+            let relevant = ino.read_events().is_ok_and(|events| {
+                events.iter().any(|e| {
                     e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW)
                         || e.name.as_deref() == Some(self.lock_name.as_os_str())
-                });
-            }
+                })
+            });
             if relevant {
                 return;
             }

@@ -1,0 +1,110 @@
+//! Releasing (issue 2, shaped by issue 4's handoff): with nobody waiting, the released record
+//! says how the job ended; with a waiter queued, the lease is flipped to released in place and
+//! the waiter takes it; and a release never writes into a LOCK whose bytes are no longer our
+//! lease, even when it was rewritten in place (same inode).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use leasehold::{LeaseBuilder, LeaseState, State};
+
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+/// Waits (polling `status`, never sleeping blind past 10 s) until `n` waiters are queued.
+fn wait_queued(lock: &Path, n: usize) {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = leasehold::status(lock).unwrap();
+        if v.queue.len() >= n {
+            return;
+        }
+        assert!(Instant::now() < end, "no waiter queued: {v}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn released_record_or_handover_in_place() {
+    let dir = scratch();
+    let lock = dir.path().join("job.lock");
+    let first = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let first_token = first.token();
+
+    let waiter = {
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            LeaseBuilder::new(&lock)
+                .ttl(Duration::from_secs(30))
+                .acquire_timeout(Duration::from_secs(20))
+        })
+    };
+    wait_queued(&lock, 1);
+    first.release_with("first done").unwrap();
+    let second = waiter
+        .join()
+        .unwrap()
+        .expect("the queued waiter takes the lease");
+    assert!(second.token() > first_token);
+    let v = leasehold::status(&lock).unwrap();
+    assert_eq!(v.state, State::Held, "{v}");
+    assert_eq!(v.lease.as_ref().unwrap().lease_id, second.lease_id());
+    assert!(v.queue.is_empty(), "the taker left the queue: {v}");
+
+    // Nobody waits now: the full released record, with how the job ended.
+    second.release_with("second done").unwrap();
+    let v = leasehold::status(&lock).unwrap();
+    assert_eq!(v.state, State::Free, "{v}");
+    let l = v.lease.unwrap();
+    assert_eq!(l.state, LeaseState::Released);
+    assert_eq!(l.ended.expect("how it ended").how, "second done");
+}
+
+#[test]
+fn release_never_writes_into_a_lock_rewritten_in_place() {
+    let dir = scratch();
+    for waiting in [false, true] {
+        let lock = dir.path().join(format!("rewritten-{waiting}.lock"));
+        let g = LeaseBuilder::new(&lock)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .unwrap();
+        let waiter = waiting.then(|| {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                LeaseBuilder::new(&lock)
+                    .ttl(Duration::from_secs(30))
+                    .acquire_timeout(Duration::from_secs(20))
+            })
+        });
+        if waiting {
+            wait_queued(&lock, 1);
+        }
+        // Same inode, other bytes: what `echo ... > LOCK` does.
+        std::fs::write(&lock, b"somebody else's file\n").unwrap();
+        let r = g.release();
+        assert_eq!(
+            std::fs::read(&lock).unwrap(),
+            b"somebody else's file\n",
+            "release wrote into a file that is not our lease (waiter queued: {waiting}); it returned {r:?}"
+        );
+        if let Some(w) = waiter {
+            // The waiter refuses a LOCK that is not a lease rather than take it over.
+            let e = w
+                .join()
+                .unwrap()
+                .expect_err("a waiter must not take over a foreign file");
+            eprintln!("waiter: {e}");
+        }
+        eprintln!("release (waiter queued: {waiting}): {r:?}");
+    }
+}
