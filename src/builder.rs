@@ -21,7 +21,7 @@ use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, JobEvidence};
 use crate::queue::{self, Observed, Ticket};
-use crate::record::{Holder, Lease, LeaseState};
+use crate::record::{Draft, Holder, Lease, LeaseState};
 use crate::verdict::{Judge, State, Verdict};
 use crate::wait::Waiter;
 
@@ -108,6 +108,8 @@ struct Queued {
     head: bool,
     /// LOCK's file as last read (local file systems only), to read it again without opening.
     seen: Option<fsio::Seen>,
+    /// Our lease, serialised ahead of the wake-up.
+    draft: Option<Draft>,
 }
 
 impl LeaseBuilder {
@@ -408,15 +410,18 @@ impl LeaseBuilder {
                 }
             };
             if let Some(broke) = take_over {
-                let ticket = queued.and_then(|q| q.ticket.take());
-                let g = self.take(ctx, m, v.lease.as_ref(), broke, replaced, ticket)?;
+                let (ticket, draft) = match queued {
+                    Some(q) => (q.ticket.take(), q.draft.take()),
+                    None => (None, None),
+                };
+                let g = self.take(ctx, m, v.lease.as_ref(), broke, replaced, ticket, draft)?;
                 return Ok(Attempt::Taken(Box::new(g)));
             }
         } else if v.state == State::Free || v.state == State::Stale {
             v.reason = format!("{}, but {} waiter(s) queued ahead", v.reason, ahead.len());
             v.state = State::Held;
         }
-        if let Some(q) = queued {
+        if let Some(q) = queued.as_deref_mut() {
             if ctx.local {
                 q.seen = replaced;
             }
@@ -428,34 +433,27 @@ impl LeaseBuilder {
             q.head = q.ticket.is_some() && ahead.is_empty();
         }
         self.mutex_file = m.unlock();
+        if let Some(q) = queued
+            && q.draft.is_none()
+        {
+            // Serialised now, while we wait, rather than after the wake-up.
+            let now = format_rfc3339(self.clock.wall());
+            q.draft = Draft::new(self.new_lease(ctx, &now));
+        }
         v.queue_ahead = ahead.len();
         Ok(Attempt::Busy(Box::new(v), ahead.pop()))
     }
 
-    fn take(
-        &self,
-        ctx: &Ctx,
-        m: MutexGuard,
-        prev: Option<&Lease>,
-        broke: Option<Verdict>,
-        replaced: Option<fsio::Seen>,
-        ticket: Option<Ticket>,
-    ) -> Result<LeaseGuard> {
-        let token = m
-            .high_water()?
-            .max(prev.map_or(0, |l| l.token))
-            .checked_add(1)
-            .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
-        m.set_high_water(token, ctx.sync)?;
-        let now = format_rfc3339(self.clock.wall());
-        let lease = Lease {
+    /// Our lease as it would be taken at `now`, token 0.
+    fn new_lease(&self, ctx: &Ctx, now: &str) -> Lease {
+        Lease {
             state: LeaseState::Held,
             heartbeat_seq: 0,
-            heartbeat_at: now.clone(),
+            heartbeat_at: now.to_string(),
             lease_id: random_id(),
-            token,
+            token: 0,
             ttl_ms: ctx.timing.ttl.as_millis().max(1) as u64,
-            acquired_at: now,
+            acquired_at: now.to_string(),
             holder: Holder {
                 pid: std::process::id() as i32,
                 pid_start: process::own_start_time(),
@@ -475,8 +473,35 @@ impl LeaseBuilder {
             },
             ended: None,
             damaged: false,
+        }
+    }
+
+    fn take(
+        &self,
+        ctx: &Ctx,
+        m: MutexGuard,
+        prev: Option<&Lease>,
+        broke: Option<Verdict>,
+        replaced: Option<fsio::Seen>,
+        ticket: Option<Ticket>,
+        draft: Option<Draft>,
+    ) -> Result<LeaseGuard> {
+        let token = m
+            .high_water()?
+            .max(prev.map_or(0, |l| l.token))
+            .checked_add(1)
+            .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
+        m.set_high_water(token, ctx.sync)?;
+        let now = format_rfc3339(self.clock.wall());
+        let (lease, bytes) = match draft {
+            Some(d) => d.finish(token, &now),
+            None => {
+                let mut lease = self.new_lease(ctx, &now);
+                lease.token = token;
+                let bytes = lease.to_bytes();
+                (lease, bytes)
+            }
         };
-        let bytes = lease.to_bytes();
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = Instant::now();
         let written = fsio::replace_keep(

@@ -54,6 +54,14 @@ pub(crate) fn observe(
     persist: bool,
 ) -> Duration {
     let now = clock.boottime();
+    // Seen already in this process: the file was read then, and its first-seen time merged.
+    if let Some((id, k, s)) = &mem.seen
+        && id == lease_id
+        && *k == key
+        && *s <= now
+    {
+        return now - *s;
+    }
     let mut since = now;
     let mut file: SeenFile = fsio::read_small(&paths.seen, 64 * 1024)
         .ok()
@@ -87,9 +95,6 @@ pub(crate) fn observe(
         }
         _ => {}
     }
-    match &mem.seen {
-        Some((id, k, s)) if id == lease_id && *k == key => since = since.min(*s),
-        _ => mem.seen = Some((lease_id.to_string(), key, now)),
-    }
+    mem.seen = Some((lease_id.to_string(), key, since));
     now.saturating_sub(since)
 }

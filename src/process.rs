@@ -49,18 +49,43 @@ pub fn stat(pid: i32) -> io::Result<Option<ProcStat>> {
     if pid <= 0 {
         return Ok(None);
     }
-    let dir = format!("/proc/{pid}");
-    let text = match fs::read_to_string(format!("{dir}/stat")) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32) => return Ok(None),
+    let gone = |e: &io::Error| {
+        e.kind() == io::ErrorKind::NotFound
+            || e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32)
+    };
+    let f = match fs::File::open(format!("/proc/{pid}/stat")) {
+        Ok(f) => f,
+        Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let uid = match fs::metadata(&dir) {
+    // The file belongs to the process's owner, like its /proc directory.
+    let uid = match f.metadata() {
         Ok(m) => m.uid(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
+    // One read takes the whole line (a few hundred bytes); std's read_to_string would grow its
+    // buffer from 32 bytes, a system call each time.
+    let mut buf = vec![0u8; 1024];
+    let mut n = 0;
+    loop {
+        match std::io::Read::read(&mut (&f), &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => {
+                n += k;
+                if buf[..n].ends_with(b"\n") {
+                    break;
+                }
+                if n == buf.len() {
+                    buf.resize(n * 2, 0);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    let text = String::from_utf8_lossy(&buf[..n]);
     Ok(parse_stat(pid, &text, uid))
 }
 

@@ -22,6 +22,11 @@ const P_SEQ: &str = ",\n  \"heartbeat_seq\": ";
 const SEQ_W: usize = 20;
 const P_AT: &str = ",\n  \"heartbeat_at\": \"";
 const P_END: &str = "\",\n";
+/// The token field of the body (top level: two spaces of indent; a string value cannot contain
+/// a raw newline, so this never matches inside one).
+const P_TOKEN: &str = "\n  \"token\": ";
+const TOKEN_W: usize = 20;
+const P_ACQUIRED: &str = "\n  \"acquired_at\": \"";
 
 const OFF_CHECKSUM: usize = P_CHECKSUM.len();
 const OFF_STATE: usize = OFF_CHECKSUM + CHECKSUM_W + P_STATE.len();
@@ -149,6 +154,8 @@ struct Body {
     ended: Option<Ending>,
 }
 
+/// The whole record as read. Flat rather than `#[serde(flatten)]` over [`Body`]: flattening
+/// buffers every field first, and parsing is on the path of every handoff.
 #[derive(Deserialize)]
 struct Wire {
     leasehold: u64,
@@ -157,8 +164,13 @@ struct Wire {
     state: LeaseState,
     heartbeat_seq: u64,
     heartbeat_at: String,
-    #[serde(flatten)]
-    body: Body,
+    lease_id: String,
+    token: u64,
+    ttl_ms: u64,
+    acquired_at: String,
+    holder: Holder,
+    #[serde(default)]
+    ended: Option<Ending>,
 }
 
 /// What a read of LOCK's bytes gave.
@@ -217,7 +229,14 @@ impl Lease {
             ended: self.ended.clone(),
         };
         // Serialising plain structs of strings and integers cannot fail.
-        let body = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "{\n}".into());
+        let mut body = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "{\n}".into());
+        // The token right-aligned in 20 columns (JSON allows the spaces), so that a record
+        // prepared ahead of time can have its token filled in place (see [`Draft`]).
+        if let Some(start) = body.find(P_TOKEN).map(|i| i + P_TOKEN.len())
+            && let Some(len) = body[start..].find(',')
+        {
+            body.replace_range(start..start + len, &format!("{:>TOKEN_W$}", self.token));
+        }
         let mut out = String::with_capacity(OFF_BODY + body.len() + 1);
         out.push_str(P_CHECKSUM);
         out.push_str(&"0".repeat(CHECKSUM_W));
@@ -301,7 +320,7 @@ impl Lease {
         if w.leasehold != FORMAT_VERSION {
             return Err(format!("format version {}", w.leasehold));
         }
-        let b = w.body;
+        let b = &w;
         let id_ok = b.lease_id.len() == 32 && b.lease_id.bytes().all(|c| c.is_ascii_hexdigit());
         if !id_ok {
             return Err("lease_id is not 32 hex digits".into());
@@ -320,14 +339,67 @@ impl Lease {
             state: w.state,
             heartbeat_seq: w.heartbeat_seq,
             heartbeat_at: w.heartbeat_at,
-            lease_id: b.lease_id,
-            token: b.token,
-            ttl_ms: b.ttl_ms,
-            acquired_at: b.acquired_at,
-            holder: b.holder,
-            ended: b.ended,
+            lease_id: w.lease_id,
+            token: w.token,
+            ttl_ms: w.ttl_ms,
+            acquired_at: w.acquired_at,
+            holder: w.holder,
+            ended: w.ended,
             damaged: false,
         })
+    }
+}
+
+/// A lease serialised ahead of time (while waiting), with its token and times left to fill in
+/// when it is taken: the new holder's work under the mutex is then a few byte copies.
+#[derive(Debug, Clone)]
+pub(crate) struct Draft {
+    lease: Lease,
+    bytes: Vec<u8>,
+    token_at: usize,
+    acquired_at: usize,
+}
+
+impl Draft {
+    /// Serialises `lease` (held, sequence 0) and finds where its token and acquisition time
+    /// sit. `None` if its acquisition time is not the fixed width [`crate::format_rfc3339`]
+    /// writes.
+    pub(crate) fn new(lease: Lease) -> Option<Draft> {
+        let bytes = lease.to_bytes();
+        let find = |pat: &str| {
+            bytes
+                .windows(pat.len())
+                .position(|w| w == pat.as_bytes())
+                .map(|i| i + pat.len())
+        };
+        let token_at = find(P_TOKEN)?;
+        let acquired_at = find(P_ACQUIRED)?;
+        let fits = bytes.len() > token_at + TOKEN_W
+            && bytes[token_at + TOKEN_W] == b','
+            && lease.acquired_at.len() == RFC3339_WIDTH
+            && bytes.get(acquired_at + RFC3339_WIDTH) == Some(&b'"');
+        fits.then_some(Draft {
+            lease,
+            bytes,
+            token_at,
+            acquired_at,
+        })
+    }
+
+    /// The lease as taken now, with `token`, acquired (and first heartbeat) at `now` (a
+    /// [`crate::format_rfc3339`] time), and its exact bytes.
+    pub(crate) fn finish(mut self, token: u64, now: &str) -> (Lease, Vec<u8>) {
+        let t = format!("{token:>TOKEN_W$}");
+        let now = fixed_time(now);
+        self.bytes[self.token_at..self.token_at + TOKEN_W].copy_from_slice(t.as_bytes());
+        self.bytes[self.acquired_at..self.acquired_at + RFC3339_WIDTH]
+            .copy_from_slice(now.as_bytes());
+        self.bytes[OFF_AT..OFF_AT + RFC3339_WIDTH].copy_from_slice(now.as_bytes());
+        seal(&mut self.bytes);
+        self.lease.token = token;
+        self.lease.acquired_at = now.clone();
+        self.lease.heartbeat_at = now;
+        (self.lease, self.bytes)
     }
 }
 
@@ -400,6 +472,34 @@ mod tests {
             ended: None,
             damaged: false,
         }
+    }
+
+    #[test]
+    fn a_draft_finished_is_the_record_written_whole() {
+        let mut l = sample();
+        l.heartbeat_seq = 0;
+        l.token = 0;
+        // A note that mentions the token field must not confuse the draft.
+        l.holder.note = Some("\n  \"token\": 1,".into());
+        let d = Draft::new(l.clone()).expect("a draft");
+        let now = "2026-11-29T17:01:02.345678Z";
+        let (lease, bytes) = d.finish(18_446_744_073_709_551_615, now);
+        let mut whole = l;
+        whole.token = 18_446_744_073_709_551_615;
+        whole.acquired_at = now.into();
+        whole.heartbeat_at = now.into();
+        assert_eq!(lease, whole);
+        assert_eq!(bytes, whole.to_bytes());
+        match Lease::parse(&bytes) {
+            Parsed::Lease(p) => assert_eq!(*p, whole),
+            other => panic!("{other:?}"),
+        }
+        let (_, small) = Draft::new(sample()).unwrap().finish(3, now);
+        assert!(
+            String::from_utf8(small)
+                .unwrap()
+                .contains("\"token\":                    3,")
+        );
     }
 
     #[test]
