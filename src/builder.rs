@@ -98,6 +98,16 @@ struct Ctx {
     sync: bool,
 }
 
+/// What an attempt hands to the taking of the lease.
+struct Carry {
+    /// LOCK's file as read under the mutex, kept open past our rename.
+    replaced: Option<fsio::Seen>,
+    /// Our queue ticket, left under the mutex.
+    ticket: Option<Ticket>,
+    /// Our lease, serialised ahead of time.
+    draft: Option<Draft>,
+}
+
 /// A blocking acquirer's place in the FIFO queue.
 #[derive(Default)]
 struct Queued {
@@ -414,7 +424,12 @@ impl LeaseBuilder {
                     Some(q) => (q.ticket.take(), q.draft.take()),
                     None => (None, None),
                 };
-                let g = self.take(ctx, m, v.lease.as_ref(), broke, replaced, ticket, draft)?;
+                let carry = Carry {
+                    replaced,
+                    ticket,
+                    draft,
+                };
+                let g = self.take(ctx, m, v.lease.as_ref(), broke, carry)?;
                 return Ok(Attempt::Taken(Box::new(g)));
             }
         } else if v.state == State::Free || v.state == State::Stale {
@@ -482,10 +497,13 @@ impl LeaseBuilder {
         m: MutexGuard,
         prev: Option<&Lease>,
         broke: Option<Verdict>,
-        replaced: Option<fsio::Seen>,
-        ticket: Option<Ticket>,
-        draft: Option<Draft>,
+        carry: Carry,
     ) -> Result<LeaseGuard> {
+        let Carry {
+            replaced,
+            ticket,
+            draft,
+        } = carry;
         let token = m
             .high_water()?
             .max(prev.map_or(0, |l| l.token))
