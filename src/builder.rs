@@ -106,6 +106,8 @@ struct Carry {
     ticket: Option<Ticket>,
     /// Our lease, serialised ahead of time.
     draft: Option<Draft>,
+    /// The token we reserved in the high-water mark while next in line.
+    reserved: Option<u64>,
 }
 
 /// A blocking acquirer's place in the FIFO queue.
@@ -120,6 +122,8 @@ struct Queued {
     seen: Option<fsio::Seen>,
     /// Our lease, serialised ahead of the wake-up.
     draft: Option<Draft>,
+    /// A token reserved in the high-water mark while we were next in line.
+    reserved: Option<u64>,
 }
 
 impl LeaseBuilder {
@@ -383,12 +387,17 @@ impl LeaseBuilder {
         } else {
             StuckPolicy::Report
         };
+        let mut beat = queued
+            .as_deref_mut()
+            .and_then(|q| q.ticket.as_mut())
+            .map(|t| move || t.beat());
         let m = mutex::lock_with(
             self.mutex_file.take(),
             &ctx.paths.mutex,
             deadline,
             ctx.timing.ttl,
             policy,
+            beat.as_mut().map(|f| f as &mut dyn FnMut()),
         )?;
         let mut ahead = match queued.as_deref_mut() {
             Some(q) => {
@@ -420,14 +429,15 @@ impl LeaseBuilder {
                 }
             };
             if let Some(broke) = take_over {
-                let (ticket, draft) = match queued {
-                    Some(q) => (q.ticket.take(), q.draft.take()),
-                    None => (None, None),
+                let (ticket, draft, reserved) = match queued {
+                    Some(q) => (q.ticket.take(), q.draft.take(), q.reserved.take()),
+                    None => (None, None, None),
                 };
                 let carry = Carry {
                     replaced,
                     ticket,
                     draft,
+                    reserved,
                 };
                 let g = self.take(ctx, m, v.lease.as_ref(), broke, carry)?;
                 return Ok(Attempt::Taken(Box::new(g)));
@@ -446,6 +456,17 @@ impl LeaseBuilder {
                 q.ticket = Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv).ok();
             }
             q.head = q.ticket.is_some() && ahead.is_empty();
+            if q.head && q.reserved.is_none() {
+                // Next in line: reserve our token now, durably, so that taking the lease after
+                // the wake-up needs no write of the high-water mark (see `take`).
+                let prev = v.lease.as_ref().map_or(0, |l| l.token);
+                if let Ok(hwm) = m.high_water()
+                    && let Some(t) = hwm.max(prev).checked_add(1)
+                    && m.set_high_water(t, ctx.sync).is_ok()
+                {
+                    q.reserved = Some(t);
+                }
+            }
         }
         self.mutex_file = m.unlock();
         if let Some(q) = queued
@@ -503,13 +524,23 @@ impl LeaseBuilder {
             replaced,
             ticket,
             draft,
+            reserved,
         } = carry;
-        let token = m
-            .high_water()?
-            .max(prev.map_or(0, |l| l.token))
-            .checked_add(1)
-            .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
-        m.set_high_water(token, ctx.sync)?;
+        let hwm = m.high_water()?;
+        let prev = prev.map_or(0, |l| l.token);
+        let token = match reserved {
+            // Nobody reserved or used a token since ours: it is still above every token
+            // handed out, and already durable in the high-water mark.
+            Some(t) if hwm == t && prev < t => t,
+            _ => {
+                let t = hwm
+                    .max(prev)
+                    .checked_add(1)
+                    .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
+                m.set_high_water(t, ctx.sync)?;
+                t
+            }
+        };
         let now = format_rfc3339(self.clock.wall());
         let (lease, bytes) = match draft {
             Some(d) => d.finish(token, &now),

@@ -446,6 +446,7 @@ impl LeaseGuard {
                 Some(Instant::now() + wait),
                 inner.timing.ttl,
                 StuckPolicy::Report,
+                None,
             )?;
             match (&written, &marked) {
                 (Some(w), Some(bytes)) => {

@@ -76,8 +76,12 @@ pub(crate) fn lock(
     stuck_after: Duration,
     policy: StuckPolicy,
 ) -> Result<MutexGuard> {
-    lock_with(None, path, deadline, stuck_after, policy)
+    lock_with(None, path, deadline, stuck_after, policy, None)
 }
+
+/// Called now and then while waiting for the mutex: a queued waiter moves its ticket's
+/// heartbeat, so that waiting behind a stuck mutex is never taken for being frozen.
+pub(crate) type Waiting<'a> = Option<&'a mut dyn FnMut()>;
 
 /// As [`lock`], through `reuse` when it is given, still names the mutex file at `path`, and was
 /// opened by this process; through a fresh open otherwise.
@@ -87,9 +91,12 @@ pub(crate) fn lock_with(
     deadline: Option<Instant>,
     stuck_after: Duration,
     policy: StuckPolicy,
+    mut waiting: Waiting<'_>,
 ) -> Result<MutexGuard> {
     let start = Instant::now();
     let mut next_judgement = start.checked_add(stuck_after);
+    let beat_every = (stuck_after / 8).max(Duration::from_millis(1));
+    let mut next_beat = start.checked_add(beat_every);
     let mut backoff = Duration::from_micros(20);
     let mut reuse = reuse.filter(MutexFile::ours);
     loop {
@@ -118,6 +125,12 @@ pub(crate) fn lock_with(
             if next_judgement.is_some_and(|j| now >= j) {
                 judge_stuck(&mf.file, policy);
                 next_judgement = now.checked_add(stuck_after);
+            }
+            if let Some(f) = waiting.as_deref_mut()
+                && next_beat.is_some_and(|b| now >= b)
+            {
+                f();
+                next_beat = now.checked_add(beat_every);
             }
             let mut nap = backoff;
             if let Some(d) = deadline {

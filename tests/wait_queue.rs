@@ -1,8 +1,9 @@
 //! Waiting is fair, herd-free and event-driven (issue 4), proven with real processes:
 //! waiters that arrive in a known order acquire in that order; a SIGKILLed waiter in the middle
-//! does not stall the queue; a SIGSTOPped one is skipped after a TTL; a release wakes only the
-//! head; polling mode (`poll(true)`, as on NFS) keeps the order; a timeout is honoured while
-//! queued and leaves no ticket behind.
+//! does not stall the queue; a SIGSTOPped one is skipped after a TTL (the head too, whose
+//! reserved token must then not be used); waiters kept for longer than a TTL behind a held mutex
+//! keep their places; a release wakes only the head; polling mode (`poll(true)`, as on NFS) keeps
+//! the order; a timeout is honoured while queued and leaves no ticket behind.
 //!
 //! Workers are this test binary re-executed with `LH_WAIT_WORKER` set: each acquires the lock
 //! given in `LH_LOCK`, appends its name to `LH_LOG`, and releases when `LH_HOLD_FILE` is absent.
@@ -211,10 +212,7 @@ fn waiters_acquire_in_arrival_order() {
     holder.release().unwrap();
     let lines = wait_lines(&log, 6, 30);
     assert_eq!(names(&lines), ["w0", "w1", "w2", "w3", "w4", "w5"]);
-    let tokens: Vec<u64> = lines
-        .iter()
-        .map(|l| l.split(' ').nth(1).unwrap().parse().unwrap())
-        .collect();
+    let tokens = tokens(&lines);
     assert!(tokens.windows(2).all(|p| p[0] < p[1]), "{tokens:?}");
     for (_, c) in &mut w.children {
         assert!(c.wait().unwrap().success());
@@ -241,38 +239,133 @@ fn killed_waiter_in_the_middle_does_not_stall_the_queue() {
     assert_eq!(names(&lines), ["w0", "w1", "w3", "w4"]);
 }
 
+/// Whether `pid` holds a kernel lock on the file at `path` (as /proc/locks says).
+fn holds_lock(pid: i32, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = fs::metadata(path) else {
+        return false;
+    };
+    let want = format!(
+        "{:02x}:{:02x}:{}",
+        nix::sys::stat::major(m.dev()),
+        nix::sys::stat::minor(m.dev()),
+        m.ino()
+    );
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .any(|f| {
+            f.get(1) != Some(&"->")
+                && f.get(4) == Some(&pid.to_string().as_str())
+                && f.get(5) == Some(&want.as_str())
+        })
+}
+
+/// SIGSTOPs `pid` at a moment it is not inside the lock's mutex: stopped inside it, it would
+/// be a stuck mutex holder, which contenders SIGKILL after a TTL (tested in core_mutex).
+fn stop_outside_mutex(pid: i32, lock: &Path) {
+    let name = lock.file_name().unwrap().to_str().unwrap();
+    let mutex = lock.with_file_name(format!(".{name}.leasehold-mutex"));
+    let p = nix::unistd::Pid::from_raw(pid);
+    for _ in 0..1000 {
+        nix::sys::signal::kill(p, nix::sys::signal::SIGSTOP).unwrap();
+        // Stopped once /proc says so; only then is the lock table settled for it.
+        while !fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap()
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .trim_start()
+            .starts_with('T')
+        {
+            std::thread::yield_now();
+        }
+        if !holds_lock(pid, &mutex) {
+            return;
+        }
+        nix::sys::signal::kill(p, nix::sys::signal::SIGCONT).unwrap();
+        std::thread::yield_now();
+    }
+    panic!("pid {pid} never left the mutex");
+}
+
+fn tokens(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .map(|l| l.split(' ').nth(1).unwrap().parse().unwrap())
+        .collect()
+}
+
+/// A stopped waiter is skipped after a TTL and queues again at the back when resumed. Stopping
+/// the head matters on its own: it has reserved the next token while next in line, and the
+/// waiter that overtakes it, and the head itself once resumed, must still get greater tokens.
 #[test]
 fn stopped_waiter_is_skipped_after_a_ttl_and_queues_again_when_resumed() {
+    for victim in [1, 0] {
+        let dir = scratch();
+        let (lock, log) = (dir.path().join("stop.lock"), dir.path().join("log"));
+        let ttl_ms = 400;
+        let holder = LeaseBuilder::new(&lock)
+            .ttl(Duration::from_millis(ttl_ms))
+            .try_acquire()
+            .unwrap();
+        let mut w = queue_up(&lock, &log, 4, ttl_ms, &[]);
+        let stopped = w.children[victim].1.id() as i32;
+        stop_outside_mutex(stopped, &lock);
+        let t0 = Instant::now();
+        holder.release().unwrap();
+        let lines = wait_lines(&log, 3, 30);
+        let skipped_after = t0.elapsed();
+        let mut expect: Vec<String> = (0..4).map(|i| format!("w{i}")).collect();
+        let resumed = expect.remove(victim);
+        assert_eq!(names(&lines), expect);
+        assert!(
+            skipped_after >= Duration::from_millis(ttl_ms) / 2,
+            "skipped too early: {skipped_after:?}"
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(stopped),
+            nix::sys::signal::SIGCONT,
+        )
+        .unwrap();
+        let lines = wait_lines(&log, 4, 30);
+        assert_eq!(names(&lines)[3], resumed);
+        let t = tokens(&lines);
+        assert!(
+            t.windows(2).all(|p| p[0] < p[1]),
+            "tokens must grow in the order the lease was taken: {lines:?}"
+        );
+        for (_, c) in &mut w.children {
+            assert!(c.wait().unwrap().success());
+        }
+    }
+}
+
+/// Waiting for a mutex someone sits on is not being frozen: waiters blocked on it for longer
+/// than a TTL keep their tickets' heartbeats moving, and none is skipped when it frees.
+#[test]
+fn waiters_behind_a_held_mutex_keep_their_places() {
     let dir = scratch();
-    let (lock, log) = (dir.path().join("stop.lock"), dir.path().join("log"));
-    let ttl_ms = 400;
+    let (lock, log) = (dir.path().join("busy.lock"), dir.path().join("log"));
+    let ttl_ms = 300;
     let holder = LeaseBuilder::new(&lock)
         .ttl(Duration::from_millis(ttl_ms))
         .try_acquire()
         .unwrap();
-    let mut w = queue_up(&lock, &log, 4, ttl_ms, &[]);
-    let stopped = w.children[1].1.id() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(stopped),
-        nix::sys::signal::SIGSTOP,
-    )
-    .unwrap();
-    let t0 = Instant::now();
-    holder.release().unwrap();
+    let mut w = queue_up(&lock, &log, 3, ttl_ms, &[]);
+    let mutex = dir.path().join(".busy.lock.leasehold-mutex");
+    let m = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&mutex)
+        .unwrap();
+    m.lock().unwrap();
+    holder.release().unwrap(); // in place, without the mutex: every waiter now wants it
+    std::thread::sleep(Duration::from_millis(ttl_ms * 3));
+    m.unlock().unwrap();
     let lines = wait_lines(&log, 3, 30);
-    let skipped_after = t0.elapsed();
-    assert_eq!(names(&lines), ["w0", "w2", "w3"]);
-    assert!(
-        skipped_after >= Duration::from_millis(ttl_ms) / 2,
-        "skipped too early: {skipped_after:?}"
-    );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(stopped),
-        nix::sys::signal::SIGCONT,
-    )
-    .unwrap();
-    let lines = wait_lines(&log, 4, 30);
-    assert_eq!(names(&lines)[3], "w1");
+    assert_eq!(names(&lines), ["w0", "w1", "w2"]);
     for (_, c) in &mut w.children {
         assert!(c.wait().unwrap().success());
     }
