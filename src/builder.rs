@@ -398,6 +398,7 @@ impl LeaseBuilder {
             ctx.timing.ttl,
             policy,
             beat.as_mut().map(|f| f as &mut dyn FnMut()),
+            !ctx.local,
         )?;
         let mut ahead = match queued.as_deref_mut() {
             Some(q) => {

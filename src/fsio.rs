@@ -37,6 +37,14 @@ pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<File>> {
     Ok(open_lock_len(path, write)?.map(|(f, _)| f))
 }
 
+/// Opens LOCK as [`open_lock`] does, if it is still the file `id` (device, inode).
+pub(crate) fn open_lock_if(path: &Path, write: bool, id: (u64, u64)) -> Option<File> {
+    match open_lock_len(path, write) {
+        Ok(Some((f, meta))) if (meta.dev(), meta.ino()) == id => Some(f),
+        _ => None,
+    }
+}
+
 /// As [`open_lock`], also giving the file's size at open.
 fn open_lock_len(path: &Path, write: bool) -> Result<Option<(File, std::fs::Metadata)>> {
     let flags = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
@@ -222,10 +230,11 @@ pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()
         .map_err(|e| Error::io(path, "rewrite the lease header in place", e))
 }
 
-/// A file just renamed into place, still open read-write, and its device and inode.
-#[derive(Debug)]
+/// The device and inode of a file just renamed into place (it is not kept open: a descriptor
+/// open for writing for as long as a lease would keep the file system from being remounted
+/// read-only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Written {
-    pub file: File,
     pub id: (u64, u64),
 }
 
@@ -237,7 +246,7 @@ pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: b
     replace_keep(paths, target, bytes, durable, None).map(|_| ())
 }
 
-/// As [`replace`], handing back the new file open (see [`Written`]). `dir`, when given, is
+/// As [`replace`], saying which file it put in place (see [`Written`]). `dir`, when given, is
 /// LOCK's directory already open, to fsync without opening it again.
 pub(crate) fn replace_keep(
     paths: &LockPaths,
@@ -292,7 +301,7 @@ pub(crate) fn replace_keep(
             let _ = std::fs::remove_file(tmp);
         }
     }
-    result.map(|()| Written { file: f, id })
+    result.map(|()| Written { id })
 }
 
 /// Opens a directory (to fsync it later).

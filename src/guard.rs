@@ -3,15 +3,22 @@
 //! Owns: the keeper — two threads per process, started on first use and shared by every guard:
 //! the renewer (in-place heartbeat of each guard every interval, checking the lease is still
 //! ours) and the watchdog (declares a guard lost when no renewal has succeeded by its deadline;
-//! it never does I/O, so a renewal stuck in I/O cannot hold it up) — loss notification,
+//! it never does I/O, so a renewal stuck in I/O cannot hold it up, and sleeps on a timerfd that
+//! renewals move, so it wakes only when a deadline is really reached) — loss notification,
 //! recording the wrapped command in the lease, and release.
 //! Must never: extend the deadline on a renewal that completed after it; count a renewal whose
 //! lease was not ours; write LOCK after finding it is not ours.
 
 use std::fmt;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{
+    ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
+};
 
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
@@ -242,7 +249,7 @@ impl LeaseGuard {
             sync,
             replaced,
         } = s;
-        let witness = witness.or_else(|| MutexFile::open(&paths.mutex).ok());
+        let witness = witness.or_else(|| MutexFile::open(&paths.mutex, !local).ok());
         let inner = Arc::new(Inner {
             paths,
             timing,
@@ -268,24 +275,16 @@ impl LeaseGuard {
         });
         let k =
             keeper().map_err(|e| Error::io(&inner.paths.lock, "start the renewal threads", e))?;
-        let (renew_at, deadline) = {
-            let c = lock(&inner.control);
-            (c.next_renew, c.deadline)
-        };
+        let renew_at = lock(&inner.control).next_renew;
         let mut st = lock(&k.state);
         st.guards.push(Arc::clone(&inner));
-        // Wake a keeper thread only if it sleeps past this guard's first need of it; in steady
-        // state (one guard after another) neither is woken.
-        let (wake_renewer, wake_watchdog) = (
-            st.renewer.later_than(renew_at),
-            st.watchdog.later_than(deadline),
-        );
+        k.arm(&st);
+        // Wake the renewer only if it sleeps past this guard's first renewal; in steady state
+        // (one guard after another) it is not woken.
+        let wake_renewer = st.renewer.later_than(renew_at);
         drop(st);
         if wake_renewer {
             k.renew.notify_all();
-        }
-        if wake_watchdog {
-            k.watch.notify_all();
         }
         Ok(LeaseGuard {
             inner,
@@ -418,6 +417,10 @@ impl LeaseGuard {
             (Some(w), true) => mark_released(&inner.paths, &rec, w, &ended_at),
             _ => None,
         };
+        let (marked, marked_file) = match marked {
+            Some((b, f)) => (Some(b), Some(f)),
+            None => (None, None),
+        };
         stop_threads(inner);
         let mut released = rec.lease.clone();
         released.state = LeaseState::Released;
@@ -426,18 +429,18 @@ impl LeaseGuard {
             how: how.to_string(),
             by: None,
         });
-        if let (Some(w), Some(_)) = (&written, &marked)
+        if let Some(f) = &marked_file
             && crate::queue::anyone_waiting(&inner.paths)
         {
             // Handed over: the waiter replaces the record straight away, so a full released
             // record saying how the job ended would be read by nobody.
             if inner.sync {
-                w.file
-                    .sync_data()
+                f.sync_data()
                     .map_err(|e| Error::io(&inner.paths.lock, "fsync the released header", e))?;
             }
             return Ok(());
         }
+        drop(marked_file);
         let wait = inner.timing.ttl.min(Duration::from_secs(5));
         let full = (|| {
             let _m = mutex::lock_with(
@@ -447,10 +450,11 @@ impl LeaseGuard {
                 inner.timing.ttl,
                 StuckPolicy::Report,
                 None,
+                !inner.local,
             )?;
             match (&written, &marked) {
                 (Some(w), Some(bytes)) => {
-                    if !still_is(&inner.paths, w, bytes) {
+                    if still_is(&inner.paths, w, bytes, false).is_none() {
                         return Ok(()); // taken since we marked it: nothing of ours to write
                     }
                 }
@@ -511,7 +515,9 @@ fn stop_threads(inner: &Arc<Inner>) {
         inner.cond.notify_all();
     }
     if let Ok(k) = keeper() {
-        lock(&k.state).guards.retain(|g| !Arc::ptr_eq(g, inner));
+        let mut st = lock(&k.state);
+        st.guards.retain(|g| !Arc::ptr_eq(g, inner));
+        k.arm(&st);
     }
 }
 
@@ -532,31 +538,32 @@ fn mark_in_place(paths: &LockPaths, mine: &Lease, region: &[u8]) -> bool {
     fsio::write_header(&f, &paths.lock, region).is_ok() && f.sync_data().is_ok()
 }
 
-/// Whether LOCK still names the file we wrote (`w`) and it holds exactly `bytes`.
-fn still_is(paths: &LockPaths, w: &fsio::Written, bytes: &[u8]) -> bool {
-    use std::os::unix::fs::{FileExt, MetadataExt};
-    match std::fs::symlink_metadata(&paths.lock) {
-        Ok(m) if (m.dev(), m.ino()) == w.id => {}
-        _ => return false,
-    }
+/// Whether LOCK still names the file we wrote (`w`) and it holds exactly `bytes`; if so, that
+/// file, open (read-write with `write`).
+fn still_is(paths: &LockPaths, w: &fsio::Written, bytes: &[u8], write: bool) -> Option<File> {
+    use std::os::unix::fs::FileExt;
+    let f = fsio::open_lock_if(&paths.lock, write, w.id)?;
     // One byte more than expected, to notice a file that grew.
     let mut now = vec![0u8; bytes.len() + 1];
-    matches!(w.file.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes)
+    matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes).then_some(f)
 }
 
 /// Flips our record's header to released in place, when LOCK still names the file we wrote and
 /// holds exactly the bytes we last wrote (our lease, held, intact). Returns the bytes LOCK now
-/// holds, or `None` if it was not simply ours (the caller then goes the long way, which
-/// reports what happened). Not made durable here.
-fn mark_released(paths: &LockPaths, rec: &Record, w: &fsio::Written, at: &str) -> Option<Vec<u8>> {
-    if !still_is(paths, w, &rec.bytes) {
-        return None;
-    }
+/// holds and the file, still open, or `None` if it was not simply ours (the caller then goes
+/// the long way, which reports what happened). Not made durable here.
+fn mark_released(
+    paths: &LockPaths,
+    rec: &Record,
+    w: &fsio::Written,
+    at: &str,
+) -> Option<(Vec<u8>, File)> {
+    let f = still_is(paths, w, &rec.bytes, true)?;
     let mut bytes = rec.bytes.clone();
     let seq = rec.lease.heartbeat_seq.saturating_add(1);
     let region = Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, at)?;
-    fsio::write_header(&w.file, &paths.lock, region).ok()?;
-    Some(bytes)
+    fsio::write_header(&f, &paths.lock, region).ok()?;
+    Some((bytes, f))
 }
 
 /// Errors with `Error::Lost` unless LOCK holds our lease, still held.
@@ -686,13 +693,18 @@ impl Inner {
             Ok(()) => {
                 let done = Instant::now();
                 let mut c = lock(&self.control);
-                if done < c.deadline && !self.lost.load(Ordering::Acquire) {
-                    // Counted only if it completed before the deadline; the watchdog finds the
-                    // later deadline when it wakes at the old one.
+                let counted = done < c.deadline && !self.lost.load(Ordering::Acquire);
+                if counted {
+                    // Counted only if it completed before the deadline.
                     c.deadline = started + t.renew_window();
                     c.last_error = None;
                 }
                 c.next_renew = started + t.heartbeat;
+                drop(c);
+                if counted && let Ok(k) = keeper() {
+                    // Move the watchdog's alarm to the new deadline: it is not woken.
+                    k.arm(&lock(&k.state));
+                }
             }
             Err(Some(reason)) => self.set_lost(reason),
             Err(None) => {
@@ -708,13 +720,50 @@ impl Inner {
 struct Keeper {
     state: Mutex<KeeperState>,
     renew: Condvar,
-    watch: Condvar,
+    /// The watchdog's alarm, always set (under the state lock) to the earliest deadline of a
+    /// live guard: renewals move it without waking the watchdog, which therefore wakes only
+    /// when a deadline is really reached.
+    alarm: TimerFd,
 }
 
 struct KeeperState {
     guards: Vec<Arc<Inner>>,
     renewer: Sleep,
-    watchdog: Sleep,
+}
+
+impl Keeper {
+    /// Sets the alarm for the earliest deadline among the live guards of `st` (the state,
+    /// locked), or clears it when there is none.
+    fn arm(&self, st: &KeeperState) {
+        let earliest = st
+            .guards
+            .iter()
+            .filter(|g| !g.lost.load(Ordering::Acquire))
+            .filter_map(|g| {
+                let c = lock(&g.control);
+                (!c.stop).then_some(c.deadline)
+            })
+            .min();
+        let _ = match earliest {
+            Some(d) => self.alarm.set(
+                Expiration::OneShot(monotonic_at(d)),
+                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+            ),
+            None => self.alarm.unset(),
+        };
+    }
+}
+
+/// `at` as an absolute CLOCK_MONOTONIC time (std's `Instant` runs on that clock on Linux, but
+/// does not expose it); a time already past maps to now, which fires at once.
+fn monotonic_at(at: Instant) -> TimeSpec {
+    let now = Instant::now();
+    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .unwrap_or_else(|_| TimeSpec::new(0, 1));
+    let ahead = at.saturating_duration_since(now);
+    let t = Duration::new(mono.tv_sec().max(0) as u64, mono.tv_nsec().max(0) as u32) + ahead;
+    // Never all zero: a zero expiration would disarm the timer instead.
+    TimeSpec::from_duration(t.max(Duration::from_nanos(1)))
 }
 
 /// What a keeper thread is doing, so that a new guard wakes it only when it must.
@@ -754,10 +803,9 @@ fn keeper() -> std::io::Result<&'static Keeper> {
         state: Mutex::new(KeeperState {
             guards: Vec::new(),
             renewer: Sleep::Awake,
-            watchdog: Sleep::Awake,
         }),
         renew: Condvar::new(),
-        watch: Condvar::new(),
+        alarm: TimerFd::new(TimerClock::CLOCK_MONOTONIC, TimerFlags::TFD_CLOEXEC)?,
     }));
     for (name, body) in [
         ("leasehold-renew", renewer as fn(&'static Keeper)),
@@ -811,48 +859,30 @@ fn renewer(k: &'static Keeper) {
     }
 }
 
-/// Declares guards lost at their deadlines. Never does I/O.
+/// Declares guards lost at their deadlines. Never does I/O: it sleeps on its alarm (see
+/// [`Keeper::alarm`]), and wakes only when the earliest deadline is reached.
 fn watchdog(k: &'static Keeper) {
-    let mut st = lock(&k.state);
     loop {
-        st.watchdog = Sleep::Awake;
+        if k.alarm.wait().is_err() {
+            // The alarm cannot be read: look every 10 ms instead (never stop watching).
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let st = lock(&k.state);
         let now = Instant::now();
         let mut expired = Vec::new();
-        let mut earliest: Option<Instant> = None;
         for g in st.guards.iter() {
             if g.lost.load(Ordering::Acquire) {
                 continue;
             }
             let c = lock(&g.control);
-            if c.stop {
-                continue;
-            }
-            if now >= c.deadline {
+            if !c.stop && now >= c.deadline {
                 expired.push((Arc::clone(g), c.last_error.clone()));
-            } else {
-                earliest = Some(earliest.map_or(c.deadline, |e| e.min(c.deadline)));
             }
         }
-        if !expired.is_empty() {
-            drop(st);
-            for (g, last_error) in expired {
-                g.set_lost(LossReason::RenewTimeout { last_error });
-            }
-            st = lock(&k.state);
-            continue;
+        drop(st);
+        for (g, last_error) in expired {
+            g.set_lost(LossReason::RenewTimeout { last_error });
         }
-        st = match earliest {
-            Some(e) => {
-                st.watchdog = Sleep::Until(e);
-                k.watch
-                    .wait_timeout(st, e.saturating_duration_since(now))
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            }
-            None => {
-                st.watchdog = Sleep::Forever;
-                k.watch.wait(st).unwrap_or_else(PoisonError::into_inner)
-            }
-        };
+        k.arm(&lock(&k.state));
     }
 }

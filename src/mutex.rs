@@ -9,6 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,23 +25,31 @@ const HWM_LEN: usize = HWM_PREFIX.len() + 20 + 1;
 /// The mutex file, open (not necessarily locked), with the identity of the inode it names and
 /// the process that opened it. Kept across acquisitions by a builder, and by a guard as its
 /// witness, so that taking the mutex again costs a flock and one stat, not an open.
+///
+/// Kept descriptors are read-only on local file systems (flock needs no write access there):
+/// a descriptor open for writing, held for as long as a lease, would keep the file system from
+/// being remounted read-only. The high-water mark is then written through a short-lived
+/// write descriptor. NFSv4 refuses exclusive locks on read-only descriptors, so on network file
+/// systems the descriptor is read-write.
 #[derive(Debug)]
 pub(crate) struct MutexFile {
     file: File,
     dev: u64,
     ino: u64,
     pid: u32,
+    write: bool,
 }
 
 impl MutexFile {
-    /// Opens (creating if need be) the mutex file at `path`.
-    pub(crate) fn open(path: &Path) -> Result<MutexFile> {
-        let (file, meta) = open(path)?;
+    /// Opens (creating if need be) the mutex file at `path`, read-write or read-only.
+    pub(crate) fn open(path: &Path, write: bool) -> Result<MutexFile> {
+        let (file, meta) = open(path, write)?;
         Ok(MutexFile {
             file,
             dev: meta.dev(),
             ino: meta.ino(),
             pid: std::process::id(),
+            write,
         })
     }
 
@@ -76,7 +85,7 @@ pub(crate) fn lock(
     stuck_after: Duration,
     policy: StuckPolicy,
 ) -> Result<MutexGuard> {
-    lock_with(None, path, deadline, stuck_after, policy, None)
+    lock_with(None, path, deadline, stuck_after, policy, None, true)
 }
 
 /// Called now and then while waiting for the mutex: a queued waiter moves its ticket's
@@ -92,6 +101,7 @@ pub(crate) fn lock_with(
     stuck_after: Duration,
     policy: StuckPolicy,
     mut waiting: Waiting<'_>,
+    write: bool,
 ) -> Result<MutexGuard> {
     let start = Instant::now();
     let mut next_judgement = start.checked_add(stuck_after);
@@ -102,7 +112,7 @@ pub(crate) fn lock_with(
     loop {
         let mf = match reuse.take() {
             Some(mf) => mf,
-            None => MutexFile::open(path)?,
+            None => MutexFile::open(path, write)?,
         };
         loop {
             match mf.file.try_lock() {
@@ -155,15 +165,15 @@ pub(crate) fn lock_with(
     }
 }
 
-fn open(path: &Path) -> Result<(File, std::fs::Metadata)> {
-    // Read-write: NFSv4 refuses exclusive locks on read-only descriptors.
+fn open(path: &Path, write: bool) -> Result<(File, std::fs::Metadata)> {
+    // O_CREAT by hand: std refuses `create` without write access, which flock does not need.
     let file = OpenOptions::new()
         .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
+        .write(write)
         .mode(0o644)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .custom_flags(
+            (OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits(),
+        )
         .open(path)
         .map_err(|e| Error::io(path, "open the mutex file", e))?;
     let meta = file
@@ -201,17 +211,25 @@ impl MutexGuard {
             .unwrap_or(0))
     }
 
-    /// Records a new high-water mark in place (fixed width) and makes it durable.
+    /// Records a new high-water mark in place (fixed width) and makes it durable. Through a
+    /// short-lived write descriptor on the very inode locked when ours is read-only.
     pub(crate) fn set_high_water(&self, token: u64, durable: bool) -> Result<()> {
         let text = format!("{HWM_PREFIX}{token:020}\n");
-        self.file
-            .file
-            .write_all_at(text.as_bytes(), 0)
+        let opened;
+        let f = if self.file.write {
+            &self.file.file
+        } else {
+            opened = OpenOptions::new()
+                .write(true)
+                .custom_flags(OFlag::O_CLOEXEC.bits())
+                .open(format!("/proc/self/fd/{}", self.file.file.as_raw_fd()))
+                .map_err(|e| Error::io(&self.path, "open the mutex file for writing", e))?;
+            &opened
+        };
+        f.write_all_at(text.as_bytes(), 0)
             .map_err(|e| Error::io(&self.path, "write the token high-water mark", e))?;
         if durable {
-            self.file
-                .file
-                .sync_data()
+            f.sync_data()
                 .map_err(|e| Error::io(&self.path, "fsync the token high-water mark", e))?;
         }
         Ok(())

@@ -552,8 +552,9 @@ impl Supervisor {
                 }
             }
             // Signals, the command's end and loss all write to the wake pipe; the timeout is only
-            // a safety net, kept long so that an idle job costs next to no wakeups.
-            self.sleep(guard.timing().ttl);
+            // a safety net, kept long (a minute, or the TTL if longer) so that an idle job costs
+            // next to no wakeups.
+            self.sleep(guard.timing().ttl.max(Duration::from_secs(60)));
         }
     }
 

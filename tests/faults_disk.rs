@@ -311,6 +311,11 @@ fn storage_fails_library(read_only: bool) -> (Duration, &'static str) {
     let (_, at, key) = watch_fd(&f, ttl);
     let watch_end = Instant::now();
     let how = pull_storage(&fs_, read_only);
+    // A holder keeps nothing open for writing, so the file system can go read-only under it.
+    assert!(
+        !read_only || how == "remounted read-only",
+        "the holder kept the file system from going read-only: {how}"
+    );
     let last_seen = last_heartbeat(&f, at, &key, watch_end);
     let reason = g.wait_lost(ttl * 2);
     let lost_at = Instant::now();
@@ -376,6 +381,11 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
     let (_, at, key) = watch_fd(&f, ttl / 2);
     let watch_end = Instant::now();
     let how = pull_storage(&fs_, read_only);
+    // A holder keeps nothing open for writing, so the file system can go read-only under it.
+    assert!(
+        !read_only || how == "remounted read-only",
+        "the holder kept the file system from going read-only: {how}"
+    );
     let last_seen = last_heartbeat(&f, at, &key, watch_end);
     let st = holder.wait_timeout(ttl * 4);
     let exited = Instant::now();
