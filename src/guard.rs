@@ -278,7 +278,7 @@ impl LeaseGuard {
         let renew_at = lock(&inner.control).next_renew;
         let mut st = lock(&k.state);
         st.guards.push(Arc::clone(&inner));
-        k.arm(&st);
+        k.arm(&mut st, true);
         // Wake the renewer only if it sleeps past this guard's first renewal; in steady state
         // (one guard after another) it is not woken.
         let wake_renewer = st.renewer.later_than(renew_at);
@@ -440,7 +440,6 @@ impl LeaseGuard {
             }
             return Ok(());
         }
-        drop(marked_file);
         let wait = inner.timing.ttl.min(Duration::from_secs(5));
         let full = (|| {
             let _m = mutex::lock_with(
@@ -452,9 +451,9 @@ impl LeaseGuard {
                 None,
                 !inner.local,
             )?;
-            match (&written, &marked) {
-                (Some(w), Some(bytes)) => {
-                    if still_is(&inner.paths, w, bytes, false).is_none() {
+            match (&written, &marked, &marked_file) {
+                (Some(w), Some(bytes), Some(f)) => {
+                    if !still_holds(&inner.paths, w, f, bytes) {
                         return Ok(()); // taken since we marked it: nothing of ours to write
                     }
                 }
@@ -515,9 +514,9 @@ fn stop_threads(inner: &Arc<Inner>) {
         inner.cond.notify_all();
     }
     if let Ok(k) = keeper() {
-        let mut st = lock(&k.state);
-        st.guards.retain(|g| !Arc::ptr_eq(g, inner));
-        k.arm(&st);
+        // The alarm is left as it is: it can only be early now, which costs the watchdog
+        // one wake-up, and no system call here.
+        lock(&k.state).guards.retain(|g| !Arc::ptr_eq(g, inner));
     }
 }
 
@@ -546,6 +545,17 @@ fn still_is(paths: &LockPaths, w: &fsio::Written, bytes: &[u8], write: bool) -> 
     // One byte more than expected, to notice a file that grew.
     let mut now = vec![0u8; bytes.len() + 1];
     matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes).then_some(f)
+}
+
+/// Whether LOCK still names `f`, the file we wrote (`w`), and it holds exactly `bytes`.
+fn still_holds(paths: &LockPaths, w: &fsio::Written, f: &File, bytes: &[u8]) -> bool {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    match std::fs::symlink_metadata(&paths.lock) {
+        Ok(m) if (m.dev(), m.ino()) == w.id => {}
+        _ => return false,
+    }
+    let mut now = vec![0u8; bytes.len() + 1];
+    matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes)
 }
 
 /// Flips our record's header to released in place, when LOCK still names the file we wrote and
@@ -703,7 +713,7 @@ impl Inner {
                 drop(c);
                 if counted && let Ok(k) = keeper() {
                     // Move the watchdog's alarm to the new deadline: it is not woken.
-                    k.arm(&lock(&k.state));
+                    k.arm(&mut lock(&k.state), false);
                 }
             }
             Err(Some(reason)) => self.set_lost(reason),
@@ -729,12 +739,18 @@ struct Keeper {
 struct KeeperState {
     guards: Vec<Arc<Inner>>,
     renewer: Sleep,
+    /// What the alarm is set to (`None`: unset, or unknown).
+    armed: Option<Instant>,
 }
 
 impl Keeper {
     /// Sets the alarm for the earliest deadline among the live guards of `st` (the state,
     /// locked), or clears it when there is none.
-    fn arm(&self, st: &KeeperState) {
+    ///
+    /// `lazy` (a new guard): only ever bring the alarm forward. A later alarm than needed costs
+    /// at most one early wake-up of the watchdog, which then sets it exactly; not touching it
+    /// saves a system call on the way into every lease.
+    fn arm(&self, st: &mut KeeperState, lazy: bool) {
         let earliest = st
             .guards
             .iter()
@@ -744,13 +760,24 @@ impl Keeper {
                 (!c.stop).then_some(c.deadline)
             })
             .min();
-        let _ = match earliest {
+        let needed = match (lazy, earliest, st.armed) {
+            (_, e, armed) if e == armed => false,
+            (true, Some(e), Some(armed)) => e < armed,
+            (true, None, _) => false,
+            _ => true,
+        };
+        if !needed {
+            return;
+        }
+        let set = match earliest {
             Some(d) => self.alarm.set(
                 Expiration::OneShot(monotonic_at(d)),
                 TimerSetTimeFlags::TFD_TIMER_ABSTIME,
             ),
             None => self.alarm.unset(),
         };
+        // If setting failed, forget what is armed, so that the next call sets it again.
+        st.armed = if set.is_ok() { earliest } else { None };
     }
 }
 
@@ -803,6 +830,7 @@ fn keeper() -> std::io::Result<&'static Keeper> {
         state: Mutex::new(KeeperState {
             guards: Vec::new(),
             renewer: Sleep::Awake,
+            armed: None,
         }),
         renew: Condvar::new(),
         alarm: TimerFd::new(TimerClock::CLOCK_MONOTONIC, TimerFlags::TFD_CLOEXEC)?,
@@ -883,6 +911,6 @@ fn watchdog(k: &'static Keeper) {
         for (g, last_error) in expired {
             g.set_lost(LossReason::RenewTimeout { last_error });
         }
-        k.arm(&lock(&k.state));
+        k.arm(&mut lock(&k.state), false);
     }
 }

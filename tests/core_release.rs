@@ -3,19 +3,12 @@
 //! the waiter takes it; and a release never writes into a LOCK whose bytes are no longer our
 //! lease, even when it was rewritten in place (same inode).
 
+mod support;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use leasehold::{LeaseBuilder, LeaseState, State};
-
-fn scratch() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
 
 /// Waits (polling `status`, never sleeping blind past 10 s) until `n` waiters are queued.
 fn wait_queued(lock: &Path, n: usize) {
@@ -32,7 +25,7 @@ fn wait_queued(lock: &Path, n: usize) {
 
 #[test]
 fn released_record_or_handover_in_place() {
-    let dir = scratch();
+    let dir = support::tempdir();
     let lock = dir.path().join("job.lock");
     let first = LeaseBuilder::new(&lock)
         .ttl(Duration::from_secs(30))
@@ -71,7 +64,7 @@ fn released_record_or_handover_in_place() {
 
 #[test]
 fn release_never_writes_into_a_lock_rewritten_in_place() {
-    let dir = scratch();
+    let dir = support::tempdir();
     for waiting in [false, true] {
         let lock = dir.path().join(format!("rewritten-{waiting}.lock"));
         let g = LeaseBuilder::new(&lock)
