@@ -62,6 +62,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+/// How long the wrapper sleeps at most without a wake-up byte: a safety net only (every event
+/// it acts on writes to its wake pipe).
+const SAFETY_NET: Duration = Duration::from_secs(600);
+
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::libc;
@@ -552,18 +556,18 @@ impl Supervisor {
                 }
             }
             // Signals, the command's end and loss all write to the wake pipe; the timeout is only
-            // a safety net, kept long (a minute, or the TTL if longer) so that an idle job costs
-            // next to no wakeups.
-            self.sleep(guard.timing().ttl.max(Duration::from_secs(60)));
+            // a safety net, kept long (ten minutes) so that an idle job is woken by its
+            // renewals alone.
+            self.sleep(SAFETY_NET);
         }
     }
 
     /// Waits for a wake-up byte (a signal, or the loss callback) or `timeout`, then drains the
     /// pipe. Flags are checked by the caller after this returns, so no wake-up is lost.
     fn sleep(&self, timeout: Duration) {
-        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        let t = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
         let mut fds = [PollFd::new(self.wake_rx.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(&mut fds, PollTimeout::from(ms));
+        let _ = poll(&mut fds, t);
         let mut buf = [0u8; 64];
         while let Ok(n) = nix::unistd::read(&self.wake_rx, &mut buf) {
             if n < buf.len() {
