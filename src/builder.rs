@@ -418,6 +418,11 @@ impl LeaseBuilder {
         .unwrap_or_default();
         let seen = queued.as_deref_mut().and_then(|q| q.seen.take());
         let (content, replaced) = fsio::read_lock_keep(&ctx.paths.lock, seen)?;
+        // Never keep LOCK open on a network file system: an NFS client that renames over a
+        // file it has open keeps the old file alive on the server (a silly rename), and another
+        // host whose cached name still leads to it would read the old lease instead of getting
+        // ESTALE and looking the name up again (see `fsio::read_lock`).
+        let replaced = replaced.filter(|_| ctx.local);
         let mut v = self.judge(ctx).judge(&content, mem);
         if ahead.is_empty() {
             let take_over = match v.state {
@@ -449,6 +454,11 @@ impl LeaseBuilder {
         }
         if let Some(q) = queued.as_deref_mut() {
             if ctx.local {
+                // A shared flock on the LOCK file we judged tells its holder, at release, that
+                // someone waits (see `guard::hand_over`); it goes when the file is closed.
+                if let Some(seen) = &replaced {
+                    let _ = seen.file.try_lock_shared();
+                }
                 q.seen = replaced;
             }
             if q.ticket.is_none() {

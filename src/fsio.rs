@@ -176,9 +176,11 @@ pub(crate) struct Seen {
     pub id: (u64, u64),
 }
 
-/// As [`read_lock`], also handing back the file read, still open. Whoever replaces LOCK can keep
-/// it open past the rename: the old inode is then freed at that later close, not inside the
-/// rename (freeing a file's pages costs more than the rest of the rename on tmpfs).
+/// As [`read_lock`], also handing back the file read, still open. On a local file system,
+/// whoever replaces LOCK can keep it open past the rename: the old inode is then freed at that
+/// later close, not inside the rename (freeing a file's pages costs more than the rest of the
+/// rename on tmpfs). Never on NFS: there an open file renamed over stays alive on the server,
+/// and a stale cached name would then read it instead of failing with ESTALE.
 ///
 /// With `seen` (only ever on a local file system, where the kernel's page cache is the file),
 /// if LOCK still names that file it is read through it: one stat instead of an open and a

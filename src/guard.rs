@@ -410,18 +410,23 @@ impl LeaseGuard {
         // Closed when this returns, after the handover: freeing old files is off its path.
         let _replaced = lock(&inner.replaced).take();
         let ended_at = format_rfc3339(inner.clock.wall());
-        // On a local file system, flip our header to released in place first, as a renewal
-        // writes it (no mutex: only we ever write our record in place, and a breaker replaces
-        // the whole file). Its inotify event wakes the head waiter at once.
-        let marked = match (&written, inner.local) {
-            (Some(w), true) => mark_released(&inner.paths, &rec, w, &ended_at),
+        // On a local file system, with someone waiting: flip our header to released in place,
+        // as a renewal writes it (no mutex: only we ever write our record in place, and a
+        // breaker replaces the whole file). Its inotify event wakes the head waiter at once.
+        let handed = match (&written, inner.local) {
+            (Some(w), true) => hand_over(&inner.paths, &rec, w, &ended_at),
             _ => None,
         };
-        let (marked, marked_file) = match marked {
-            Some((b, f)) => (Some(b), Some(f)),
-            None => (None, None),
-        };
         stop_threads(inner);
+        if let Some(f) = handed {
+            // The waiter replaces the record straight away, so a full released record saying
+            // how the job ended would be read by nobody.
+            if inner.sync {
+                f.sync_data()
+                    .map_err(|e| Error::io(&inner.paths.lock, "fsync the released header", e))?;
+            }
+            return Ok(());
+        }
         let mut released = rec.lease.clone();
         released.state = LeaseState::Released;
         released.ended = Some(Ending {
@@ -429,17 +434,6 @@ impl LeaseGuard {
             how: how.to_string(),
             by: None,
         });
-        if let Some(f) = &marked_file
-            && crate::queue::anyone_waiting(&inner.paths)
-        {
-            // Handed over: the waiter replaces the record straight away, so a full released
-            // record saying how the job ended would be read by nobody.
-            if inner.sync {
-                f.sync_data()
-                    .map_err(|e| Error::io(&inner.paths.lock, "fsync the released header", e))?;
-            }
-            return Ok(());
-        }
         let wait = inner.timing.ttl.min(Duration::from_secs(5));
         let full = (|| {
             let _m = mutex::lock_with(
@@ -451,14 +445,7 @@ impl LeaseGuard {
                 None,
                 !inner.local,
             )?;
-            match (&written, &marked, &marked_file) {
-                (Some(w), Some(bytes), Some(f)) => {
-                    if !still_holds(&inner.paths, w, f, bytes) {
-                        return Ok(()); // taken since we marked it: nothing of ours to write
-                    }
-                }
-                _ => ensure_ours(&inner.paths, &rec.lease)?,
-            }
+            ensure_ours(&inner.paths, &rec.lease)?;
             fsio::replace_keep(
                 &inner.paths,
                 &inner.paths.lock,
@@ -537,43 +524,30 @@ fn mark_in_place(paths: &LockPaths, mine: &Lease, region: &[u8]) -> bool {
     fsio::write_header(&f, &paths.lock, region).is_ok() && f.sync_data().is_ok()
 }
 
-/// Whether LOCK still names the file we wrote (`w`) and it holds exactly `bytes`; if so, that
-/// file, open (read-write with `write`).
-fn still_is(paths: &LockPaths, w: &fsio::Written, bytes: &[u8], write: bool) -> Option<File> {
+/// The release of a lease someone waits for. When LOCK is still the file we wrote (`w`), a
+/// waiter holds a shared flock on it (every queued waiter on a local file system holds one on
+/// the LOCK file it last read), and it holds exactly the bytes we last wrote (our lease, held,
+/// intact): flips its header to released in place and returns the file, still open. `None`
+/// otherwise: nobody waits (the caller writes the full released record), or LOCK is not simply
+/// ours (the caller goes the long way, which reports what happened). Not made durable here.
+fn hand_over(paths: &LockPaths, rec: &Record, w: &fsio::Written, at: &str) -> Option<File> {
     use std::os::unix::fs::FileExt;
-    let f = fsio::open_lock_if(&paths.lock, write, w.id)?;
-    // One byte more than expected, to notice a file that grew.
-    let mut now = vec![0u8; bytes.len() + 1];
-    matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes).then_some(f)
-}
-
-/// Whether LOCK still names `f`, the file we wrote (`w`), and it holds exactly `bytes`.
-fn still_holds(paths: &LockPaths, w: &fsio::Written, f: &File, bytes: &[u8]) -> bool {
-    use std::os::unix::fs::{FileExt, MetadataExt};
-    match std::fs::symlink_metadata(&paths.lock) {
-        Ok(m) if (m.dev(), m.ino()) == w.id => {}
-        _ => return false,
+    let f = fsio::open_lock_if(&paths.lock, true, w.id)?;
+    match f.try_lock() {
+        Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
+        _ => return None, // nobody waits (our exclusive lock goes with `f`), or no flock here
     }
-    let mut now = vec![0u8; bytes.len() + 1];
-    matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == *bytes)
-}
-
-/// Flips our record's header to released in place, when LOCK still names the file we wrote and
-/// holds exactly the bytes we last wrote (our lease, held, intact). Returns the bytes LOCK now
-/// holds and the file, still open, or `None` if it was not simply ours (the caller then goes
-/// the long way, which reports what happened). Not made durable here.
-fn mark_released(
-    paths: &LockPaths,
-    rec: &Record,
-    w: &fsio::Written,
-    at: &str,
-) -> Option<(Vec<u8>, File)> {
-    let f = still_is(paths, w, &rec.bytes, true)?;
+    // One byte more than expected, to notice a file that grew.
+    let mut now = vec![0u8; rec.bytes.len() + 1];
+    match f.read_at(&mut now, 0) {
+        Ok(n) if now[..n] == rec.bytes[..] => {}
+        _ => return None,
+    }
     let mut bytes = rec.bytes.clone();
     let seq = rec.lease.heartbeat_seq.saturating_add(1);
     let region = Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, at)?;
     fsio::write_header(&f, &paths.lock, region).ok()?;
-    Some((bytes, f))
+    Some(f)
 }
 
 /// Errors with `Error::Lost` unless LOCK holds our lease, still held.

@@ -139,17 +139,6 @@ fn unlink_if_id(path: &Path, id: (u64, u64)) {
     }
 }
 
-/// Whether any ticket is in the queue (live or not: a cheap look, used only to choose between
-/// two safe ways of releasing).
-pub(crate) fn anyone_waiting(paths: &LockPaths) -> bool {
-    match std::fs::read_dir(&paths.queue) {
-        Ok(rd) => rd
-            .flatten()
-            .any(|e| e.file_name().to_str().and_then(parse_name).is_some()),
-        Err(_) => false,
-    }
-}
-
 /// Called under the mutex: the live tickets ahead of `mine` (all live tickets when `mine` is
 /// None), pruning tickets of waiters that are gone (their flock is free) and, when `observed`
 /// is given, skipping those whose heartbeat has not moved for `ttl` (frozen waiters).
