@@ -385,8 +385,10 @@ impl LeaseGuard {
     }
 
     /// Releases the lease, recording `how` the job ended (e.g. `exit 0`). Writes a released record
-    /// atomically; if that cannot be written (a full disk), marks our record released in place
-    /// and returns the error. Does nothing to a LOCK that is no longer ours.
+    /// atomically; if that cannot be written (a full disk, a mutex some stopped process sits on),
+    /// marks our record released in place instead, which releases it just the same (only `how`
+    /// is not recorded). Errs only when neither could be done: contenders then judge the lock by
+    /// its holder's death or its TTL. Does nothing to a LOCK that is no longer ours.
     pub fn release_with(mut self, how: &str) -> Result<()> {
         self.finish(how)
     }
@@ -468,11 +470,13 @@ impl LeaseGuard {
                     Some(region) => mark_in_place(&inner.paths, &rec.lease, region),
                     None => false,
                 };
-                let what = if marked {
-                    "marked the lease released in place instead"
-                } else {
-                    "could not mark it released either; contenders will judge it by its holder's death or its TTL"
-                };
+                if marked {
+                    // Released: every contender judges it free. Only how the job ended (the
+                    // full record) could not be written: a full disk, or a mutex someone sits
+                    // on. That is not worth failing a release for.
+                    return Ok(());
+                }
+                let what = "could not mark it released in place either; contenders will judge it by its holder's death or its TTL";
                 Err(Error::Io {
                     path: inner.paths.lock.clone(),
                     op: "write the released record",
