@@ -472,7 +472,7 @@ impl LeaseBuilder {
                 // the wake-up needs no write of the high-water mark (see `take`).
                 let prev = v.lease.as_ref().map_or(0, |l| l.token);
                 if let Ok(hwm) = m.high_water()
-                    && let Some(t) = hwm.max(prev).checked_add(1)
+                    && let Ok(t) = next_token(hwm, prev)
                     && m.set_high_water(t, ctx.sync).is_ok()
                 {
                     q.reserved = Some(t);
@@ -544,10 +544,7 @@ impl LeaseBuilder {
             // handed out, and already durable in the high-water mark.
             Some(t) if hwm == t && prev < t => t,
             _ => {
-                let t = hwm
-                    .max(prev)
-                    .checked_add(1)
-                    .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))?;
+                let t = next_token(hwm, prev)?;
                 m.set_high_water(t, ctx.sync)?;
                 t
             }
@@ -594,6 +591,13 @@ impl LeaseBuilder {
         })?;
         Ok(g)
     }
+}
+
+/// The token after every one handed out: above the high-water mark and LOCK's own token.
+fn next_token(hwm: u64, prev: u64) -> Result<u64> {
+    hwm.max(prev)
+        .checked_add(1)
+        .ok_or_else(|| Error::Settings("fencing token space exhausted".into()))
 }
 
 fn refused(ctx: &Ctx, v: &Verdict, why: &str) -> Error {

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::fsio::{self, LockContent};
 use crate::mutex::{self, MutexFile, StuckPolicy};
 use crate::paths::LockPaths;
-use crate::record::{Ending, Lease, LeaseState};
+use crate::record::{Ending, Lease, LeaseState, MUTABLE_RANGE};
 use crate::verdict::Verdict;
 
 /// Why a guard was lost. Once lost, a guard stays lost.
@@ -163,6 +163,17 @@ pub(crate) struct Start {
 struct Record {
     lease: Lease,
     bytes: Vec<u8>,
+}
+
+impl Record {
+    /// Our record with its header flipped to released at `at` (heartbeat sequence + 1): what a
+    /// release writes in place, at [`MUTABLE_RANGE`].
+    fn released_header(&self, at: &str) -> Option<Vec<u8>> {
+        let mut bytes = self.bytes.clone();
+        let seq = self.lease.heartbeat_seq.saturating_add(1);
+        Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, at)?;
+        Some(bytes)
+    }
 }
 
 struct Control {
@@ -462,14 +473,9 @@ impl LeaseGuard {
             Err(Error::Lost { .. }) => Ok(()),
             Err(e) => {
                 // Leave a lease every contender judges free at once: flip our header in place.
-                let mut bytes = rec.bytes.clone();
-                let seq = rec.lease.heartbeat_seq.saturating_add(1);
-                let at = format_rfc3339(inner.clock.wall());
-                let marked = match Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, &at)
-                {
-                    Some(region) => mark_in_place(&inner.paths, &rec.lease, region),
-                    None => false,
-                };
+                let marked = rec
+                    .released_header(&format_rfc3339(inner.clock.wall()))
+                    .is_some_and(|b| mark_in_place(&inner.paths, &rec.lease, &b[MUTABLE_RANGE]));
                 if marked {
                     // Released: every contender judges it free. Only how the job ended (the
                     // full record) could not be written: a full disk, or a mutex someone sits
@@ -547,10 +553,8 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: &fsio::Written, at: &str) -> Op
         Ok(n) if now[..n] == rec.bytes[..] => {}
         _ => return None,
     }
-    let mut bytes = rec.bytes.clone();
-    let seq = rec.lease.heartbeat_seq.saturating_add(1);
-    let region = Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, at)?;
-    fsio::write_header(&f, &paths.lock, region).ok()?;
+    let bytes = rec.released_header(at)?;
+    fsio::write_header(&f, &paths.lock, &bytes[MUTABLE_RANGE]).ok()?;
     Some(f)
 }
 
@@ -771,7 +775,7 @@ fn monotonic_at(at: Instant) -> TimeSpec {
     TimeSpec::from_duration(t.max(Duration::from_nanos(1)))
 }
 
-/// What a keeper thread is doing, so that a new guard wakes it only when it must.
+/// What the renewer is doing, so that a new guard wakes it only when it must.
 #[derive(Clone, Copy)]
 enum Sleep {
     /// Awake: it looks at the guard list again before it sleeps.
