@@ -349,7 +349,10 @@ impl LeaseBuilder {
             }
             match &predecessor {
                 Some(p) => waiter.wait_turn(p, deadline),
-                None => waiter.wait_lease(&v, deadline),
+                None => {
+                    let sig = queued.seen.as_ref().map(|s| s.sig);
+                    waiter.wait_lease(&v, sig, deadline)
+                }
             }
         }
     }
@@ -402,7 +405,10 @@ impl LeaseBuilder {
         )?;
         let mut ahead = match queued.as_deref_mut() {
             Some(q) => {
-                if q.ticket.as_ref().is_some_and(|t| !t.still_queued()) {
+                if q.ticket
+                    .as_ref()
+                    .is_some_and(|t| !t.still_queued(ctx.local))
+                {
                     q.ticket = None; // skipped while frozen: queue again at the back
                     q.head = false;
                 }
@@ -423,6 +429,28 @@ impl LeaseBuilder {
         // host whose cached name still leads to it would read the old lease instead of getting
         // ESTALE and looking the name up again (see `fsio::read_lock`).
         let replaced = replaced.filter(|_| ctx.local);
+        let carry = |queued: Option<&mut Queued>, replaced| {
+            let (ticket, draft, reserved) = match queued {
+                Some(q) => (q.ticket.take(), q.draft.take(), q.reserved.take()),
+                None => (None, None, None),
+            };
+            Carry {
+                replaced,
+                ticket,
+                draft,
+                reserved,
+            }
+        };
+        // A released lease is free to anyone, wherever its holder lives: no judgement needed
+        // (the common case when a waiter is handed the lease).
+        if ahead.is_empty()
+            && let fsio::LockContent::Lease(l, _) = &content
+            && l.state == LeaseState::Released
+        {
+            let c = carry(queued, replaced);
+            let g = self.take(ctx, m, Some(l), None, c)?;
+            return Ok(Attempt::Taken(Box::new(g)));
+        }
         let mut v = self.judge(ctx).judge(&content, mem);
         if ahead.is_empty() {
             let take_over = match v.state {
@@ -435,17 +463,8 @@ impl LeaseBuilder {
                 }
             };
             if let Some(broke) = take_over {
-                let (ticket, draft, reserved) = match queued {
-                    Some(q) => (q.ticket.take(), q.draft.take(), q.reserved.take()),
-                    None => (None, None, None),
-                };
-                let carry = Carry {
-                    replaced,
-                    ticket,
-                    draft,
-                    reserved,
-                };
-                let g = self.take(ctx, m, v.lease.as_ref(), broke, carry)?;
+                let c = carry(queued, replaced);
+                let g = self.take(ctx, m, v.lease.as_ref(), broke, c)?;
                 return Ok(Attempt::Taken(Box::new(g)));
             }
         } else if v.state == State::Free || v.state == State::Stale {
@@ -480,12 +499,20 @@ impl LeaseBuilder {
             }
         }
         self.mutex_file = m.unlock();
-        if let Some(q) = queued
-            && q.draft.is_none()
-        {
-            // Serialised now, while we wait, rather than after the wake-up.
-            let now = format_rfc3339(self.clock.wall());
-            q.draft = Draft::new(self.new_lease(ctx, &now));
+        if let Some(q) = queued {
+            if q.draft.is_none() {
+                // Serialised now, while we wait, rather than after the wake-up.
+                let now = format_rfc3339(self.clock.wall());
+                q.draft = Draft::new(self.new_lease(ctx, &now));
+            }
+            // Next in line on a local file system: write it into a file of its own too, so
+            // that taking the lease is one write and one rename.
+            if ctx.local
+                && q.head
+                && let (Some(t), Some(d)) = (q.ticket.as_mut(), q.draft.as_ref())
+            {
+                t.prepare(d.bytes());
+            }
         }
         v.queue_ahead = ahead.len();
         Ok(Attempt::Busy(Box::new(v), ahead.pop()))
@@ -533,7 +560,7 @@ impl LeaseBuilder {
     ) -> Result<LeaseGuard> {
         let Carry {
             replaced,
-            ticket,
+            mut ticket,
             draft,
             reserved,
         } = carry;
@@ -561,13 +588,20 @@ impl LeaseBuilder {
         };
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = Instant::now();
-        let written = fsio::replace_keep(
-            &ctx.paths,
-            &ctx.paths.lock,
-            &bytes,
-            ctx.sync,
-            ctx.dir.as_deref(),
-        )?;
+        let dir = ctx.dir.as_deref().map(|d| (d, ctx.paths.dir.as_path()));
+        let prepared = ticket
+            .as_mut()
+            .and_then(|t| t.install(&bytes, ctx.sync, &ctx.paths.lock, dir));
+        let written = match prepared {
+            Some(w) => w?,
+            None => fsio::replace_keep(
+                &ctx.paths,
+                &ctx.paths.lock,
+                &bytes,
+                ctx.sync,
+                ctx.dir.as_deref(),
+            )?,
+        };
         // Leave the queue: the name goes while we hold the mutex (so it is surely ours), the
         // lock after the mutex is free, waking exactly our successor.
         let ticket = ticket.map(Ticket::unlink_held);

@@ -15,7 +15,7 @@ use nix::fcntl::OFlag;
 
 use crate::error::{Error, Result, libc_consts};
 use crate::paths::LockPaths;
-use crate::record::{Lease, MAX_LEASE_BYTES, MUTABLE_RANGE, Parsed};
+use crate::record::{Lease, LeaseState, MAX_LEASE_BYTES, MUTABLE_RANGE, Parsed};
 
 /// How many times a torn read is retried before the record is called damaged.
 const TORN_RETRIES: u32 = 200;
@@ -31,17 +31,44 @@ pub(crate) enum LockContent {
     Lease(Box<Lease>, Vec<u8>),
 }
 
+/// The mode bit (S_ISVTX, the sticky bit) a holder sets on its own LOCK file to release it in
+/// place: one `fchmod` through a read-only descriptor, no write to the file. A record whose
+/// file carries it reads as released, whatever its JSON says (see [`with_mode`]).
+pub(crate) const RELEASED_BIT: u32 = 0o1000;
+
 /// Opens LOCK for reading or read-write without following a symlink or blocking on a FIFO, and
-/// checks it is a regular file of plausible size. `Ok(None)` when it does not exist.
-pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<File>> {
-    Ok(open_lock_len(path, write)?.map(|(f, _)| f))
+/// checks it is a regular file of plausible size. `Ok(None)` when it does not exist; otherwise
+/// the file and its mode (for [`read_open`]).
+pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<(File, u32)>> {
+    Ok(open_lock_len(path, write)?.map(|(f, meta)| (f, meta.mode())))
 }
 
 /// Opens LOCK as [`open_lock`] does, if it is still the file `id` (device, inode).
-pub(crate) fn open_lock_if(path: &Path, write: bool, id: (u64, u64)) -> Option<File> {
+pub(crate) fn open_lock_if(path: &Path, write: bool, id: (u64, u64)) -> Option<(File, u32)> {
     match open_lock_len(path, write) {
-        Ok(Some((f, meta))) if (meta.dev(), meta.ino()) == id => Some(f),
+        Ok(Some((f, meta))) if (meta.dev(), meta.ino()) == id => Some((f, meta.mode())),
         _ => None,
+    }
+}
+
+/// Releases a record in place by setting [`RELEASED_BIT`] on its file (`mode` is its mode as
+/// opened). Needs ownership of the file, not write access: works through a read-only
+/// descriptor, so a holder never keeps LOCK open for writing.
+pub(crate) fn mark_released(file: &File, path: &Path, mode: u32) -> Result<()> {
+    file.set_permissions(std::fs::Permissions::from_mode(
+        (mode & 0o7777) | RELEASED_BIT,
+    ))
+    .map_err(|e| Error::io(path, "mark the lease released (chmod +t)", e))
+}
+
+/// A held record read from a file with [`RELEASED_BIT`] set is released.
+fn with_mode(content: LockContent, mode: u32) -> LockContent {
+    match content {
+        LockContent::Lease(mut l, b) if mode & RELEASED_BIT != 0 => {
+            l.state = LeaseState::Released;
+            LockContent::Lease(l, b)
+        }
+        other => other,
     }
 }
 
@@ -124,14 +151,14 @@ fn read_all(file: &File, path: &Path, buf: &mut Vec<u8>, len: Option<u64>) -> Re
     }
 }
 
-/// Parses an open LOCK, re-reading through torn reads. Judges a persistently bad checksum as a
-/// damaged record.
-pub(crate) fn read_open(file: &File, path: &Path) -> Result<LockContent> {
-    read_open_sized(file, path, None)
+/// Parses an open LOCK whose mode is `mode`, re-reading through torn reads. Judges a
+/// persistently bad checksum as a damaged record.
+pub(crate) fn read_open(file: &File, path: &Path, mode: u32) -> Result<LockContent> {
+    read_open_sized(file, path, None).map(|c| with_mode(c, mode))
 }
 
-/// As [`read_open`], with the file's size at open as a hint for the first read.
-pub(crate) fn read_open_sized(file: &File, path: &Path, len: Option<u64>) -> Result<LockContent> {
+/// As [`read_open`] without the mode, with the file's size at open as a hint for the first read.
+fn read_open_sized(file: &File, path: &Path, len: Option<u64>) -> Result<LockContent> {
     let mut buf = Vec::with_capacity(1024);
     for attempt in 0..TORN_RETRIES {
         read_all(file, path, &mut buf, len.filter(|_| attempt == 0))?;
@@ -169,11 +196,70 @@ pub(crate) fn read_lock(path: &Path) -> Result<LockContent> {
     read_lock_keep(path, None).map(|(c, _)| c)
 }
 
-/// LOCK's file as last read, still open, with its device and inode.
+/// What `lstat` says of LOCK, as far as any change to it shows: a rename over it (inode), a
+/// write in place (size, modification and change times), a release in place (mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sig {
+    id: (u64, u64),
+    mode: u32,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Sig {
+    fn of(m: &std::fs::Metadata) -> Sig {
+        Sig {
+            id: (m.dev(), m.ino()),
+            mode: m.mode(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// LOCK's signature now (`None`: missing, or not to be stated).
+pub(crate) fn signature(path: &Path) -> Option<Sig> {
+    std::fs::symlink_metadata(path).ok().map(|m| Sig::of(&m))
+}
+
+/// LOCK's file as last read, still open, with its device and inode, and the lease read from it.
 #[derive(Debug)]
 pub(crate) struct Seen {
     pub file: File,
     pub id: (u64, u64),
+    /// LOCK's signature as stated just before that read.
+    pub sig: Sig,
+    /// The lease last read through `file`.
+    last: Option<Last>,
+}
+
+/// A lease read through a kept descriptor: its exact bytes, and the file's modification time
+/// (seconds, nanoseconds) as stated just before that read.
+#[derive(Debug)]
+struct Last {
+    lease: Box<Lease>,
+    bytes: Vec<u8>,
+    mtime: (i64, i64),
+}
+
+impl Seen {
+    fn remember(mut self, content: &LockContent, meta: &std::fs::Metadata) -> Seen {
+        self.last = match content {
+            LockContent::Lease(l, b) => Some(Last {
+                lease: l.clone(),
+                bytes: b.clone(),
+                mtime: mtime(meta),
+            }),
+            _ => None,
+        };
+        self
+    }
+}
+
+fn mtime(m: &std::fs::Metadata) -> (i64, i64) {
+    (m.mtime(), m.mtime_nsec())
 }
 
 /// As [`read_lock`], also handing back the file read, still open. On a local file system,
@@ -184,19 +270,38 @@ pub(crate) struct Seen {
 ///
 /// With `seen` (only ever on a local file system, where the kernel's page cache is the file),
 /// if LOCK still names that file it is read through it: one stat instead of an open and a
-/// close.
+/// close. If that stat shows the file released in place ([`RELEASED_BIT`]) and not modified
+/// since the last read through `seen` (same modification time and size), the lease read then
+/// is the answer.
 pub(crate) fn read_lock_keep(
     path: &Path,
     seen: Option<Seen>,
 ) -> Result<(LockContent, Option<Seen>)> {
-    if let Some(s) = seen {
+    if let Some(mut s) = seen {
         match std::fs::symlink_metadata(path) {
             Ok(m)
                 if (m.dev(), m.ino()) == s.id
                     && m.file_type().is_file()
                     && m.len() <= MAX_LEASE_BYTES =>
             {
-                return read_open_sized(&s.file, path, Some(m.len())).map(|c| (c, Some(s)));
+                // Released in place, and not written since we read it (same modification time
+                // and size): what we read is still what it holds.
+                if m.mode() & RELEASED_BIT != 0
+                    && let Some(last) = s.last.take()
+                    && last.mtime == mtime(&m)
+                    && last.bytes.len() as u64 == m.len()
+                {
+                    let c = with_mode(LockContent::Lease(last.lease, last.bytes), m.mode());
+                    s.sig = Sig::of(&m);
+                    return Ok((c, Some(s)));
+                }
+                s.sig = Sig::of(&m);
+                return read_open_sized(&s.file, path, Some(m.len()))
+                    .map(|c| with_mode(c, m.mode()))
+                    .map(|c| {
+                        let s = s.remember(&c, &m);
+                        (c, Some(s))
+                    });
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Ok((LockContent::Missing, None));
@@ -210,7 +315,18 @@ pub(crate) fn read_lock_keep(
             Ok(None) => return Ok((LockContent::Missing, None)),
             Ok(Some((f, meta))) => {
                 let id = (meta.dev(), meta.ino());
-                read_open_sized(&f, path, Some(meta.len())).map(|c| (c, Some(Seen { file: f, id })))
+                read_open_sized(&f, path, Some(meta.len()))
+                    .map(|c| with_mode(c, meta.mode()))
+                    .map(|c| {
+                        let s = Seen {
+                            file: f,
+                            id,
+                            sig: Sig::of(&meta),
+                            last: None,
+                        }
+                        .remember(&c, &meta);
+                        (c, Some(s))
+                    })
             }
             Err(e) => Err(e),
         };
@@ -232,12 +348,14 @@ pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()
         .map_err(|e| Error::io(path, "rewrite the lease header in place", e))
 }
 
-/// The device and inode of a file just renamed into place (it is not kept open: a descriptor
+/// The device and inode of a file just renamed into place, and, when it was prepared ahead of
+/// time, the file itself open read-only with its mode (never open for writing: a descriptor
 /// open for writing for as long as a lease would keep the file system from being remounted
 /// read-only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Written {
     pub id: (u64, u64),
+    pub kept: Option<(File, u32)>,
 }
 
 /// Replaces `target` atomically with `bytes`: write the temp file, optionally fsync it, rename
@@ -303,7 +421,7 @@ pub(crate) fn replace_keep(
             let _ = std::fs::remove_file(tmp);
         }
     }
-    result.map(|()| Written { id })
+    result.map(|()| Written { id, kept: None })
 }
 
 /// Opens a directory (to fsync it later).
@@ -321,7 +439,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// fsync an open directory (`dir` names it, for errors).
-fn sync_open_dir(d: &File, dir: &Path) -> Result<()> {
+pub(crate) fn sync_open_dir(d: &File, dir: &Path) -> Result<()> {
     match d.sync_all() {
         Ok(()) => Ok(()),
         // Some file systems refuse fsync on directories; the rename is then as durable as it gets.

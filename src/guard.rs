@@ -422,12 +422,11 @@ impl LeaseGuard {
         let written = lock(&inner.written).take();
         // Closed when this returns, after the handover: freeing old files is off its path.
         let _replaced = lock(&inner.replaced).take();
-        let ended_at = format_rfc3339(inner.clock.wall());
-        // On a local file system, with someone waiting: flip our header to released in place,
-        // as a renewal writes it (no mutex: only we ever write our record in place, and a
-        // breaker replaces the whole file). Its inotify event wakes the head waiter at once.
-        let handed = match (&written, inner.local) {
-            (Some(w), true) => hand_over(&inner.paths, &rec, w, &ended_at),
+        // On a local file system, with someone waiting: mark our file released in place (no
+        // mutex: the file is the one we renamed into place, which only we change in place, and
+        // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
+        let handed = match (written, inner.local) {
+            (Some(w), true) => hand_over(&inner.paths, &rec, w),
             _ => None,
         };
         stop_threads(inner);
@@ -435,11 +434,12 @@ impl LeaseGuard {
             // The waiter replaces the record straight away, so a full released record saying
             // how the job ended would be read by nobody.
             if inner.sync {
-                f.sync_data()
-                    .map_err(|e| Error::io(&inner.paths.lock, "fsync the released header", e))?;
+                f.sync_all()
+                    .map_err(|e| Error::io(&inner.paths.lock, "fsync the released mark", e))?;
             }
             return Ok(());
         }
+        let ended_at = format_rfc3339(inner.clock.wall());
         let mut released = rec.lease.clone();
         released.state = LeaseState::Released;
         released.ended = Some(Ending {
@@ -524,25 +524,31 @@ impl Drop for LeaseGuard {
 }
 
 fn mark_in_place(paths: &LockPaths, mine: &Lease, region: &[u8]) -> bool {
-    let Ok(Some(f)) = fsio::open_lock(&paths.lock, true) else {
+    let Ok(Some((f, mode))) = fsio::open_lock(&paths.lock, true) else {
         return false;
     };
-    match fsio::read_open(&f, &paths.lock) {
+    match fsio::read_open(&f, &paths.lock, mode) {
         Ok(LockContent::Lease(l, _)) if l.lease_id == mine.lease_id => {}
         _ => return false,
     }
     fsio::write_header(&f, &paths.lock, region).is_ok() && f.sync_data().is_ok()
 }
 
-/// The release of a lease someone waits for. When LOCK is still the file we wrote (`w`), a
-/// waiter holds a shared flock on it (every queued waiter on a local file system holds one on
-/// the LOCK file it last read), and it holds exactly the bytes we last wrote (our lease, held,
-/// intact): flips its header to released in place and returns the file, still open. `None`
-/// otherwise: nobody waits (the caller writes the full released record), or LOCK is not simply
-/// ours (the caller goes the long way, which reports what happened). Not made durable here.
-fn hand_over(paths: &LockPaths, rec: &Record, w: &fsio::Written, at: &str) -> Option<File> {
+/// The release of a lease someone waits for. When LOCK is still the file we renamed into place
+/// (`w`), a waiter holds a shared flock on it (every queued waiter on a local file system
+/// holds one on the LOCK file it last read), and it holds exactly the bytes we last wrote (our
+/// lease, held, intact): sets its released bit ([`fsio::RELEASED_BIT`]) through a read-only
+/// descriptor and returns the file, still open. `None` otherwise: nobody waits (the caller
+/// writes the full released record), or LOCK is not simply ours, or we may not chmod it (the
+/// caller goes the long way, which reports what happened). Not made durable here.
+fn hand_over(paths: &LockPaths, rec: &Record, w: fsio::Written) -> Option<File> {
     use std::os::unix::fs::FileExt;
-    let f = fsio::open_lock_if(&paths.lock, true, w.id)?;
+    // The file we renamed into place, kept open since; if it is not LOCK any more, nobody
+    // reads it by name and marking it released changes nothing.
+    let (f, mode) = match w.kept {
+        Some(k) => k,
+        None => fsio::open_lock_if(&paths.lock, false, w.id)?,
+    };
     match f.try_lock() {
         Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
         _ => return None, // nobody waits (our exclusive lock goes with `f`), or no flock here
@@ -553,8 +559,7 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: &fsio::Written, at: &str) -> Op
         Ok(n) if now[..n] == rec.bytes[..] => {}
         _ => return None,
     }
-    let bytes = rec.released_header(at)?;
-    fsio::write_header(&f, &paths.lock, &bytes[MUTABLE_RANGE]).ok()?;
+    fsio::mark_released(&f, &paths.lock, mode).ok()?;
     Some(f)
 }
 
@@ -600,7 +605,7 @@ impl Inner {
             return Ok(()); // released meanwhile: never touch LOCK again
         }
         let path = &self.paths.lock;
-        let file = match fsio::open_lock(path, true) {
+        let (file, mode) = match fsio::open_lock(path, true) {
             Ok(Some(f)) => f,
             Ok(None) => {
                 return Err(Some(LossReason::Vanished {
@@ -614,7 +619,7 @@ impl Inner {
             }
             Err(e) => return self.transient(e),
         };
-        match fsio::read_open(&file, path) {
+        match fsio::read_open(&file, path, mode) {
             Ok(LockContent::Lease(l, _)) if l.lease_id == rec.lease.lease_id => {
                 if l.state != LeaseState::Held {
                     return Err(Some(LossReason::Taken {

@@ -85,10 +85,15 @@ impl Identity {
     /// True when `other` is this very host, boot and pid namespace, so that PIDs recorded by it
     /// can be checked against our /proc. Unknown (empty or zero) parts never match.
     pub fn same_host(&self, other: &Identity) -> bool {
+        self.same_host_as(&other.host, &other.boot_id, other.pid_ns)
+    }
+
+    /// As [`Identity::same_host`], against another's host name, boot id and pid namespace.
+    pub(crate) fn same_host_as(&self, host: &str, boot_id: &str, pid_ns: u64) -> bool {
         !self.boot_id.is_empty()
             && self.pid_ns != 0
-            && self.host == other.host
-            && self.boot_id == other.boot_id
-            && self.pid_ns == other.pid_ns
+            && self.host == host
+            && self.boot_id == boot_id
+            && self.pid_ns == pid_ns
     }
 }

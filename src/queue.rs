@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,25 @@ pub(crate) struct Ticket {
     unlinked: bool,
     bytes: Vec<u8>,
     beat: u64,
+    /// Our lease, written ahead of the wake-up (see [`Ticket::prepare`]).
+    prepared: Option<Prepared>,
+}
+
+/// Our lease written ahead of time into `q-<seq>.lease` beside our ticket, open, so that taking
+/// the lease is a write into a page that exists and one rename (no file to create).
+#[derive(Debug)]
+struct Prepared {
+    path: PathBuf,
+    file: File,
+    /// The same file, read-only: what the holder keeps for its release (see `guard`).
+    ro: File,
+    id: (u64, u64),
+    len: usize,
+}
+
+/// The name of the prepared lease of the ticket at `ticket`.
+fn prepared_path(ticket: &Path) -> PathBuf {
+    ticket.with_extension("lease")
 }
 
 /// Per-waiter memory of other tickets' heartbeats, to tell a frozen waiter.
@@ -160,8 +180,11 @@ pub(crate) fn live_ahead(
         };
         match file.try_lock() {
             Ok(()) => {
-                // Nobody holds it: its waiter is gone. We hold its lock while we remove it.
+                // Nobody holds it: its waiter is gone. We hold its lock while we remove it, and
+                // any lease it prepared (only a ticket's owner creates that name, and using it
+                // takes the mutex we hold).
                 unlink_if_same(&path, &file);
+                let _ = std::fs::remove_file(prepared_path(&path));
                 continue;
             }
             Err(std::fs::TryLockError::WouldBlock) => {}
@@ -178,6 +201,7 @@ pub(crate) fn live_ahead(
                 // Frozen for a TTL: skip it. When it resumes it finds its ticket gone and queues
                 // again at the back.
                 unlink_if_same(&path, &file);
+                let _ = std::fs::remove_file(prepared_path(&path));
                 obs.seen.remove(&seq);
                 continue;
             }
@@ -242,6 +266,10 @@ impl Ticket {
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(&path)
             .map_err(|e| Error::io(&path, "create a queue ticket", e))?;
+        // A lease prepared under this number earlier belongs to a waiter that is gone or was
+        // skipped (we just created the ticket's name): it is never used without its ticket,
+        // checked under the mutex we hold.
+        let _ = std::fs::remove_file(prepared_path(&path));
         // Only a momentary `status` look can hold it: retry try-locks for a moment rather than
         // issue a blocking lock, which an NFS client retries with a backoff of seconds.
         let mut tries = 0;
@@ -289,6 +317,7 @@ impl Ticket {
             unlinked: false,
             bytes,
             beat: 0,
+            prepared: None,
         };
         t.file
             .write_all_at(&t.bytes, 0)
@@ -305,8 +334,14 @@ impl Ticket {
         let _ = self.file.write_all_at(field.as_bytes(), off as u64);
     }
 
-    /// False when someone removed our ticket (we were judged frozen): queue again.
-    pub(crate) fn still_queued(&self) -> bool {
+    /// False when someone removed our ticket (we were judged frozen): queue again. On a local
+    /// file system the link count of our open ticket says it (a ticket has one name, made
+    /// exclusively, and is only ever unlinked); elsewhere the name is looked up, since a
+    /// network client may serve a stale link count from its attribute cache.
+    pub(crate) fn still_queued(&self, local: bool) -> bool {
+        if local {
+            return self.file.metadata().is_ok_and(|m| m.nlink() > 0);
+        }
         match std::fs::symlink_metadata(&self.path) {
             Ok(now) => (now.dev(), now.ino()) == self.id,
             _ => false,
@@ -315,6 +350,96 @@ impl Ticket {
 }
 
 impl Ticket {
+    /// Writes our lease (`bytes`, the exact length it will have when taken) into
+    /// `q-<seq>.lease`, created exclusively, and keeps it open. Local file systems only (the
+    /// caller's check): on NFS a descriptor kept open across a rename is not what we want.
+    /// Best effort: without it, taking the lease writes a new file as usual.
+    pub(crate) fn prepare(&mut self, bytes: &[u8]) {
+        if self.prepared.is_some() || self.unlinked {
+            return;
+        }
+        let path = prepared_path(&self.path);
+        let Ok(file) = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&path)
+        else {
+            return; // e.g. a skipped waiter's late file has the name: do without
+        };
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        let id = (meta.dev(), meta.ino());
+        let made = (meta.mode() & 0o7777 == 0o644
+            || file
+                .set_permissions(std::fs::Permissions::from_mode(0o644))
+                .is_ok())
+            && file.write_all_at(bytes, 0).is_ok();
+        // The very inode, read-only, through our own descriptor.
+        let ro = OpenOptions::new()
+            .read(true)
+            .custom_flags(OFlag::O_CLOEXEC.bits())
+            .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let (true, Ok(ro)) = (made, ro) else {
+            unlink_if_id(&path, id);
+            return;
+        };
+        self.prepared = Some(Prepared {
+            path,
+            file,
+            ro,
+            id,
+            len: bytes.len(),
+        });
+    }
+
+    /// Takes the lease through the prepared file: writes `bytes` into it, optionally fsyncs it,
+    /// renames it over `target`, and optionally fsyncs `dir` (LOCK's directory, open, and its
+    /// path). Under the mutex, with our ticket still queued. `None` (nothing renamed) when there
+    /// is no prepared file, `bytes` has another length, or the name is not our file any more:
+    /// the caller then writes the lease the usual way.
+    pub(crate) fn install(
+        &mut self,
+        bytes: &[u8],
+        durable: bool,
+        target: &Path,
+        dir: Option<(&File, &Path)>,
+    ) -> Option<Result<crate::fsio::Written>> {
+        let p = self.prepared.take_if(|p| p.len == bytes.len())?;
+        // Our file still has its one name (made exclusively, never linked elsewhere: a link
+        // count of one is that name), and removing it takes the mutex we hold: it is ours at
+        // the rename.
+        if !p.file.metadata().is_ok_and(|m| m.nlink() == 1) {
+            return None;
+        }
+        let done = (|| {
+            p.file
+                .write_all_at(bytes, 0)
+                .map_err(|e| Error::io(&p.path, "write our prepared lease", e))?;
+            if durable {
+                p.file
+                    .sync_data()
+                    .map_err(|e| Error::io(&p.path, "fsync our prepared lease", e))?;
+            }
+            std::fs::rename(&p.path, target)
+                .map_err(|e| Error::io(target, "rename into place", e))?;
+            if durable && let Some((d, dp)) = dir {
+                crate::fsio::sync_open_dir(d, dp)?;
+            }
+            Ok(crate::fsio::Written {
+                id: p.id,
+                kept: Some((p.ro, 0o100644)),
+            })
+        })();
+        if done.is_err() {
+            unlink_if_id(&p.path, p.id);
+        }
+        Some(done)
+    }
+
     /// Called under the mutex, when our ticket was found still queued under it: removes its
     /// name without another check (nobody else touches the queue while we hold the mutex). Its
     /// lock goes when the ticket is dropped.
@@ -327,6 +452,9 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        if let Some(p) = self.prepared.take() {
+            unlink_if_id(&p.path, p.id);
+        }
         if self.unlinked {
             return;
         }

@@ -386,6 +386,11 @@ impl Draft {
         })
     }
 
+    /// The record as it stands (token 0 and the time it was drafted, unless finished).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// The lease as taken now, with `token`, acquired (and first heartbeat) at `now` (a
     /// [`crate::format_rfc3339`] time), and its exact bytes.
     pub(crate) fn finish(mut self, token: u64, now: &str) -> (Lease, Vec<u8>) {

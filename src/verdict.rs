@@ -112,14 +112,7 @@ impl Judge<'_> {
         };
         v.lease = Some(lease.clone());
         let h = &lease.holder;
-        let holder_id = Identity {
-            host: h.host.clone(),
-            boot_id: h.boot_id.clone(),
-            pid_ns: h.pid_ns,
-            uid: h.uid,
-            user: h.user.clone(),
-        };
-        v.same_host = self.me.same_host(&holder_id);
+        v.same_host = self.me.same_host_as(&h.host, &h.boot_id, h.pid_ns);
         if lease.state == LeaseState::Released {
             v.reason = match &lease.ended {
                 Some(e) => format!("released by {} at {} ({})", h.describe(), e.at, e.how),

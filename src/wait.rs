@@ -1,9 +1,10 @@
 //! Waiting for a turn: event-driven on local file systems, polling with jitter on network ones.
 //!
-//! Owns: what wakes a waiting contender. The head of the queue waits for the lease itself:
-//! inotify on LOCK's directory (filtered to LOCK's name: a watch on the file would follow the
-//! replaced inode), a pidfd per same-host holder process (death wakes it at once), and a tick
-//! that covers lost events, foreign holders' TTL and hung holders. A waiter behind another waits
+//! Owns: what wakes a waiting contender. The head of the queue waits for the lease itself: a
+//! one-shot inotify watch on LOCK's directory (a watch on the file would follow the replaced
+//! inode), armed before each sleep and followed by one more `lstat` of LOCK, a pidfd per
+//! same-host holder process (death wakes it at once), and a tick that covers lost events,
+//! foreign holders' TTL and hung holders. A waiter behind another waits
 //! only for its predecessor's ticket: a thread blocks in flock on it, so the kernel wakes exactly
 //! that one successor when the predecessor leaves or dies. On network file systems (or `--poll`)
 //! nothing of that reaches us from other hosts, so it sleeps a jittered interval derived from the
@@ -11,7 +12,6 @@
 //! Must never: sleep past the caller's deadline, block in a kernel lock call on a network file
 //! system, or let a missed event stall a waiter for longer than one tick.
 
-use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -23,6 +23,7 @@ use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
+use crate::fsio;
 use crate::paths::LockPaths;
 use crate::process::{self, Liveness};
 use crate::queue::Ahead;
@@ -35,9 +36,11 @@ pub(crate) struct Waiter {
     ttl: Duration,
     inotify: Option<Inotify>,
     dir: PathBuf,
-    lock_name: OsString,
+    lock: PathBuf,
     seed: u64,
     predecessor: Option<((u64, u64), Receiver<()>)>,
+    /// pidfds of the holder processes we wait on, by (pid, start time), kept across wake-ups.
+    pidfds: Vec<((i32, u64), OwnedFd)>,
     /// How many times this waiter woke up (for tests and benchmarks of herd-freedom).
     pub wakeups: u64,
 }
@@ -52,39 +55,40 @@ impl Waiter {
             ttl,
             inotify: None,
             dir: paths.dir.clone(),
-            lock_name: paths
-                .lock
-                .file_name()
-                .map(|n| n.to_os_string())
-                .unwrap_or_default(),
+            lock: paths.lock.clone(),
             seed: u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
             predecessor: None,
+            pidfds: Vec::new(),
             wakeups: 0,
         }
     }
 
-    /// Makes sure an inotify watch on LOCK's directory exists. Returns true when it was just set
-    /// up: the caller must look at the lock again before sleeping, since a change between its
-    /// last look and the watch would otherwise go unseen until the next tick.
-    fn watch(&mut self) -> bool {
-        if self.inotify.is_some() || self.poll_mode {
+    /// Arms a one-shot inotify watch on LOCK's directory (creating or reusing the instance).
+    /// One-shot, so that the kernel drops the watch with the first event: a process that is not
+    /// waiting at the moment (its instance pooled, or the new holder busy taking the lease) is
+    /// not sent every later change in the directory, which with many waiters cost each
+    /// operation there a microsecond per instance. False when inotify is not available here
+    /// (the waiter then polls).
+    fn arm(&mut self) -> bool {
+        if self.poll_mode {
             return false;
         }
-        self.inotify = pool_take(&self.dir).or_else(|| {
-            let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
-            let flags = AddWatchFlags::IN_MOVED_TO
-                | AddWatchFlags::IN_MODIFY
-                | AddWatchFlags::IN_CLOSE_WRITE
-                | AddWatchFlags::IN_CREATE
-                | AddWatchFlags::IN_DELETE
-                | AddWatchFlags::IN_ATTRIB;
-            ino.add_watch(&self.dir, flags).ok()?;
-            Some(ino)
-        });
-        if self.inotify.is_none() {
+        match &self.inotify {
+            // Events that fired an earlier watch were looked at then: discard them.
+            Some(ino) => drain(ino),
+            None => {
+                self.inotify = pool_take(&self.dir)
+                    .or_else(|| Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok());
+            }
+        }
+        let armed = self
+            .inotify
+            .as_ref()
+            .is_some_and(|ino| ino.add_watch(&self.dir, watch_flags()).is_ok());
+        if !armed {
             self.poll_mode = true; // no inotify here: poll
         }
-        true
+        armed
     }
 
     /// The polling interval on network file systems: TTL/10 within [5 ms, 1 s], jittered by
@@ -112,25 +116,42 @@ impl Waiter {
     }
 
     /// At the head of the queue: waits until the lease may have changed, its same-host holder
-    /// died, a tick passed, or the deadline.
-    pub(crate) fn wait_lease(&mut self, seen: &Verdict, deadline: Option<Instant>) {
+    /// died, a tick passed, or the deadline. `sig` is LOCK's signature when it was last judged
+    /// (see [`fsio::Sig`]): LOCK is stated again once the watch is armed, so that a change
+    /// between that judgement and the watch is never slept through.
+    pub(crate) fn wait_lease(
+        &mut self,
+        seen: &Verdict,
+        sig: Option<fsio::Sig>,
+        deadline: Option<Instant>,
+    ) {
         self.wakeups += 1;
-        if self.watch() {
-            return; // look again, now that changes will be seen
+        if !self.poll_mode && (!self.arm() || fsio::signature(&self.lock) != sig) {
+            return; // changed since it was judged (or inotify just failed): look again
         }
         if self.poll_mode {
             let nap = self.poll_interval();
             std::thread::sleep(Self::until(deadline, nap));
             return;
         }
-        let pidfds = if seen.same_host && seen.state == State::Held {
-            holder_pidfds(seen)
+        reap();
+        let want = if seen.same_host && seen.state == State::Held {
+            holder_procs(seen)
         } else {
             Vec::new()
         };
-        if pidfds.iter().any(Option::is_none) {
-            return; // a holder process is already gone: look again now
+        self.pidfds.retain(|(p, _)| want.contains(p));
+        for p in want {
+            if self.pidfds.iter().any(|(q, _)| *q == p) {
+                continue;
+            }
+            match pidfd(p) {
+                Watch::Alive(fd) => self.pidfds.push((p, fd)),
+                Watch::Dead => {}         // nothing to wait for: the judgement knew
+                Watch::DiedNow => return, // gone since the judgement: look again now
+            }
         }
+        let pidfds = &self.pidfds;
         let end = Instant::now() + Self::until(deadline, self.tick());
         let Some(ino) = &self.inotify else {
             return;
@@ -142,7 +163,7 @@ impl Waiter {
             }
             let mut fds: Vec<PollFd> = Vec::with_capacity(1 + pidfds.len());
             fds.push(PollFd::new(ino.as_fd(), PollFlags::POLLIN));
-            for p in pidfds.iter().flatten() {
+            for (_, p) in pidfds {
                 fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
             }
             let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
@@ -152,24 +173,23 @@ impl Waiter {
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(_) => return,
             }
-            let died = fds[1..]
+            let died: Vec<bool> = fds[1..]
                 .iter()
-                .any(|f| f.revents().is_some_and(|r| !r.is_empty()));
-            if died {
+                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                .collect();
+            if died.contains(&true) {
+                // Forget the dead: the next wait must not wake at once for them again.
+                let mut i = 0;
+                self.pidfds.retain(|_| {
+                    i += 1;
+                    !died[i - 1]
+                });
                 return;
             }
-            // Wake only for events about LOCK itself (or a queue overflow). One read takes what
-            // is queued (the buffer holds a hundred events); anything left makes the next poll
-            // return at once.
-            let relevant = ino.read_events().is_ok_and(|events| {
-                events.iter().any(|e| {
-                    e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW)
-                        || e.name.as_deref() == Some(self.lock_name.as_os_str())
-                })
-            });
-            if relevant {
-                return;
-            }
+            // The one-shot watch fired: look again. The events are not read here (that would
+            // cost the hand-over a system call); the next `arm` discards them. An event about
+            // another file in the directory costs one needless look.
+            return;
         }
     }
 
@@ -204,10 +224,44 @@ impl Drop for Waiter {
         if let Some(ino) = self.inotify.take() {
             pool_put(&self.dir, ino);
         }
+        bury(std::mem::take(&mut self.pidfds));
     }
 }
 
-/// Inotify instances with a watch on a lock directory, kept for the next waiter in this process
+/// pidfds of a finished wait, closed later: a waiter is dropped on its way to hand over a
+/// lease it just took, and closing costs a system call each.
+static GRAVE: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
+
+fn bury(fds: Vec<((i32, u64), OwnedFd)>) {
+    if fds.is_empty() {
+        return;
+    }
+    if let Ok(mut g) = GRAVE.lock() {
+        g.extend(fds.into_iter().map(|(_, fd)| fd));
+        if g.len() > 64 {
+            g.clear();
+        }
+    }
+}
+
+/// Closes the pidfds of finished waits (before a wait, where it costs nobody time).
+fn reap() {
+    let gone = GRAVE.lock().map(|mut g| std::mem::take(&mut *g));
+    drop(gone);
+}
+
+/// What wakes the head: LOCK renamed over, created, deleted, written or changed in mode
+/// (released in place), in a watch the first event removes.
+fn watch_flags() -> AddWatchFlags {
+    AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_ONESHOT
+}
+
+/// Inotify instances used for a lock directory, kept for the next waiter in this process
 /// instead of being closed (closing waits for an RCU grace period).
 static POOL: std::sync::Mutex<Vec<(PathBuf, Inotify)>> = std::sync::Mutex::new(Vec::new());
 const POOL_MAX: usize = 4;
@@ -216,13 +270,18 @@ fn pool_take(dir: &Path) -> Option<Inotify> {
     let mut pool = POOL.lock().ok()?;
     let i = pool.iter().position(|(d, _)| d == dir)?;
     let (_, ino) = pool.swap_remove(i);
-    // Events that arrived while it was idle are stale: drain them.
+    // Events that arrived while it was idle are stale.
+    drain(&ino);
+    Some(ino)
+}
+
+/// Reads and discards every queued event.
+fn drain(ino: &Inotify) {
     while let Ok(ev) = ino.read_events() {
         if ev.is_empty() {
             break;
         }
     }
-    Some(ino)
 }
 
 fn pool_put(dir: &Path, ino: Inotify) {
@@ -258,8 +317,8 @@ fn flock_waiter(ticket: &std::fs::File) -> Receiver<()> {
     rx
 }
 
-/// pidfds for the holder's recorded processes; `None` for one that is already gone.
-fn holder_pidfds(v: &Verdict) -> Vec<Option<OwnedFd>> {
+/// The holder's recorded processes, as (pid, start time).
+fn holder_procs(v: &Verdict) -> Vec<(i32, u64)> {
     let Some(l) = &v.lease else {
         return Vec::new();
     };
@@ -269,13 +328,25 @@ fn holder_pidfds(v: &Verdict) -> Vec<Option<OwnedFd>> {
         procs.push((c, s));
     }
     procs
-        .into_iter()
-        .filter(|&(pid, start)| process::liveness(pid, start) == Liveness::Alive)
-        .map(|(pid, start)| {
-            let p = rustix::process::Pid::from_raw(pid)?;
-            let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()?;
-            // Re-check after opening: the PID may have been reused in between.
-            (process::liveness(pid, start) == Liveness::Alive).then_some(fd)
-        })
-        .collect()
+}
+
+enum Watch {
+    Alive(OwnedFd),
+    Dead,
+    DiedNow,
+}
+
+/// A pidfd for the process `(pid, start)` if it lives.
+fn pidfd((pid, start): (i32, u64)) -> Watch {
+    if process::liveness(pid, start) != Liveness::Alive {
+        return Watch::Dead;
+    }
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return Watch::Dead;
+    };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        // Re-check after opening: the PID may have been reused in between.
+        Ok(fd) if process::liveness(pid, start) == Liveness::Alive => Watch::Alive(fd),
+        _ => Watch::DiedNow,
+    }
 }

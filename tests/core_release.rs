@@ -1,7 +1,8 @@
 //! Releasing (issue 2, shaped by issue 4's handoff): with nobody waiting, the released record
-//! says how the job ended; with a waiter queued, the lease is flipped to released in place and
-//! the waiter takes it; and a release never writes into a LOCK whose bytes are no longer our
-//! lease, even when it was rewritten in place (same inode).
+//! says how the job ended; with a waiter queued, the lease is released in place (its file's
+//! released bit) and the waiter takes it; a release never writes into (or marks) a LOCK whose
+//! bytes are no longer our lease, even when it was rewritten in place (same inode); and the
+//! released bit alone releases a record for every reader.
 
 mod support;
 
@@ -100,4 +101,40 @@ fn release_never_writes_into_a_lock_rewritten_in_place() {
         }
         eprintln!("release (waiter queued: {waiting}): {r:?}");
     }
+}
+
+const BIT_TEST: &str = "the_released_bit_releases_a_record_and_its_holder_sees_it";
+
+/// The released bit (`chmod +t`, what a holder sets to release in place) makes a record
+/// released for every reader, whatever its JSON says: `status` calls the lock free, a waiter
+/// takes it, and the holder (were it still running) finds its lease released at its next
+/// renewal and is lost.
+#[test]
+fn the_released_bit_releases_a_record_and_its_holder_sees_it() {
+    use std::os::unix::fs::PermissionsExt;
+    support::common_worker();
+    let dir = support::tempdir();
+    let lock = dir.path().join("bit.lock");
+    let ttl = Duration::from_secs(10);
+    let (mut holder, token, lease_id) =
+        support::spawn_holder(BIT_TEST, &lock, ttl, &[("LH_HB_MS", "50".into())]);
+    assert_eq!(leasehold::status(&lock).unwrap().state, State::Held);
+    let raw = std::fs::read(&lock).unwrap();
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o1644)).unwrap();
+    let v = leasehold::status(&lock).unwrap();
+    assert_eq!(v.state, State::Free, "{v}");
+    let l = v.lease.as_ref().unwrap();
+    assert_eq!(
+        (l.state, l.lease_id.as_str()),
+        (LeaseState::Released, lease_id.as_str())
+    );
+    let lost = holder.line("LOST", Duration::from_secs(5));
+    assert!(lost.contains("released"), "{lost}");
+    // Its bytes were never touched: the bit alone says it.
+    assert_eq!(std::fs::read(&lock).unwrap(), raw);
+    let g = LeaseBuilder::new(&lock).ttl(ttl).try_acquire().unwrap();
+    assert!(g.token() > token);
+    g.release().unwrap();
+    holder.close_stdin();
+    holder.wait(Duration::from_secs(10));
 }

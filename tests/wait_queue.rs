@@ -480,3 +480,121 @@ fn timeout_is_honoured_while_queued_and_leaves_no_ticket() {
         assert!(c.wait().unwrap().success());
     }
 }
+
+/// The queue directory's entries: tickets (`q-N`) and prepared leases (`q-N.lease`).
+fn queue_files(lock: &Path) -> Vec<String> {
+    let q = lock.with_file_name(format!(
+        ".{}.leasehold-queue",
+        lock.file_name().unwrap().to_str().unwrap()
+    ));
+    let mut v: Vec<String> = fs::read_dir(q)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn ino(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(p).unwrap().ino()
+}
+
+/// On a local file system the head writes its lease ahead of time beside its ticket and takes
+/// the lease by renaming that very file over LOCK, woken by its holder's release in place (the
+/// released bit) long before any tick; nothing is left in the queue.
+#[test]
+fn the_head_takes_the_lease_it_prepared_when_woken_by_the_release() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("prep.lock"), dir.path().join("log"));
+    let hold = dir.path().join("hold");
+    fs::write(&hold, "").unwrap();
+    // A long TTL: the tick is 5 s, so a take within 2.5 s was woken by the release.
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .unwrap();
+    let extra = [("LH_HOLD_FILE", hold.display().to_string())];
+    let mut w = queue_up(&lock, &log, 1, 60_000, &extra);
+    let mut files = Vec::new();
+    assert!(
+        support_wait(|| {
+            files = queue_files(&lock);
+            files.iter().any(|f| f.ends_with(".lease"))
+        }),
+        "the head prepared no lease: {files:?}"
+    );
+    let prepared = files.iter().find(|f| f.ends_with(".lease")).unwrap();
+    assert_eq!(files.len(), 2, "a ticket and its prepared lease: {files:?}");
+    let prepared_ino = ino(&lock
+        .parent()
+        .unwrap()
+        .join(format!(".prep.lock.leasehold-queue/{prepared}")));
+    let t0 = Instant::now();
+    holder.release().unwrap();
+    let _ = wait_lines(&log, 1, 30);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "woken by a tick? {took:?}"
+    );
+    assert_eq!(ino(&lock), prepared_ino, "LOCK is not the prepared file");
+    assert_eq!(queue_files(&lock), Vec::<String>::new());
+    let v = leasehold::status(&lock).unwrap();
+    assert_eq!(v.state, leasehold::State::Held, "{v}");
+    fs::remove_file(&hold).unwrap();
+    for (_, c) in &mut w.children {
+        assert!(c.wait().unwrap().success());
+    }
+}
+
+/// A head that dies (SIGKILL) or gives up (timeout) leaves no ticket and no prepared lease:
+/// the dead one's files go with the next look at the queue, the timed-out one removes its own.
+#[test]
+fn a_head_that_dies_or_times_out_leaves_no_prepared_lease() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("gone.lock"), dir.path().join("log"));
+    let holder = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .unwrap();
+    let has_lease = |lock: &Path| queue_files(lock).iter().any(|f| f.ends_with(".lease"));
+    // Killed at the head.
+    let mut w = queue_up(&lock, &log, 1, 60_000, &[]);
+    assert!(support_wait(|| has_lease(&lock)), "no prepared lease");
+    w.children[0].1.kill().unwrap();
+    w.children[0].1.wait().unwrap();
+    assert!(has_lease(&lock), "{:?}", queue_files(&lock));
+    // A one-shot look at the queue removes the dead waiter's ticket and lease.
+    let e = LeaseBuilder::new(&lock)
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .expect_err("held");
+    assert!(matches!(e, leasehold::Error::WouldBlock { .. }), "{e}");
+    assert_eq!(queue_files(&lock), Vec::<String>::new());
+    // Timed out at the head.
+    let mut late = spawn("late", &lock, &log, 60_000, &[("LH_WAIT_MS", "700".into())]);
+    assert!(support_wait(|| has_lease(&lock)), "no prepared lease");
+    assert!(late.wait().unwrap().success());
+    assert!(
+        fs::read_to_string(&log).unwrap().contains("late error 75"),
+        "the late waiter did not time out"
+    );
+    assert_eq!(queue_files(&lock), Vec::<String>::new());
+    drop(holder);
+}
+
+/// Polls `cond` every 2 ms for up to 10 s.
+fn support_wait(mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    cond()
+}
