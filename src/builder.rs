@@ -403,7 +403,7 @@ impl LeaseBuilder {
             beat.as_mut().map(|f| f as &mut dyn FnMut()),
             !ctx.local,
         )?;
-        let mut ahead = match queued.as_deref_mut() {
+        let (mut ahead, waiting_ahead) = match queued.as_deref_mut() {
             Some(q) => {
                 if q.ticket
                     .as_ref()
@@ -414,7 +414,7 @@ impl LeaseBuilder {
                 }
                 let mine = q.ticket.as_ref().map(|t| t.seq);
                 if q.head && mine.is_some() {
-                    Ok(Vec::new())
+                    Ok((Vec::new(), 0))
                 } else {
                     queue::live_ahead(&ctx.paths, mine, Some(&mut q.observed), ctx.timing.ttl)
                 }
@@ -468,7 +468,7 @@ impl LeaseBuilder {
                 return Ok(Attempt::Taken(Box::new(g)));
             }
         } else if v.state == State::Free || v.state == State::Stale {
-            v.reason = format!("{}, but {} waiter(s) queued ahead", v.reason, ahead.len());
+            v.reason = format!("{}, but {waiting_ahead} waiter(s) queued ahead", v.reason);
             v.state = State::Held;
         }
         if let Some(q) = queued.as_deref_mut() {
@@ -514,7 +514,7 @@ impl LeaseBuilder {
                 t.prepare(d.bytes());
             }
         }
-        v.queue_ahead = ahead.len();
+        v.queue_ahead = waiting_ahead;
         Ok(Attempt::Busy(Box::new(v), ahead.pop()))
     }
 

@@ -245,9 +245,10 @@ struct Last {
 }
 
 impl Seen {
+    /// Keeps a held lease read through it (only a held one can be released in place later).
     fn remember(mut self, content: &LockContent, meta: &std::fs::Metadata) -> Seen {
         self.last = match content {
-            LockContent::Lease(l, b) => Some(Last {
+            LockContent::Lease(l, b) if l.state == LeaseState::Held => Some(Last {
                 lease: l.clone(),
                 bytes: b.clone(),
                 mtime: mtime(meta),

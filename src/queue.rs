@@ -159,20 +159,39 @@ fn unlink_if_id(path: &Path, id: (u64, u64)) {
     }
 }
 
-/// Called under the mutex: the live tickets ahead of `mine` (all live tickets when `mine` is
-/// None), pruning tickets of waiters that are gone (their flock is free) and, when `observed`
-/// is given, skipping those whose heartbeat has not moved for `ttl` (frozen waiters).
+/// Called under the mutex: the live tickets ahead of `mine`, pruning tickets of waiters that
+/// are gone (their flock is free) and, when `observed` is given, skipping those whose heartbeat
+/// has not moved for `ttl` (frozen waiters). Also how many tickets that leaves ahead.
+///
+/// Without a ticket (`mine` None: a newcomer, or a one-shot caller) only the last live ticket
+/// is wanted — whether anyone waits, and whom a newcomer queues behind — so the queue is judged
+/// from its end and the judging stops at the first live ticket: a newcomer's look is then one
+/// ticket, not all of them, and it holds the mutex that much less. Tickets further ahead are
+/// judged by their own successors (a dead waiter's successor is woken by its freed lock).
 pub(crate) fn live_ahead(
     paths: &LockPaths,
     mine: Option<u64>,
     mut observed: Option<&mut Observed>,
     ttl: Duration,
-) -> Result<Vec<Ahead>> {
+) -> Result<(Vec<Ahead>, usize)> {
     let mut out = Vec::new();
-    for (seq, path) in list(&paths.queue)? {
+    let mut tickets = list(&paths.queue)?;
+    let newcomer = mine.is_none();
+    if newcomer {
+        tickets.reverse();
+    }
+    let mut count = tickets
+        .iter()
+        .filter(|(s, _)| mine.is_none_or(|m| *s < m))
+        .count();
+    for (seq, path) in tickets {
         if mine.is_some_and(|m| seq >= m) {
             break;
         }
+        if newcomer && !out.is_empty() {
+            break;
+        }
+        count -= 1; // counted again below if it is live
         let file = match open_ticket(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -211,8 +230,9 @@ pub(crate) fn live_ahead(
             .map(|m| (m.dev(), m.ino()))
             .unwrap_or((0, 0));
         out.push(Ahead { file, id });
+        count += 1;
     }
-    Ok(out)
+    Ok((out, count))
 }
 
 /// Everyone waiting, in order (for `status`). Does not prune.
