@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use nix::sys::timerfd::{
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsio::{self, LockContent};
+use crate::grave;
 use crate::mutex::{self, MutexFile, StuckPolicy};
 use crate::paths::LockPaths;
 use crate::record::{Ending, Lease, LeaseState, MUTABLE_RANGE};
@@ -437,6 +439,13 @@ impl LeaseGuard {
                 f.sync_all()
                     .map_err(|e| Error::io(&inner.paths.lock, "fsync the released mark", e))?;
             }
+            // Both read-only, neither locked by us: closed later, off the waiter's way.
+            grave::bury(
+                [f.into(), _replaced]
+                    .into_iter()
+                    .flatten()
+                    .map(OwnedFd::from),
+            );
             return Ok(());
         }
         let ended_at = format_rfc3339(inner.clock.wall());

@@ -42,6 +42,7 @@ mod clock;
 mod error;
 pub mod fsinfo;
 mod fsio;
+mod grave;
 mod guard;
 mod identity;
 mod mutex;

@@ -24,6 +24,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 use crate::fsio;
+use crate::grave;
 use crate::paths::LockPaths;
 use crate::process::{self, Liveness};
 use crate::queue::Ahead;
@@ -134,7 +135,7 @@ impl Waiter {
             std::thread::sleep(Self::until(deadline, nap));
             return;
         }
-        reap();
+        grave::reap();
         let want = if seen.same_host && seen.state == State::Held {
             holder_procs(seen)
         } else {
@@ -224,30 +225,13 @@ impl Drop for Waiter {
         if let Some(ino) = self.inotify.take() {
             pool_put(&self.dir, ino);
         }
-        bury(std::mem::take(&mut self.pidfds));
+        // Closed later: a waiter is dropped on its way to hand over a lease it just took.
+        grave::bury(
+            std::mem::take(&mut self.pidfds)
+                .into_iter()
+                .map(|(_, fd)| fd),
+        );
     }
-}
-
-/// pidfds of a finished wait, closed later: a waiter is dropped on its way to hand over a
-/// lease it just took, and closing costs a system call each.
-static GRAVE: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
-
-fn bury(fds: Vec<((i32, u64), OwnedFd)>) {
-    if fds.is_empty() {
-        return;
-    }
-    if let Ok(mut g) = GRAVE.lock() {
-        g.extend(fds.into_iter().map(|(_, fd)| fd));
-        if g.len() > 64 {
-            g.clear();
-        }
-    }
-}
-
-/// Closes the pidfds of finished waits (before a wait, where it costs nobody time).
-fn reap() {
-    let gone = GRAVE.lock().map(|mut g| std::mem::take(&mut *g));
-    drop(gone);
 }
 
 /// What wakes the head: LOCK renamed over, created, deleted, written or changed in mode
