@@ -483,7 +483,8 @@ impl LeaseBuilder {
             if q.ticket.is_none() {
                 // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
                 let argv = self.command.clone().unwrap_or_default();
-                q.ticket = Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv).ok();
+                q.ticket =
+                    Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv, !ctx.local).ok();
             }
             q.head = q.ticket.is_some() && ahead.is_empty();
             if q.head && q.reserved.is_none() {

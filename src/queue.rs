@@ -64,6 +64,8 @@ pub(crate) struct Ticket {
     beat: u64,
     /// Our lease, written ahead of the wake-up (see [`Ticket::prepare`]).
     prepared: Option<Prepared>,
+    /// On a network file system: our writes are flushed to the server at once.
+    network: bool,
 }
 
 /// Our lease written ahead of time into `q-<seq>.lease` beside our ticket, open, so that taking
@@ -262,6 +264,7 @@ impl Ticket {
         me: &Identity,
         clock: &dyn Clock,
         command: &[String],
+        network: bool,
     ) -> Result<Ticket> {
         match std::fs::create_dir(&paths.queue) {
             Ok(()) => {}
@@ -338,10 +341,12 @@ impl Ticket {
             bytes,
             beat: 0,
             prepared: None,
+            network,
         };
         t.file
             .write_all_at(&t.bytes, 0)
             .map_err(|e| Error::io(&t.path, "write a queue ticket", e))?;
+        t.flush();
         Ok(t)
     }
 
@@ -352,6 +357,16 @@ impl Ticket {
         let field = format!("{:>BEAT_W$}", self.beat);
         self.bytes[off..off + BEAT_W].copy_from_slice(field.as_bytes());
         let _ = self.file.write_all_at(field.as_bytes(), off as u64);
+        self.flush();
+    }
+
+    /// On a network file system, sends what we wrote to the server: the ticket stays open while
+    /// we wait, so close-to-open never flushes it, and another host would otherwise read no
+    /// beat (or none at all) and judge a live waiter frozen — or a frozen one never.
+    fn flush(&self) {
+        if self.network {
+            let _ = self.file.sync_data();
+        }
     }
 
     /// False when someone removed our ticket (we were judged frozen): queue again. On a local

@@ -272,6 +272,41 @@ sc_handoff() {  # (e) handoff latency between hosts, default TTL, --poll
     fig "[$mode] (e) handoff across hosts (holder's command ends -> waiter's command starts; default TTL 30s, --poll): ${lat[*]} s"
 }
 
+sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waiter after a TTL
+    local mode=$1 q="$E/.f.lock.leasehold-queue" i
+    echo "-- (f) queue across hosts: a waiter frozen on hostb is skipped after a TTL, order kept"
+    rm -rf "$E"/f.* "$q"
+    gx 60 hosta "$LH run -q --ttl 2s $G/f.lock -c 'echo held >$G/f.held; sleep 8'" &
+    local hp=$!
+    if ! wait_file "$E/f.held" 30; then
+        bad "[$mode] (f) holder did not start"; wait $hp; return
+    fi
+    # waiter 1 on hostb; frozen (SIGSTOP) once its ticket is on the server
+    gx 90 hostb "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo b >>$G/f.order' & echo \$! >$G/f.w1pid; wait" &
+    local w1=$!
+    i=0
+    until [ -s "$E/f.w1pid" ] && ls "$q"/q-* >/dev/null 2>&1 && [ -s "$(ls "$q"/q-* | head -1)" ]; do
+        i=$((i + 1)); [ $i -le 400 ] || break; sleep 0.05
+    done
+    gx 10 hostb "kill -STOP \$(cat $G/f.w1pid)"
+    # waiter 2 on hosta, queued behind the frozen one
+    local t0; t0=$(now)
+    gx 90 hosta "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo a >>$G/f.order'"
+    local rc2=$? t2; t2=$(sub "$(now)" "$t0")
+    wait $hp
+    gx 10 hostb "kill -CONT \$(cat $G/f.w1pid)"
+    wait $w1; local rc1=$?
+    local order; order=$(tr -d '\n' <"$E/f.order" 2>/dev/null)
+    # Without the frozen waiter's beats reaching hosta, hosta's waiter could never tell it is
+    # frozen and would wait behind it until its own -w ran out (exit 75).
+    if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$order" = "ab" ]; then
+        ok "[$mode] (f) hostb's frozen waiter skipped; hosta's waiter served after the holder (in $t2 s), the resumed one queued again and served last"
+    else
+        bad "[$mode] (f) frozen waiter across hosts: order '$order', exit codes hostb=$rc1 hosta=$rc2, hosta waited $t2 s"
+    fi
+    fig "[$mode] (f) frozen foreign waiter skipped: hosta's waiter acquired $t2 s after queueing (holder held ~8 s, TTL 2 s)"
+}
+
 sc_foreign_holder() {  # (b) + (c): live holder on hosta never broken; status from hostb; crash
     local mode=$1 out
     echo "-- (b)(c) live holder on hosta (ttl 2s), attempts from hostb, status, crash, takeover"
@@ -400,6 +435,7 @@ for mode in $MODES; do
         v4)
             sc_exclusion "$mode"
             sc_handoff "$mode"
+            sc_frozen_waiter "$mode"
             sc_foreign_holder "$mode"
             sc_crash_in_mutex "$mode"
             ;;
