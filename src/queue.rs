@@ -80,6 +80,17 @@ struct Prepared {
     len: usize,
 }
 
+/// Creates `path` read-write, exclusively (mode 644 before the umask), following no symlink.
+fn create_new(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(path)
+}
+
 /// The name of the prepared lease of the ticket at `ticket`.
 fn prepared_path(ticket: &Path) -> PathBuf {
     ticket.with_extension("lease")
@@ -281,14 +292,7 @@ impl Ticket {
         }
         let seq = list(&paths.queue)?.last().map_or(1, |(s, _)| s + 1);
         let path = paths.queue.join(ticket_name(seq));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-            .open(&path)
-            .map_err(|e| Error::io(&path, "create a queue ticket", e))?;
+        let file = create_new(&path).map_err(|e| Error::io(&path, "create a queue ticket", e))?;
         // A lease prepared under this number earlier belongs to a waiter that is gone or was
         // skipped (we just created the ticket's name): it is never used without its ticket,
         // checked under the mutex we hold.
@@ -394,14 +398,7 @@ impl Ticket {
             return;
         }
         let path = prepared_path(&self.path);
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-            .open(&path)
-        else {
+        let Ok(file) = create_new(&path) else {
             return; // e.g. a skipped waiter's late file has the name: do without
         };
         let Ok(meta) = file.metadata() else {

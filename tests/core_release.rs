@@ -83,8 +83,16 @@ fn release_never_writes_into_a_lock_rewritten_in_place() {
         if waiting {
             wait_queued(&lock, 1);
         }
-        // Same inode, other bytes: what `echo ... > LOCK` does.
-        std::fs::write(&lock, b"somebody else's file\n").unwrap();
+        // Same inode, other bytes, as `echo ... > LOCK` leaves it — but written over the lease
+        // and then cut, never truncated first: an empty LOCK is free by definition, and a
+        // waiter woken between the truncation and the write would rightly take it.
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&lock).unwrap();
+            let text = b"somebody else's file\n";
+            f.write_all_at(text, 0).unwrap();
+            f.set_len(text.len() as u64).unwrap();
+        }
         let r = g.release();
         assert_eq!(
             std::fs::read(&lock).unwrap(),

@@ -204,10 +204,7 @@ fn queue_up(lock: &Path, log: &Path, n: usize, ttl_ms: u64, extra: &[(&str, Stri
 fn waiters_acquire_in_arrival_order() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("fifo.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_secs(10))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_secs(10));
     let mut w = queue_up(&lock, &log, 6, 10_000, &[]);
     holder.release().unwrap();
     let lines = wait_lines(&log, 6, 30);
@@ -224,10 +221,7 @@ fn waiters_acquire_in_arrival_order() {
 fn killed_waiter_in_the_middle_does_not_stall_the_queue() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("kill.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_secs(10))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_secs(10));
     let mut w = queue_up(&lock, &log, 5, 10_000, &[]);
     w.children[2].1.kill().unwrap();
     w.children[2].1.wait().unwrap();
@@ -306,10 +300,7 @@ fn stopped_waiter_is_skipped_after_a_ttl_and_queues_again_when_resumed() {
         let dir = scratch();
         let (lock, log) = (dir.path().join("stop.lock"), dir.path().join("log"));
         let ttl_ms = 400;
-        let holder = LeaseBuilder::new(&lock)
-            .ttl(Duration::from_millis(ttl_ms))
-            .try_acquire()
-            .unwrap();
+        let holder = held(&lock, Duration::from_millis(ttl_ms));
         let mut w = queue_up(&lock, &log, 4, ttl_ms, &[]);
         let stopped = w.children[victim].1.id() as i32;
         stop_outside_mutex(stopped, &lock);
@@ -349,10 +340,7 @@ fn waiters_behind_a_held_mutex_keep_their_places() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("busy.lock"), dir.path().join("log"));
     let ttl_ms = 300;
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_millis(ttl_ms))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_millis(ttl_ms));
     let mut w = queue_up(&lock, &log, 3, ttl_ms, &[]);
     let mutex = dir.path().join(".busy.lock.leasehold-mutex");
     let m = fs::OpenOptions::new()
@@ -394,10 +382,7 @@ fn a_release_wakes_only_the_head() {
     let hold = dir.path().join("hold");
     fs::write(&hold, "").unwrap();
     // A long TTL, so that no waiter's periodic tick falls into the measured window.
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_secs(60))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_secs(60));
     let extra = [("LH_HOLD_FILE", hold.display().to_string())];
     let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
     // Wait until every waiter is parked in its blocking wait: seen queued is not enough (the last
@@ -439,10 +424,7 @@ fn a_release_wakes_only_the_head() {
 fn polling_mode_keeps_the_order() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("poll.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_millis(500))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_millis(500));
     let extra = [("LH_POLL", "1".to_string())];
     let mut w = queue_up(&lock, &log, 4, 500, &extra);
     holder.release().unwrap();
@@ -457,10 +439,7 @@ fn polling_mode_keeps_the_order() {
 fn timeout_is_honoured_while_queued_and_leaves_no_ticket() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("wait.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_secs(10))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_secs(10));
     let mut w = queue_up(&lock, &log, 2, 10_000, &[]);
     let t0 = Instant::now();
     let mut late = spawn("late", &lock, &log, 10_000, &[("LH_WAIT_MS", "300".into())]);
@@ -513,10 +492,7 @@ fn the_head_takes_the_lease_it_prepared_when_woken_by_the_release() {
     let hold = dir.path().join("hold");
     fs::write(&hold, "").unwrap();
     // A long TTL: the tick is 5 s, so a take within 2.5 s was woken by the release.
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_secs(60))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_secs(60));
     let extra = [("LH_HOLD_FILE", hold.display().to_string())];
     let mut w = queue_up(&lock, &log, 1, 60_000, &extra);
     let mut files = Vec::new();
@@ -557,10 +533,7 @@ fn the_head_takes_the_lease_it_prepared_when_woken_by_the_release() {
 fn a_head_that_dies_or_times_out_leaves_no_prepared_lease() {
     let dir = scratch();
     let (lock, log) = (dir.path().join("gone.lock"), dir.path().join("log"));
-    let holder = LeaseBuilder::new(&lock)
-        .ttl(Duration::from_secs(60))
-        .try_acquire()
-        .unwrap();
+    let holder = held(&lock, Duration::from_secs(60));
     let has_lease = |lock: &Path| queue_files(lock).iter().any(|f| f.ends_with(".lease"));
     // Killed at the head.
     let mut w = queue_up(&lock, &log, 1, 60_000, &[]);
@@ -585,6 +558,11 @@ fn a_head_that_dies_or_times_out_leaves_no_prepared_lease() {
     );
     assert_eq!(queue_files(&lock), Vec::<String>::new());
     drop(holder);
+}
+
+/// A lease on `lock` taken at once by this process (the holder the waiters queue behind).
+fn held(lock: &Path, ttl: Duration) -> leasehold::LeaseGuard {
+    LeaseBuilder::new(lock).ttl(ttl).try_acquire().unwrap()
 }
 
 /// Polls `cond` every 2 ms for up to 10 s.
