@@ -2,9 +2,11 @@
 //!
 //! Owns: opening LOCK safely (never following a symlink, never blocking on a FIFO, refusing
 //! anything but a regular file, size-capped), re-reading until a torn read is gone, atomic
-//! replacement through the one temp file, and the in-place header write a renewal does.
-//! Must never: write LOCK except by renaming a complete record over it or rewriting the fixed
-//! header of a record we verified is ours; unlink anything it did not just create.
+//! replacement through the one temp file, the in-place header write a renewal does, and the
+//! released bit (the sticky bit a holder sets to release in place; every read applies it).
+//! Must never: write LOCK except by renaming a complete record over it, rewriting the fixed
+//! header of a record we verified is ours, or setting the released bit on such a record;
+//! unlink anything it did not just create.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};

@@ -4,9 +4,13 @@
 //! created exclusively and flocked by its owner for as long as it waits), finding the live
 //! tickets ahead of ours (a ticket whose flock is free belongs to a waiter that is gone; one
 //! whose heartbeat has not moved for a TTL belongs to a frozen waiter and is skipped), the
-//! ticket's in-place heartbeat, and leaving the queue. Must never: delete a ticket whose flock
-//! is held by a live, beating waiter; delete any file by path without checking it is the inode
-//! it judged; let a later ticket number be served before an earlier live one.
+//! ticket's in-place heartbeat, the head's prepared lease (`q-N.lease`, written while it waits
+//! and renamed over LOCK when it takes the lease), and leaving the queue. Must never: delete a
+//! ticket whose flock is held by a live, beating waiter; delete any file by path without
+//! checking it is the inode it judged — except, under the mutex, the prepared lease of a ticket
+//! being removed or of a number just taken anew: a name only that ticket's owner creates, and
+//! uses only under the mutex with its ticket verified; let a later ticket number be served
+//! before an earlier live one.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
