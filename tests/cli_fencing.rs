@@ -29,6 +29,31 @@ fn job_with_grandchild(dir: &Path, name: &str) -> (String, PathBuf) {
     (script, gc)
 }
 
+/// A job as the tests run it: `leasehold run --ttl TTL LOCK -c` a command with a grandchild
+/// (see [`job_with_grandchild`]), scratch files in `dir`; once the lease names the command,
+/// returns the wrapper, the command's pid, its process group and the grandchild's pid.
+fn start_job(
+    dir: &Path,
+    name: &str,
+    lock: &Path,
+    ttl: &str,
+    stderr: Stdio,
+    label: &'static str,
+) -> (Kid, i32, i32, i32) {
+    let (script, gc) = job_with_grandchild(dir, name);
+    let w = Kid::spawn(
+        lh().args(["run", "--ttl", ttl])
+            .arg(lock)
+            .arg("-c")
+            .arg(&script)
+            .stderr(stderr),
+        label,
+    );
+    let (_, child, pgid) = wait_for_child(lock);
+    let grandchild = read_pid(&gc);
+    (w, child, pgid, grandchild)
+}
+
 #[track_caller]
 fn read_pid(f: &Path) -> i32 {
     wait_until("the pid file", Duration::from_secs(10), || f.exists());
@@ -43,17 +68,8 @@ fn read_pid(f: &Path) -> i32 {
 fn kill_9_of_the_wrapper_kills_the_command_and_the_next_run_stops_leftovers_first() {
     let d = tmp();
     let lock = d.path().join("k9.lock");
-    let (script, gc) = job_with_grandchild(d.path(), "k9");
-    let mut w1 = Kid::spawn(
-        lh().args(["run", "--ttl", "30s"])
-            .arg(&lock)
-            .arg("-c")
-            .arg(&script)
-            .stderr(Stdio::null()),
-        "first wrapper",
-    );
-    let (_, child, pgid) = wait_for_child(&lock);
-    let grandchild = read_pid(&gc);
+    let (mut w1, child, pgid, grandchild) =
+        start_job(d.path(), "k9", &lock, "30s", Stdio::null(), "first wrapper");
     assert!(group(pgid).contains(&grandchild));
     w1.signal(Signal::SIGKILL);
     w1.wait_exit(Duration::from_secs(5));
@@ -88,17 +104,8 @@ fn kill_9_of_the_wrapper_kills_the_command_and_the_next_run_stops_leftovers_firs
 fn a_stolen_lease_fences_the_command_and_all_its_grandchildren() {
     let d = tmp();
     let lock = d.path().join("steal.lock");
-    let (script, gc) = job_with_grandchild(d.path(), "steal");
-    let mut w = Kid::spawn(
-        lh().args(["run", "--ttl", "1s"])
-            .arg(&lock)
-            .arg("-c")
-            .arg(&script)
-            .stderr(Stdio::piped()),
-        "wrapper",
-    );
-    let (_, child, pgid) = wait_for_child(&lock);
-    let grandchild = read_pid(&gc);
+    let (mut w, child, pgid, grandchild) =
+        start_job(d.path(), "steal", &lock, "1s", Stdio::piped(), "wrapper");
     let members = group(pgid);
     assert!(
         members.len() >= 2,
@@ -248,17 +255,8 @@ fn renewal_failure(lazy: bool) {
     let ttl = Duration::from_secs(1);
     let lock = fs.dir.join("ro.lock");
     let side = tmp();
-    let (script, gc) = job_with_grandchild(side.path(), "ro");
-    let mut w = Kid::spawn(
-        lh().args(["run", "--ttl", "1s"])
-            .arg(&lock)
-            .arg("-c")
-            .arg(&script)
-            .stderr(Stdio::piped()),
-        "wrapper",
-    );
-    let (_, child, pgid) = wait_for_child(&lock);
-    let grandchild = read_pid(&gc);
+    let (mut w, child, pgid, grandchild) =
+        start_job(side.path(), "ro", &lock, "1s", Stdio::piped(), "wrapper");
     let members = group(pgid);
     // The last heartbeat that can have succeeded is before this instant.
     let failed_at = Instant::now();
@@ -283,17 +281,14 @@ fn a_sigstopped_wrapper_is_taken_over_after_a_ttl_and_exits_74_when_resumed() {
     let d = tmp();
     let lock = d.path().join("frozen.lock");
     let ttl = Duration::from_millis(800);
-    let (script, gc) = job_with_grandchild(d.path(), "frozen");
-    let mut w1 = Kid::spawn(
-        lh().args(["run", "--ttl", "800ms"])
-            .arg(&lock)
-            .arg("-c")
-            .arg(&script)
-            .stderr(Stdio::piped()),
+    let (mut w1, child, pgid, grandchild) = start_job(
+        d.path(),
+        "frozen",
+        &lock,
+        "800ms",
+        Stdio::piped(),
         "frozen wrapper",
     );
-    let (_, child, pgid) = wait_for_child(&lock);
-    let grandchild = read_pid(&gc);
     let members = group(pgid);
     w1.signal(Signal::SIGSTOP);
     wait_until("the wrapper to stop", Duration::from_secs(5), || {

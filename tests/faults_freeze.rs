@@ -11,10 +11,9 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Kid, Rng};
+use common::{Kid, Mode, Rng};
 use nix::sys::signal::Signal;
 
 const TTL: Duration = Duration::from_millis(200);
@@ -24,47 +23,9 @@ fn helper() {
     common::helper_main();
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Mode {
-    Library,
-    Cli,
-}
-
 fn spawn(mode: Mode, lock: &Path, work: &Path, name: &str, hold_ms: u64) -> Kid {
-    let mut c = match mode {
-        Mode::Library => {
-            let mut c = common::helper_cmd("hold");
-            c.env("FAULTS_LOCK", lock)
-                .env("FAULTS_TTL_MS", TTL.as_millis().to_string())
-                .env("FAULTS_HB_MS", "20")
-                .env("FAULTS_WAIT_MS", "8000");
-            c
-        }
-        Mode::Cli => {
-            let mut c = Command::new(common::bin());
-            c.args([
-                "run",
-                "-q",
-                "--ttl",
-                "200ms",
-                "--heartbeat",
-                "20ms",
-                "-w",
-                "8s",
-            ])
-            .arg(lock)
-            .arg("--")
-            .arg(std::env::current_exe().unwrap())
-            .args(["helper", "--exact", "--nocapture", "--test-threads=1", "-q"])
-            .env("FAULTS_HELPER", "cs")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-            c
-        }
-    };
-    c.env("FAULTS_HOLD_MS", hold_ms.to_string())
-        .env("FAULTS_CS", work.join("cs"))
-        .stderr(Stdio::piped());
+    let wait = Duration::from_secs(8);
+    let mut c = common::contender(mode, lock, TTL, wait, hold_ms, &work.join("cs"));
     Kid::spawn(&mut c, name)
 }
 

@@ -411,6 +411,57 @@ pub fn snapshot(p: &Path) -> Option<Snapshot> {
 
 /// The command that re-runs this test binary as a helper. Each faults_*.rs declares
 /// `#[test] fn helper() { common::helper_main() }`, which does nothing unless FAULTS_HELPER is set.
+/// How a contender takes the lease: through the library, or wrapped by `leasehold run`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Library,
+    Cli,
+}
+
+/// A contender for `lock` (TTL `ttl`, heartbeat 20 ms, waiting at most `wait`) whose critical
+/// section lasts `hold_ms` and registers with the overlap detector in `cs`: the `hold` helper
+/// through the library, or the `cs` helper under `leasehold run`. Stderr is piped, as
+/// [`Kid::spawn`] expects.
+pub fn contender(
+    mode: Mode,
+    lock: &Path,
+    ttl: Duration,
+    wait: Duration,
+    hold_ms: u64,
+    cs: &Path,
+) -> Command {
+    let mut c = match mode {
+        Mode::Library => {
+            let mut c = helper_cmd("hold");
+            c.env("FAULTS_LOCK", lock)
+                .env("FAULTS_TTL_MS", ttl.as_millis().to_string())
+                .env("FAULTS_HB_MS", "20")
+                .env("FAULTS_WAIT_MS", wait.as_millis().to_string());
+            c
+        }
+        Mode::Cli => {
+            let mut c = Command::new(bin());
+            c.args(["run", "-q", "--heartbeat", "20ms"])
+                .arg("--ttl")
+                .arg(format!("{}ms", ttl.as_millis()))
+                .arg("-w")
+                .arg(format!("{}ms", wait.as_millis()))
+                .arg(lock)
+                .arg("--")
+                .arg(std::env::current_exe().expect("current_exe"))
+                .args(["helper", "--exact", "--nocapture", "--test-threads=1", "-q"])
+                .env("FAULTS_HELPER", "cs")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+            c
+        }
+    };
+    c.env("FAULTS_HOLD_MS", hold_ms.to_string())
+        .env("FAULTS_CS", cs)
+        .stderr(Stdio::piped());
+    c
+}
+
 pub fn helper_cmd(mode: &str) -> Command {
     let mut c = Command::new(std::env::current_exe().expect("current_exe"));
     c.args(["helper", "--exact", "--nocapture", "--test-threads=1", "-q"])

@@ -19,11 +19,7 @@ use crate::common::{self, Kid, Rng};
 pub const TTL: Duration = Duration::from_millis(200);
 pub const BOUND: Duration = Duration::from_millis(1200); // TTL + 1 s
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Mode {
-    Library,
-    Cli,
-}
+pub use crate::common::Mode;
 
 pub struct Figures {
     pub trials: usize,
@@ -38,41 +34,9 @@ pub struct Figures {
 fn spawn(mode: Mode, lock: &Path, work: &Path, name: &str, hold_ms: u64) -> Kid {
     let ready = work.join(format!("{name}.ready"));
     let _ = fs::remove_file(&ready);
-    let mut c = match mode {
-        Mode::Library => {
-            let mut c = common::helper_cmd("hold");
-            c.env("FAULTS_LOCK", lock)
-                .env("FAULTS_TTL_MS", TTL.as_millis().to_string())
-                .env("FAULTS_HB_MS", "20")
-                .env("FAULTS_WAIT_MS", "3000");
-            c
-        }
-        Mode::Cli => {
-            let mut c = Command::new(common::bin());
-            c.args([
-                "run",
-                "-q",
-                "--ttl",
-                "200ms",
-                "--heartbeat",
-                "20ms",
-                "-w",
-                "3s",
-            ])
-            .arg(lock)
-            .arg("--")
-            .arg(std::env::current_exe().unwrap())
-            .args(["helper", "--exact", "--nocapture", "--test-threads=1", "-q"])
-            .env("FAULTS_HELPER", "cs")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-            c
-        }
-    };
-    c.env("FAULTS_HOLD_MS", hold_ms.to_string())
-        .env("FAULTS_READY", &ready)
-        .env("FAULTS_CS", work.join("cs"))
-        .stderr(Stdio::piped());
+    let wait = Duration::from_secs(3);
+    let mut c = common::contender(mode, lock, TTL, wait, hold_ms, &work.join("cs"));
+    c.env("FAULTS_READY", &ready);
     Kid::spawn(&mut c, name)
 }
 
