@@ -38,6 +38,19 @@ pub(crate) enum LockContent {
 /// file carries it reads as released, whatever its JSON says (see [`with_mode`]).
 pub(crate) const RELEASED_BIT: u32 = 0o1000;
 
+/// The permission bits of every lease file leasehold writes (readable by all: `status` and
+/// other users' contenders read it).
+pub(crate) const LEASE_MODE: u32 = 0o644;
+
+/// Gives a file we are writing a lease into (`meta`: its stat) the lease mode, whatever the
+/// umask or an older file with that name left: a chmod only when it differs.
+pub(crate) fn ensure_lease_mode(f: &File, meta: &std::fs::Metadata) -> io::Result<()> {
+    if meta.mode() & 0o7777 != LEASE_MODE {
+        f.set_permissions(std::fs::Permissions::from_mode(LEASE_MODE))?;
+    }
+    Ok(())
+}
+
 /// Opens LOCK for reading or read-write without following a symlink or blocking on a FIFO, and
 /// checks it is a regular file of plausible size. `Ok(None)` when it does not exist; otherwise
 /// the file and its mode (for [`read_open`]).
@@ -45,22 +58,20 @@ pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<(File, u32)>>
     Ok(open_lock_len(path, write)?.map(|(f, meta)| (f, meta.mode())))
 }
 
-/// Opens LOCK as [`open_lock`] does, if it is still the file `id` (device, inode).
-pub(crate) fn open_lock_if(path: &Path, write: bool, id: (u64, u64)) -> Option<(File, u32)> {
-    match open_lock_len(path, write) {
-        Ok(Some((f, meta))) if (meta.dev(), meta.ino()) == id => Some((f, meta.mode())),
+/// Opens LOCK read-only as [`open_lock`] does, if it is still the file `id` (device, inode).
+pub(crate) fn open_lock_if(path: &Path, id: (u64, u64)) -> Option<File> {
+    match open_lock_len(path, false) {
+        Ok(Some((f, meta))) if (meta.dev(), meta.ino()) == id => Some(f),
         _ => None,
     }
 }
 
-/// Releases a record in place by setting [`RELEASED_BIT`] on its file (`mode` is its mode as
-/// opened). Needs ownership of the file, not write access: works through a read-only
-/// descriptor, so a holder never keeps LOCK open for writing.
-pub(crate) fn mark_released(file: &File, path: &Path, mode: u32) -> Result<()> {
-    file.set_permissions(std::fs::Permissions::from_mode(
-        (mode & 0o7777) | RELEASED_BIT,
-    ))
-    .map_err(|e| Error::io(path, "mark the lease released (chmod +t)", e))
+/// Releases a record in place by setting [`RELEASED_BIT`] on its file (one we wrote, so of
+/// mode [`LEASE_MODE`]). Needs ownership of the file, not write access: works through a
+/// read-only descriptor, so a holder never keeps LOCK open for writing.
+pub(crate) fn mark_released(file: &File, path: &Path) -> Result<()> {
+    file.set_permissions(std::fs::Permissions::from_mode(LEASE_MODE | RELEASED_BIT))
+        .map_err(|e| Error::io(path, "mark the lease released (chmod +t)", e))
 }
 
 /// A held record read from a file with [`RELEASED_BIT`] set is released.
@@ -219,6 +230,12 @@ impl Sig {
             ctime: (m.ctime(), m.ctime_nsec()),
         }
     }
+
+    /// The same file with the same bytes as at `earlier`: same inode, size and modification
+    /// time (a chmod changes neither).
+    fn same_bytes_as(&self, earlier: &Sig) -> bool {
+        self.id == earlier.id && self.len == earlier.len && self.mtime == earlier.mtime
+    }
 }
 
 /// LOCK's signature now (`None`: missing, or not to be stated).
@@ -226,43 +243,26 @@ pub(crate) fn signature(path: &Path) -> Option<Sig> {
     std::fs::symlink_metadata(path).ok().map(|m| Sig::of(&m))
 }
 
-/// LOCK's file as last read, still open, with its device and inode, and the lease read from it.
+/// LOCK's file as last read, still open, with what `lstat` said of it just before that read,
+/// and the held lease read from it (if it was one).
 #[derive(Debug)]
 pub(crate) struct Seen {
     pub file: File,
-    pub id: (u64, u64),
-    /// LOCK's signature as stated just before that read.
+    /// LOCK's signature as stated just before the last read.
     pub sig: Sig,
-    /// The lease last read through `file`.
-    last: Option<Last>,
-}
-
-/// A lease read through a kept descriptor: its exact bytes, and the file's modification time
-/// (seconds, nanoseconds) as stated just before that read.
-#[derive(Debug)]
-struct Last {
-    lease: Box<Lease>,
-    bytes: Vec<u8>,
-    mtime: (i64, i64),
+    /// The lease that read found held, with its exact bytes.
+    last: Option<(Box<Lease>, Vec<u8>)>,
 }
 
 impl Seen {
     /// Keeps a held lease read through it (only a held one can be released in place later).
-    fn remember(mut self, content: &LockContent, meta: &std::fs::Metadata) -> Seen {
+    fn remember(mut self, content: &LockContent) -> Seen {
         self.last = match content {
-            LockContent::Lease(l, b) if l.state == LeaseState::Held => Some(Last {
-                lease: l.clone(),
-                bytes: b.clone(),
-                mtime: mtime(meta),
-            }),
+            LockContent::Lease(l, b) if l.state == LeaseState::Held => Some((l.clone(), b.clone())),
             _ => None,
         };
         self
     }
-}
-
-fn mtime(m: &std::fs::Metadata) -> (i64, i64) {
-    (m.mtime(), m.mtime_nsec())
 }
 
 /// As [`read_lock`], also handing back the file read, still open. On a local file system,
@@ -283,26 +283,24 @@ pub(crate) fn read_lock_keep(
     if let Some(mut s) = seen {
         match std::fs::symlink_metadata(path) {
             Ok(m)
-                if (m.dev(), m.ino()) == s.id
+                if (m.dev(), m.ino()) == s.sig.id
                     && m.file_type().is_file()
                     && m.len() <= MAX_LEASE_BYTES =>
             {
-                // Released in place, and not written since we read it (same modification time
-                // and size): what we read is still what it holds.
+                let now = Sig::of(&m);
+                let earlier = std::mem::replace(&mut s.sig, now);
+                // Released in place, and not written since we read it: what we read is still
+                // what it holds.
                 if m.mode() & RELEASED_BIT != 0
-                    && let Some(last) = s.last.take()
-                    && last.mtime == mtime(&m)
-                    && last.bytes.len() as u64 == m.len()
+                    && now.same_bytes_as(&earlier)
+                    && let Some((l, b)) = s.last.take()
                 {
-                    let c = with_mode(LockContent::Lease(last.lease, last.bytes), m.mode());
-                    s.sig = Sig::of(&m);
-                    return Ok((c, Some(s)));
+                    return Ok((with_mode(LockContent::Lease(l, b), m.mode()), Some(s)));
                 }
-                s.sig = Sig::of(&m);
                 return read_open_sized(&s.file, path, Some(m.len()))
                     .map(|c| with_mode(c, m.mode()))
                     .map(|c| {
-                        let s = s.remember(&c, &m);
+                        let s = s.remember(&c);
                         (c, Some(s))
                     });
             }
@@ -316,21 +314,17 @@ pub(crate) fn read_lock_keep(
     loop {
         let r = match open_lock_len(path, false) {
             Ok(None) => return Ok((LockContent::Missing, None)),
-            Ok(Some((f, meta))) => {
-                let id = (meta.dev(), meta.ino());
-                read_open_sized(&f, path, Some(meta.len()))
-                    .map(|c| with_mode(c, meta.mode()))
-                    .map(|c| {
-                        let s = Seen {
-                            file: f,
-                            id,
-                            sig: Sig::of(&meta),
-                            last: None,
-                        }
-                        .remember(&c, &meta);
-                        (c, Some(s))
-                    })
-            }
+            Ok(Some((f, meta))) => read_open_sized(&f, path, Some(meta.len()))
+                .map(|c| with_mode(c, meta.mode()))
+                .map(|c| {
+                    let s = Seen {
+                        file: f,
+                        sig: Sig::of(&meta),
+                        last: None,
+                    }
+                    .remember(&c);
+                    (c, Some(s))
+                }),
             Err(e) => Err(e),
         };
         match r {
@@ -352,13 +346,12 @@ pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()
 }
 
 /// The device and inode of a file just renamed into place, and, when it was prepared ahead of
-/// time, the file itself open read-only with its mode (never open for writing: a descriptor
-/// open for writing for as long as a lease would keep the file system from being remounted
-/// read-only).
+/// time, the file itself open read-only (never open for writing: a descriptor open for writing
+/// for as long as a lease would keep the file system from being remounted read-only).
 #[derive(Debug)]
 pub(crate) struct Written {
     pub id: (u64, u64),
-    pub kept: Option<(File, u32)>,
+    pub kept: Option<File>,
 }
 
 /// Replaces `target` atomically with `bytes`: write the temp file, optionally fsync it, rename
@@ -384,7 +377,7 @@ pub(crate) fn replace_keep(
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(LEASE_MODE)
         .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits())
         .open(tmp)
         .map_err(|e| Error::io(tmp, "create the temp file", e))?;
@@ -395,10 +388,8 @@ pub(crate) fn replace_keep(
             "the temp file's name is taken by something else",
         ));
     }
-    if meta.mode() & 0o7777 != 0o644 {
-        // An older temp file keeps its mode through O_TRUNC; a lease must stay readable.
-        let _ = f.set_permissions(std::fs::Permissions::from_mode(0o644));
-    }
+    // An older temp file keeps its mode through O_TRUNC; a lease must stay readable.
+    let _ = ensure_lease_mode(&f, &meta);
     let result = (|| {
         f.write_all(bytes)
             .map_err(|e| Error::io(tmp, "write the temp file", e))?;

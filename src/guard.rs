@@ -554,9 +554,9 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: fsio::Written) -> Option<File> 
     use std::os::unix::fs::FileExt;
     // The file we renamed into place, kept open since; if it is not LOCK any more, nobody
     // reads it by name and marking it released changes nothing.
-    let (f, mode) = match w.kept {
-        Some(k) => k,
-        None => fsio::open_lock_if(&paths.lock, false, w.id)?,
+    let f = match w.kept {
+        Some(f) => f,
+        None => fsio::open_lock_if(&paths.lock, w.id)?,
     };
     match f.try_lock() {
         Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
@@ -568,7 +568,7 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: fsio::Written) -> Option<File> 
         Ok(n) if now[..n] == rec.bytes[..] => {}
         _ => return None,
     }
-    fsio::mark_released(&f, &paths.lock, mode).ok()?;
+    fsio::mark_released(&f, &paths.lock).ok()?;
     Some(f)
 }
 

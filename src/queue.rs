@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -406,13 +406,11 @@ impl Ticket {
             return; // e.g. a skipped waiter's late file has the name: do without
         };
         let Ok(meta) = file.metadata() else {
+            let _ = std::fs::remove_file(&path); // just created, exclusively: ours
             return;
         };
         let id = (meta.dev(), meta.ino());
-        let made = (meta.mode() & 0o7777 == 0o644
-            || file
-                .set_permissions(std::fs::Permissions::from_mode(0o644))
-                .is_ok())
+        let made = crate::fsio::ensure_lease_mode(&file, &meta).is_ok()
             && file.write_all_at(bytes, 0).is_ok();
         // The very inode, read-only, through our own descriptor.
         let ro = OpenOptions::new()
@@ -467,7 +465,7 @@ impl Ticket {
             }
             Ok(crate::fsio::Written {
                 id: p.id,
-                kept: Some((p.ro, 0o100644)),
+                kept: Some(p.ro),
             })
         })();
         if done.is_err() {

@@ -180,11 +180,8 @@ impl Waiter {
                 .collect();
             if died.contains(&true) {
                 // Forget the dead: the next wait must not wake at once for them again.
-                let mut i = 0;
-                self.pidfds.retain(|_| {
-                    i += 1;
-                    !died[i - 1]
-                });
+                let mut dead = died.into_iter();
+                self.pidfds.retain(|_| !dead.next().unwrap_or(false));
                 return;
             }
             // The one-shot watch fired: look again. The events are not read here (that would
