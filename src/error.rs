@@ -113,6 +113,24 @@ pub enum Error {
         /// Why we would not take it over.
         why: String,
     },
+    /// Something that is not leasehold's own file sits at a helper file's name (a directory, a
+    /// FIFO, a socket, a hard link to another file); it was left untouched.
+    #[error("{path}: {why}")]
+    Squatted {
+        /// The helper file's path.
+        path: PathBuf,
+        /// What is there, whose it is, and what to do.
+        why: String,
+    },
+    /// A helper file belongs to a user this directory does not let us share it with (or a
+    /// sticky directory keeps us from taking it over); it was left untouched.
+    #[error("{path}: {why}")]
+    Untrusted {
+        /// The helper file's path.
+        path: PathBuf,
+        /// Whose it is and what to do.
+        why: String,
+    },
     /// Our own lease was no longer ours when we came to change it.
     #[error("{path}: lease {lease_id} is no longer ours: {why}")]
     Lost {
@@ -170,7 +188,10 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Io { source, .. } => io_exit_code(source),
-            Error::NotALease { .. } | Error::NewerFormat { .. } => exit::DATAERR,
+            Error::NotALease { .. } | Error::NewerFormat { .. } | Error::Squatted { .. } => {
+                exit::DATAERR
+            }
+            Error::Untrusted { .. } => exit::NOPERM,
             Error::WouldBlock { .. } | Error::Timeout { .. } | Error::MutexStuck { .. } => {
                 exit::TEMPFAIL
             }

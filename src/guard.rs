@@ -154,8 +154,6 @@ pub(crate) struct Start {
     /// at once (no attribute or data cache between hosts): release may then check and mark our
     /// lease through the file we keep open.
     pub local: bool,
-    /// LOCK's directory, open, for fsyncs.
-    pub dir: Option<Arc<std::fs::File>>,
     /// Whether writes are fsynced.
     pub sync: bool,
     /// The file our lease replaced, still open (see `fsio::read_lock_keep`); closed at release.
@@ -206,7 +204,6 @@ struct Inner {
     /// Our lease's file as last renamed into place (see [`Start::written`]).
     written: Mutex<Option<fsio::Written>>,
     local: bool,
-    dir: Option<Arc<std::fs::File>>,
     sync: bool,
     replaced: Mutex<Option<std::fs::File>>,
 }
@@ -258,11 +255,10 @@ impl LeaseGuard {
             witness,
             written,
             local,
-            dir,
             sync,
             replaced,
         } = s;
-        let witness = witness.or_else(|| MutexFile::open(&paths.mutex, !local).ok());
+        let witness = witness.or_else(|| MutexFile::open(&paths, !local).ok());
         let inner = Arc::new(Inner {
             paths,
             timing,
@@ -282,7 +278,6 @@ impl LeaseGuard {
             witness: Mutex::new(witness),
             written: Mutex::new(written),
             local,
-            dir,
             sync,
             replaced: Mutex::new(replaced),
         });
@@ -378,7 +373,7 @@ impl LeaseGuard {
         let inner = &self.inner;
         // The mutex first, then our record: a renewal (record only) is never held up by the wait.
         let m = mutex::lock(
-            &inner.paths.mutex,
+            &inner.paths,
             Some(Instant::now() + inner.timing.ttl * 2),
             inner.timing.ttl,
             StuckPolicy::KillStopped,
@@ -390,7 +385,7 @@ impl LeaseGuard {
         lease.holder.pgid = Some(pgid);
         ensure_ours(&inner.paths, &rec.lease)?;
         let bytes = lease.to_bytes();
-        let w = fsio::replace_keep(&inner.paths, &inner.paths.lock, &bytes, false, None)?;
+        let w = fsio::replace_keep(&inner.paths, &inner.paths.lock, &bytes, false)?;
         *lock(&inner.written) = Some(w);
         drop(m);
         *rec = Record { lease, bytes };
@@ -460,7 +455,7 @@ impl LeaseGuard {
         let full = (|| {
             let _m = mutex::lock_with(
                 witness,
-                &inner.paths.mutex,
+                &inner.paths,
                 Some(Instant::now() + wait),
                 inner.timing.ttl,
                 StuckPolicy::Report,
@@ -473,7 +468,6 @@ impl LeaseGuard {
                 &inner.paths.lock,
                 &released.to_bytes(),
                 inner.sync,
-                inner.dir.as_deref(),
             )
             .map(|_| ())
         })();
@@ -533,7 +527,7 @@ impl Drop for LeaseGuard {
 }
 
 fn mark_in_place(paths: &LockPaths, mine: &Lease, region: &[u8]) -> bool {
-    let Ok(Some((f, mode))) = fsio::open_lock(&paths.lock, true) else {
+    let Ok(Some((f, mode))) = fsio::open_lock(paths, true) else {
         return false;
     };
     match fsio::read_open(&f, &paths.lock, mode) {
@@ -556,7 +550,7 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: fsio::Written) -> Option<File> 
     // reads it by name and marking it released changes nothing.
     let f = match w.kept {
         Some(f) => f,
-        None => fsio::open_lock_if(&paths.lock, w.id)?,
+        None => fsio::open_lock_if(paths, w.id)?,
     };
     match f.try_lock() {
         Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
@@ -579,7 +573,7 @@ fn ensure_ours(paths: &LockPaths, mine: &Lease) -> Result<()> {
         lease_id: mine.lease_id.clone(),
         why,
     };
-    match fsio::read_lock(&paths.lock)? {
+    match fsio::read_lock(paths)? {
         LockContent::Lease(l, _) if l.lease_id == mine.lease_id => {
             if l.state == LeaseState::Held {
                 Ok(())
@@ -614,20 +608,45 @@ impl Inner {
             return Ok(()); // released meanwhile: never touch LOCK again
         }
         let path = &self.paths.lock;
-        let (file, mode) = match fsio::open_lock(path, true) {
+        let (file, mode) = match fsio::open_lock(&self.paths, true) {
             Ok(Some(f)) => f,
             Ok(None) => {
                 return Err(Some(LossReason::Vanished {
                     what: format!("{} no longer exists", path.display()),
                 }));
             }
-            Err(e @ Error::NotALease { .. }) | Err(e @ Error::NewerFormat { .. }) => {
+            Err(
+                e @ (Error::NotALease { .. }
+                | Error::NewerFormat { .. }
+                | Error::Squatted { .. }
+                | Error::Untrusted { .. }),
+            ) => {
                 return Err(Some(LossReason::Vanished {
                     what: e.to_string(),
                 }));
             }
             Err(e) => return self.transient(e),
         };
+        // Everyone else reaches LOCK through its directory's path: if that path no longer leads
+        // to the directory we renew in, no contender sees our heartbeat any more.
+        match self.paths.dir_moved() {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(Some(LossReason::Vanished {
+                    what: format!(
+                        "{} no longer leads to the directory the lease was taken in \
+                         (unmounted, moved or replaced)",
+                        self.paths.dir.display()
+                    ),
+                }));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Some(LossReason::Vanished {
+                    what: format!("{} no longer exists", self.paths.dir.display()),
+                }));
+            }
+            Err(e) => return self.transient(Error::io(&self.paths.dir, "stat", e)),
+        }
         match fsio::read_open(&file, path, mode) {
             Ok(LockContent::Lease(l, _)) if l.lease_id == rec.lease.lease_id => {
                 if l.state != LeaseState::Held {

@@ -45,6 +45,7 @@ mod fsio;
 mod grave;
 mod guard;
 mod identity;
+mod lockdir;
 mod mutex;
 mod observe;
 mod paths;

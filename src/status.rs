@@ -50,13 +50,13 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     // Take the mutex if we can (so the observation file is written by one process at a time);
     // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
     let m = mutex::lock(
-        &paths.mutex,
+        &paths,
         Some(Instant::now() + LOOK_WAIT),
         Duration::MAX,
         StuckPolicy::Report,
     )
     .ok();
-    let content = fsio::read_lock(&paths.lock)?;
+    let content = fsio::read_lock(&paths)?;
     let judge = Judge {
         paths: &paths,
         me,
@@ -112,12 +112,12 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     let me = Identity::current();
     let clock = SystemClock;
     let _m = mutex::lock(
-        &paths.mutex,
+        &paths,
         Some(Instant::now() + LOOK_WAIT),
         Duration::MAX,
         StuckPolicy::Report,
     )?;
-    let content = fsio::read_lock(&paths.lock)?;
+    let content = fsio::read_lock(&paths)?;
     let judge = Judge {
         paths: &paths,
         me: &me,

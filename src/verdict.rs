@@ -69,6 +69,10 @@ pub struct Verdict {
     pub queue_ahead: usize,
     /// Who waits, in order (filled in by `status`).
     pub queue: Vec<crate::queue::Waiting>,
+    /// What a waiter waits behind when it is not the lease itself — the waiter queued just
+    /// ahead, or a process sitting on the lease mutex — named by the kernel's word (who holds
+    /// the flock), never by what a file claims.
+    pub behind: Option<String>,
 }
 
 /// Inputs for judging that stay the same between judgements.
@@ -98,6 +102,7 @@ impl Judge<'_> {
             judged_at: now,
             queue_ahead: 0,
             queue: Vec::new(),
+            behind: None,
         };
         let (lease, bytes) = match content {
             LockContent::Missing => {
@@ -234,6 +239,13 @@ impl Verdict {
 impl fmt::Display for Verdict {
     /// One line: `held by alice@web1 pid 4242 (terraform apply), heartbeat 3s ago, held 12m`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(b) = &self.behind {
+            // Waiting behind something other than the lease: say that first, then the lease.
+            write!(f, "behind {b}; the lease is ")?;
+            if self.state == State::Held && self.reason.contains("queued ahead") {
+                return write!(f, "{}", self.reason);
+            }
+        }
         match self.state {
             State::Free => write!(f, "free ({})", self.reason),
             _ => {
