@@ -462,7 +462,7 @@ impl LeaseBuilder {
             }
             None => queue::live_ahead(&ctx.paths, None, None, ctx.timing.ttl, !ctx.local),
         }
-        .unwrap_or_default();
+        .or_else(degrade)?;
         let seen = queued.as_deref_mut().and_then(|q| q.seen.take());
         let (content, replaced) = fsio::read_lock_keep(&ctx.paths, seen)?;
         // Never keep LOCK open on a network file system: an NFS client that renames over a
@@ -527,7 +527,9 @@ impl LeaseBuilder {
                 // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
                 let argv = self.command.clone().unwrap_or_default();
                 q.ticket =
-                    Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv, !ctx.local).ok();
+                    Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv, !ctx.local)
+                        .map(Some)
+                        .or_else(degrade)?;
             }
             q.head = q.ticket.is_some() && ahead.is_empty();
             if q.head && q.reserved.is_none() {
@@ -660,6 +662,16 @@ impl LeaseBuilder {
             replaced: replaced.map(|s| s.file),
         })?;
         Ok(g)
+    }
+}
+
+/// A queueing failure (a full or read-only directory) degrades to unordered waiting, never to
+/// refusal — except something planted at the queue's names (not leasehold's own files), which
+/// is refused at once, naming it, rather than silently waited around.
+fn degrade<T: Default>(e: Error) -> Result<T> {
+    match e {
+        Error::Squatted { .. } | Error::Untrusted { .. } => Err(e),
+        _ => Ok(T::default()),
     }
 }
 

@@ -341,10 +341,8 @@ pub(crate) struct Written {
 }
 
 /// Replaces the file `target` (LOCK or another file in LOCK's directory) atomically with
-/// `bytes`: write a new temp file (created exclusively under an unpredictable name), optionally
-/// fsync it, rename it over `target`, optionally fsync the directory. A writer that crashes
-/// between creating and renaming leaves one temp file, which a later takeover of the stale lease
-/// removes ([`remove_leftover_temps`]).
+/// `bytes`: write a new temp file (created exclusively: see [`create_temp`]), optionally fsync
+/// it, rename it over `target`, optionally fsync the directory. Callers hold the mutex.
 pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     replace_keep(paths, target, bytes, durable).map(|_| ())
 }
@@ -366,9 +364,8 @@ pub(crate) fn replace_keep(
             why: "not in the lock's directory".into(),
         });
     };
-    let (mut f, name) = dir
-        .create_temp(paths.tmp_name(), LEASE_MODE)
-        .map_err(|e| Error::io(&paths.tmp, "create a temp file", e))?;
+    let (mut f, name) =
+        create_temp(paths).map_err(|e| Error::io(&paths.tmp, "create a temp file", e))?;
     let tmp = dir.join(&name);
     let meta = f
         .metadata()
@@ -398,8 +395,32 @@ pub(crate) fn replace_keep(
     })
 }
 
-/// Removes temp files a crashed writer left (see [`replace`]): names made from the temp
-/// template, regular files with one link whose owner the directory trusts. Called under the
+/// Creates the temp file for one atomic write, exclusively: `.NAME.leasehold-tmp` — found there
+/// only as the leftover of a writer that crashed (every writer holds the mutex and renames its
+/// temp file away), so it is removed first if it is leasehold's own shape (regular, one link,
+/// trusted owner) and then created anew with `O_EXCL` — or, when that name is taken by
+/// anything else (planted there), a name with 16 random hex digits, also with `O_EXCL`. Either
+/// way nothing existing is ever opened, and crashed writers' files cannot pile up.
+fn create_temp(paths: &LockPaths) -> io::Result<(File, std::ffi::OsString)> {
+    let dir = paths.handle();
+    let template = paths.tmp_name().as_bytes();
+    let fixed = OsStr::from_bytes(&template[..template.len().saturating_sub(17)]);
+    for _ in 0..2 {
+        match dir.create_new(fixed, LEASE_MODE) {
+            Ok(f) => return Ok((f, fixed.to_os_string())),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if !dir.unlink_leftover(fixed) {
+                    break;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    dir.create_temp(paths.tmp_name(), LEASE_MODE)
+}
+
+/// Removes randomly named temp files (see [`create_temp`]) a crashed writer left: names made
+/// from the temp template, regular files with one link whose owner the directory trusts. Called under the
 /// mutex (every writer of a temp file holds it, so none is in use), when a stale lease is taken
 /// over: a writer only crashes mid-write by dying, which leaves its lease stale.
 pub(crate) fn remove_leftover_temps(paths: &LockPaths) {
