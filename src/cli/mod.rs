@@ -6,11 +6,15 @@
 //! `supervise`), or panic on any input.
 
 /// Writes one line to stderr, ignoring failure (a closed or broken stderr must not turn into a
-/// panic; the exit status still tells what happened).
+/// panic; the exit status still tells what happened). The line is passed through
+/// [`crate::text::scrub`] as a whole — no legitimate single line holds a control character —
+/// so that nothing printed here can rewrite the terminal or start a line of its own, even if a
+/// caller forgot to escape a value (the `report` functions escape each value already).
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let line = format!($($arg)*);
+        let _ = writeln!(std::io::stderr(), "{}", $crate::text::scrub(&line));
     }};
 }
 
@@ -49,10 +53,20 @@ where
     let cli = match args::Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
             return match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
-                _ => exit::USAGE,
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    0
+                }
+                _ => {
+                    // A usage error quotes the offending argument, which may come from anywhere:
+                    // shown plain, each line scrubbed.
+                    let msg = e.render().to_string();
+                    for line in msg.trim_end_matches('\n').split('\n') {
+                        say!("{line}");
+                    }
+                    exit::USAGE
+                }
             };
         }
     };
