@@ -50,7 +50,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match args::Cli::try_parse_from(argv) {
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    let cli = match args::Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
             return match e.kind() {
@@ -60,9 +61,9 @@ where
                 }
                 _ => {
                     // A usage error quotes the offending argument, which may come from anywhere:
-                    // shown plain, each line scrubbed.
-                    let msg = e.render().to_string();
-                    for line in msg.trim_end_matches('\n').split('\n') {
+                    // shown plain, with the arguments in it escaped.
+                    let styled = e.render().ansi().to_string();
+                    for line in report::usage_error_lines(&styled, &argv) {
                         say!("{line}");
                     }
                     exit::USAGE

@@ -129,6 +129,64 @@ pub fn released_line(lock: &Path, how: &str) -> String {
     format!("leasehold: released {} ({})", escape_path(lock), scrub(how))
 }
 
+/// The lines of clap's usage error as rendered with its styles (`styled`), shown plain and safe:
+/// clap quotes the offending argument verbatim, so every argument of `argv` (and the value part
+/// of `--flag=VALUE` and `-fVALUE`) that holds a control character is replaced by its escaped
+/// form first — a newline inside an argument must not start a line of its own —, then clap's
+/// own style sequences are dropped, and each line is scrubbed.
+pub fn usage_error_lines(styled: &str, argv: &[std::ffi::OsString]) -> Vec<String> {
+    let mut values: Vec<String> = Vec::new();
+    for a in argv {
+        let a = a.to_string_lossy();
+        if scrub(&a) == a {
+            continue;
+        }
+        if let Some((flag, v)) = a.split_once('=')
+            && flag.starts_with('-')
+        {
+            values.push(v.to_string());
+        }
+        if !a.starts_with("--")
+            && a.starts_with('-')
+            && let Some(v) = a.get(2..)
+        {
+            values.push(v.to_string());
+        }
+        values.push(a.into_owned());
+    }
+    // Longest first, so that a whole argument is replaced before a part of it.
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut msg = styled.to_string();
+    for v in values.iter().filter(|v| !v.is_empty()) {
+        msg = msg.replace(v.as_str(), &escape(v));
+    }
+    strip_csi(&msg)
+        .trim_end_matches('\n')
+        .split('\n')
+        .map(|l| scrub(l).into_owned())
+        .collect()
+}
+
+/// `s` without its CSI sequences (`ESC [` parameters, then one final byte in `@`..`~`): the
+/// colours clap puts around parts of its messages.
+fn strip_csi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for f in chars.by_ref() {
+                if ('@'..='~').contains(&f) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The readable `status` block for one lock: one line per field, each value escaped on its own
 /// (lease fields with [`text::escape`], the command shell-quoted, the verdict's reason with
 /// [`text::scrub`]), so that no value can start a line of its own.
