@@ -388,7 +388,8 @@ fn a_lock_name_of_255_bytes_works_for_run_status_and_break() {
     assert_eq!(run.status.code(), Some(0), "{run:?}");
 
     let mut holder = Kid::spawn(
-        lh().arg("run")
+        // A short TTL: the holder notices the break at its next renewal.
+        lh().args(["run", "--ttl", "2s"])
             .arg(&lock)
             .args(["--", "sh", "-c", SCRIPT])
             .stdin(Stdio::piped())
