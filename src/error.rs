@@ -97,6 +97,16 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
+    /// LOCK's own file name is longer than a file name may be.
+    #[error("{path}: the file name is {len} bytes long; the limit is {max} bytes (NAME_MAX)")]
+    NameTooLong {
+        /// The lock path as given.
+        path: PathBuf,
+        /// The length of its final component, in bytes.
+        len: usize,
+        /// The longest file name allowed, in bytes.
+        max: usize,
+    },
     /// LOCK's file system cannot make the lock safe (an NFS mount whose locks are host-local).
     #[error("{path}: {why}")]
     UnsafeFileSystem {
@@ -197,7 +207,7 @@ impl Error {
             }
             Error::Refused { .. } => exit::TEMPFAIL,
             Error::UnsafeFileSystem { .. } => exit::CONFIG,
-            Error::Settings(_) => exit::USAGE,
+            Error::Settings(_) | Error::NameTooLong { .. } => exit::USAGE,
             Error::BadPath { .. } => exit::NOINPUT,
             Error::Lost { .. } => exit::IOERR_FENCED,
         }

@@ -54,6 +54,7 @@ mod queue;
 mod record;
 mod status;
 pub mod supervise;
+pub mod text;
 mod verdict;
 mod wait;
 

@@ -91,11 +91,18 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// `user@host pid N (command)`, for one-line messages.
+    /// `user@host pid N (command)`, for one-line messages: safe to show on a terminal, with
+    /// user and host escaped ([`crate::text::escape`]) and the command shell-quoted
+    /// ([`crate::text::quote_argv`]: `sh -c 'a; b'`), cut to 60 characters.
     pub fn describe(&self) -> String {
-        let mut s = format!("{}@{} pid {}", self.user, self.host, self.pid);
+        let mut s = format!(
+            "{}@{} pid {}",
+            crate::text::escape(&self.user),
+            crate::text::escape(&self.host),
+            self.pid
+        );
         if !self.command.is_empty() {
-            let mut cmd = self.command.join(" ");
+            let mut cmd = crate::text::quote_argv(&self.command);
             if cmd.chars().count() > 60 {
                 cmd = cmd.chars().take(57).collect::<String>() + "...";
             }
