@@ -303,12 +303,19 @@ impl JobEvidence {
 
     /// Whether the process holds an `O_PATH` descriptor on this lock's mutex file.
     fn holds_holder_fd(&self, pid: i32) -> Result<bool, String> {
+        self.mutex_fds(pid).map(|f| f.mark)
+    }
+
+    /// Which descriptors on this lock's mutex file the process holds.
+    fn mutex_fds(&self, pid: i32) -> Result<MutexFds, String> {
+        let mut out = MutexFds::default();
         let Some((dev, ino)) = self.mutex else {
-            return Ok(false);
+            return Ok(out);
         };
         let dir = format!("/proc/{pid}/fd");
         let fds = fs::read_dir(&dir).map_err(|e| unreadable(&dir, &e))?;
-        for fd in fds.flatten() {
+        for fd in fds {
+            let fd = fd.map_err(|e| unreadable(&dir, &e))?;
             let Ok(m) = fs::metadata(fd.path()) else {
                 continue; // closed meanwhile, or a descriptor stat cannot follow
             };
@@ -321,12 +328,53 @@ impl JobEvidence {
                 .lines()
                 .find_map(|l| l.strip_prefix("flags:"))
                 .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
-            if flags.is_some_and(|f| f & O_PATH_FLAG != 0) {
-                return Ok(true);
+            match flags {
+                Some(f) if f & O_PATH_FLAG != 0 => out.mark = true,
+                _ => out.plain = true,
             }
         }
-        Ok(false)
+        Ok(out)
     }
+
+    /// Whether `p`, named as a lease's *holder* (`holder.pid`: the `leasehold run` wrapper or
+    /// the library user), is a holder of this lock. Its evidence is its holder's mark: a holder
+    /// keeps it from before its lease is visible until after its release, so when its
+    /// descriptors can be read and none is on this lock's mutex file, it is not this lock's
+    /// holder — whether or not its environment can be read (pid 1's often cannot, even by
+    /// root in a container). A process with the mutex file open but no mark (a waiting
+    /// contender, or a holder of an older leasehold) cannot be told.
+    pub fn check_holder(&self, p: &ProcStat) -> Evidence {
+        let fds = match self.mutex_fds(p.pid) {
+            Ok(f) => f,
+            Err(_) => return self.check(p),
+        };
+        if fds.mark {
+            return self.check(p);
+        }
+        match self.check(p) {
+            Evidence::Belongs => Evidence::Belongs,
+            // It carries the lease, but must not be signalled by us (ourselves, another uid).
+            Evidence::Unknown(why) if self.carries_lease(p.pid).is_ok() => Evidence::Unknown(why),
+            _ if fds.plain => Evidence::Unknown(format!(
+                "pid {} has this lock's mutex file open but holds no holder's mark on it: a waiting contender, or a holder of an older leasehold",
+                p.pid
+            )),
+            e @ Evidence::NotOurs(_) => e,
+            Evidence::Unknown(_) => Evidence::NotOurs(format!(
+                "pid {} holds no descriptor on this lock's mutex file",
+                p.pid
+            )),
+        }
+    }
+}
+
+/// The descriptors one process holds on a lock's mutex file.
+#[derive(Debug, Default, Clone, Copy)]
+struct MutexFds {
+    /// An `O_PATH` one: a holder's mark.
+    mark: bool,
+    /// Any other (a waiter's kept mutex file, or an older leasehold's holder).
+    plain: bool,
 }
 
 /// Why a /proc file could not be read, as a person needs it.
@@ -458,11 +506,11 @@ pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Resul
     }
 }
 
-/// SIGKILLs one process that provably belongs to the job (pid and start time as recorded, and
-/// [`JobEvidence::check`]) and waits for it to be gone or a zombie.
+/// SIGKILLs a lease's recorded holder (pid and start time as recorded) once it provably is a
+/// holder of this lock ([`JobEvidence::check_holder`]), and waits for it to be gone or a zombie.
 pub fn kill_verified(pid: i32, start: u64, ev: &JobEvidence, wait: Duration) -> Result<(), String> {
     match stat(pid) {
-        Ok(Some(s)) if s.start == start && !s.is_dead() => match ev.check(&s) {
+        Ok(Some(s)) if s.start == start && !s.is_dead() => match ev.check_holder(&s) {
             Evidence::Belongs => {}
             Evidence::NotOurs(why) => {
                 return Err(format!(

@@ -249,8 +249,12 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
             out.forged = Some(forged);
             return Ok(out);
         }
-        out.unchecked = found.unknown;
-        if v.state == State::Hung && out.unchecked.is_none() {
+        // Worth saying only when it is why the lease is revoked rather than stopped or
+        // replaced (a live holder that provably is this lock's is revoked anyway).
+        if !found.belongs || v.state == State::Hung {
+            out.unchecked = found.unknown.clone();
+        }
+        if v.state == State::Hung && found.unknown.is_none() {
             match crate::builder::stop_hung(lease, &paths) {
                 Ok(n) => {
                     out.stopped = n;
@@ -306,9 +310,14 @@ fn judge_live(lease: &crate::record::Lease, paths: &LockPaths) -> LiveJob {
     let ev = process::JobEvidence::new(&lease.lease_id, h.uid, &paths.lock, &paths.mutex);
     let mut out = LiveJob::default();
     let recorded = [Some((h.pid, h.pid_start)), h.child_pid.zip(h.child_start)];
-    for (pid, start) in recorded.into_iter().flatten() {
+    for (i, (pid, start)) in recorded.into_iter().flatten().enumerate() {
         match process::stat(pid) {
-            Ok(Some(s)) if s.start == start && !s.is_dead() => match ev.check(&s) {
+            // The holder by its holder's mark; its command by its environment.
+            Ok(Some(s)) if s.start == start && !s.is_dead() => match if i == 0 {
+                ev.check_holder(&s)
+            } else {
+                ev.check(&s)
+            } {
                 Evidence::Belongs => out.belongs = true,
                 Evidence::NotOurs(why) => out.not_ours.push(format!(
                     "lease names pid {pid}, which is not a holder of this lock ({why})"
