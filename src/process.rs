@@ -207,7 +207,8 @@ pub enum Evidence {
 ///   open too, but never `O_PATH`), closed on exec.
 ///
 /// and it runs under the lease's uid. Even then it is never signalled when it is the calling
-/// process, one of its ancestors, or in the caller's own process group ([`Evidence::Unknown`]).
+/// process or one of its ancestors ([`Evidence::Unknown`]), nor as a member of the caller's
+/// own process group ([`judge_group`]).
 /// When /proc cannot be read (another user's process, as non-root), the answer is
 /// [`Evidence::Unknown`], never "not this job's". A forged lease naming pid 1, or another
 /// user's process, or a copied lease, gets [`Evidence::NotOurs`] or [`Evidence::Unknown`]:
@@ -263,12 +264,6 @@ impl JobEvidence {
                 return Evidence::Unknown(format!(
                     "pid {} is this process or one of its ancestors: never signalled",
                     p.pid
-                ));
-            }
-            if Some(p.pgrp) == self.own_group {
-                return Evidence::Unknown(format!(
-                    "pid {} is in this process's own process group {}: never signalled",
-                    p.pid, p.pgrp
                 ));
             }
             return Evidence::Belongs;
@@ -444,10 +439,22 @@ impl GroupEvidence {
 }
 
 /// The live members of process group `pgid`, judged by `ev`.
+///
+/// Our own process group is never signalled as a group: a lease naming it (forged, or our own
+/// job's, when a job contends for its own lock) gets its members judged "cannot be checked"
+/// at best. (One recorded holder that happens to share our group, verified by its holder's
+/// mark, may still be stopped on its own: see [`kill_verified`].)
 pub fn judge_group(pgid: i32, ev: &JobEvidence) -> GroupEvidence {
     let mut out = GroupEvidence::default();
     for m in group_members(pgid) {
         match ev.check(&m) {
+            Evidence::Belongs if Some(m.pgrp) == ev.own_group => {
+                let why = format!(
+                    "pid {} is in this process's own process group {}: never signalled",
+                    m.pid, m.pgrp
+                );
+                out.unknown.push((m, why));
+            }
             Evidence::Belongs => out.belongs.push(m),
             Evidence::NotOurs(_) => out.not_ours += 1,
             Evidence::Unknown(why) => out.unknown.push((m, why)),
@@ -606,13 +613,17 @@ mod tests {
         let ev_b = JobEvidence::new(id, uid, &b, &dir.path().join(".b.lock.leasehold-mutex"));
         let other_id = JobEvidence::new(&"f".repeat(32), uid, &b, &dir.path().join("m"));
         let verdicts = (ev_a.check(&sb), ev_b.check(&sb), other_id.check(&sb));
-        let ours_but_our_group = ev_b.check(&sg);
+        let ours_but_our_group = judge_group(sg.pgrp, &ev_b);
         for c in [&mut job_b, &mut in_our_group] {
             let _ = c.kill();
             let _ = c.wait();
         }
         assert!(
-            matches!(ours_but_our_group, Evidence::Unknown(_)),
+            ours_but_our_group.belongs.is_empty()
+                && ours_but_our_group
+                    .unknown
+                    .iter()
+                    .any(|(p, _)| p.pid == sg.pid),
             "{ours_but_our_group:?}"
         );
         assert!(matches!(verdicts.0, Evidence::NotOurs(_)), "{verdicts:?}");
