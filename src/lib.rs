@@ -66,5 +66,5 @@ pub use identity::Identity;
 pub use paths::LockPaths;
 pub use queue::Waiting;
 pub use record::{Ending, FORMAT_VERSION, Holder, Lease, LeaseState};
-pub use status::{BreakMode, Broken, break_lease, status, status_with};
+pub use status::{BreakMode, Broken, Frees, break_lease, status, status_with};
 pub use verdict::{State, Verdict};

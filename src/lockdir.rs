@@ -190,6 +190,17 @@ impl LockDir {
         Ok(File::from(fd))
     }
 
+    /// An `O_PATH` descriptor on `name` (never following a symlink): it names the file without
+    /// opening it for reading or writing.
+    pub(crate) fn open_path(&self, name: &OsStr) -> io::Result<OwnedFd> {
+        Ok(rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
     /// Creates `name` exclusively (read-write), never through a symlink, with exactly `mode`
     /// whatever the umask.
     pub(crate) fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::text::{self, escape, escape_path, scrub};
-use crate::{Broken, Error, State, Verdict, human_duration};
+use crate::{Broken, Error, Frees, LeaseState, State, Verdict, human_duration};
 
 /// `leasehold: <error>`.
 pub fn error_line(e: &Error) -> String {
@@ -59,15 +59,80 @@ pub fn broke_line(v: &Verdict, was_live: bool) -> String {
     s
 }
 
-/// The line for `leasehold break`.
+/// The line for `leasehold break`: what it did, and how long until the lock is free.
+/// - `leasehold: broke stale lease of pid 4242 on web1: process gone (token 17)`
+/// - `leasehold: revoked held lease of pid 4242 on web1 (token 17): holder alive on this host; it
+///   will fence its command at its next renewal (last heartbeat written …); the lock frees when
+///   its processes are gone (stopped as hung if still alive after its TTL 30s)`
+/// - `leasehold: lease names pid 1, which is not a holder of this lock (…) (forged or copied
+///   lease): replaced it without signalling anything (token 7)`
 pub fn broken_line(b: &Broken) -> String {
-    let mut s = broke_line(&b.verdict, b.was_live);
+    let v = &b.verdict;
+    let Some(l) = &v.lease else {
+        return broke_line(v, b.was_live);
+    };
+    let h = &l.holder;
+    if let Some(forged) = &b.forged {
+        return format!(
+            "leasehold: {} (forged or copied lease): replaced it without signalling anything (token {}); the lock is free",
+            scrub(forged),
+            l.token
+        );
+    }
+    let mut s = match b.written {
+        LeaseState::Revoked => {
+            let mut s = format!(
+                "leasehold: {} {} lease of pid {} on {} (token {}): {}",
+                if b.already_revoked {
+                    "already revoked:"
+                } else {
+                    "revoked"
+                },
+                v.state,
+                h.pid,
+                escape(&h.host),
+                l.token,
+                scrub(&v.reason)
+            );
+            let _ = write!(
+                s,
+                "; it will fence its command at its next renewal (last heartbeat written {})",
+                escape(&l.heartbeat_at)
+            );
+            match b.frees {
+                Frees::WhenGone { ttl } => {
+                    let _ = write!(
+                        s,
+                        "; the lock frees when its processes are gone (stopped as hung if still alive {} after the break)",
+                        human_duration(ttl)
+                    );
+                }
+                Frees::AfterTtl { ttl } => {
+                    let _ = write!(
+                        s,
+                        "; the lock frees after at most its TTL {} on each contender's clock",
+                        human_duration(ttl)
+                    );
+                }
+                Frees::Now => {}
+            }
+            s
+        }
+        _ => {
+            let mut s = broke_line(v, false);
+            s.push_str("; the lock is free");
+            s
+        }
+    };
     if b.stopped > 0 {
         let _ = write!(
             s,
             "; stopped {} process(es) of the old job first",
             b.stopped
         );
+    }
+    if let Some(u) = &b.unchecked {
+        let _ = write!(s, "; not signalled: {}", scrub(u));
     }
     s
 }
