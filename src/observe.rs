@@ -111,13 +111,15 @@ fn trusted(m: &Meta) -> bool {
     m.is_file() && m.nlink == 1 && (m.uid == me || m.uid == 0) && m.mode & 0o022 == 0
 }
 
-/// Whether our observation file's name may be replaced: it is missing, or it is a file we
-/// trust. Anything else there (another user's file, a link) is left alone; the process's own
-/// memory of the observation still counts.
+/// Whether our observation file's name may be replaced: it is missing, or a regular file with
+/// one link — ours, or one another user planted at our name to keep us from recording (it is
+/// never believed, see [`trusted`], and replacing the name changes no other file's bytes).
+/// Anything else there (a hard link to some other file, a directory, a FIFO) is left alone, and
+/// the process's own memory of the observation still counts.
 fn replaceable(paths: &LockPaths) -> bool {
     match paths.handle().stat(paths.seen_name()) {
         Ok(None) => true,
-        Ok(Some(m)) => trusted(&m),
+        Ok(Some(m)) => m.is_file() && m.nlink == 1,
         Err(_) => false,
     }
 }
