@@ -1,0 +1,1377 @@
+//! Several users on one lock, and users attacking root's or each other's use of it.
+//!
+//! Root only (CI runs as root): each test makes a throwaway group and users, runs leasehold as
+//! them with `setpriv` and a chosen umask, and removes them at the end. Every test checks that
+//! planted targets are unchanged (bytes, mode, owner, mtime, link count), that no process outside
+//! the jobs received a signal (bystanders of root and of each user trap every catchable signal),
+//! and, where jobs run, that no two jobs overlapped (an O_EXCL critical-section checker, see
+//! `multiuser/cs.rs`).
+//!
+//! - Group-shared (setgid 2775) directory: members share a lock under umask 022 and 002, take
+//!   over from each other's SIGKILLed holders, and 100 alternating runs with random SIGKILLs
+//!   inside the critical section never overlap and always recover.
+//! - Sticky (1777) directory: another user's lock is either usable or refused at once, naming
+//!   its owner — never after waiting through the job.
+//! - Hard links and symlinks planted at the helper names, and a symlinked queue directory: root's
+//!   `run`, `status` and `break` leave the victims alone and never fail with exit 70.
+//! - A forged observation file does not get a healthy holder killed or a live foreign one broken.
+//! - The mutex or a queue ticket held by another user's process: the waiter names that process
+//!   and user, and keeps its `-w`.
+//! - Directories, FIFOs and sockets squatting the helper names: a clear refusal, never 70 or a
+//!   hang.
+//! - Another user's job left a process behind: a takeover does not run beside it.
+
+#[path = "multiuser/cs.rs"]
+mod cs;
+#[path = "multiuser/harness.rs"]
+mod harness;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cs::Cs;
+use harness::{Bystanders, LinkProtectionsOff, Outcome, Snapshot, Who, World};
+use nix::sys::signal::Signal;
+
+const LONG: Duration = Duration::from_secs(40);
+
+/// Failures collected over a test's cases, reported together at its end.
+#[derive(Default)]
+struct Failures(Vec<String>);
+
+impl Failures {
+    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            let m = msg();
+            eprintln!("FAIL: {m}");
+            self.0.push(m);
+        }
+    }
+    #[track_caller]
+    fn done(self, test: &str) {
+        assert!(
+            self.0.is_empty(),
+            "{test}: {} failure(s):\n- {}",
+            self.0.len(),
+            self.0.join("\n- ")
+        );
+    }
+}
+
+/// A small xorshift PRNG; the seed is printed so a run can be replayed with `MULTIUSER_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn new(test: &str) -> Rng {
+        let seed = std::env::var("MULTIUSER_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        eprintln!("{test}: seed {seed} (replay with MULTIUSER_SEED={seed})");
+        Rng(seed | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The helper names beside `lock` that an attacker can plant something at, with a label.
+/// Per-user variants of the observation file are included when the code in this tree uses them.
+fn helper_names(lock: &Path) -> Vec<(&'static str, PathBuf)> {
+    let p = leasehold::LockPaths::new(lock).unwrap();
+    let q = |n: &str| p.queue.join(n);
+    vec![
+        ("mutex", p.mutex.clone()),
+        ("temp file", p.tmp.clone()),
+        ("observation file", p.seen.clone()),
+        ("queue ticket", q("q-00000000000000000001")),
+        ("prepared lease", q("q-00000000000000000001.lease")),
+    ]
+}
+
+/// Whether a refusal's message names `path` (by its full path or at least its file name).
+fn names_path(text: &str, path: &Path) -> bool {
+    text.contains(s(path)) || text.contains(&*path.file_name().unwrap().to_string_lossy())
+}
+
+fn describe(o: &Outcome) -> String {
+    format!("exit {} after {:?}; stderr: {:?}", o.code, o.took, o.stderr)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Group-shared directory
+// ---------------------------------------------------------------------------------------------
+
+/// Members of a group share a lock in a setgid, group-writable directory with no extra flag,
+/// whatever umask each has and whichever of them created the lock: alone, waiting for each
+/// other (the waiter queues), and with `-n`; no two jobs overlap.
+#[test]
+fn group_members_share_a_lock_under_umask_022_and_002() {
+    if harness::skip("group_members_share_a_lock_under_umask_022_and_002") {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let mut case = 0;
+    for (first, second) in [(&w.a, &w.b), (&w.b, &w.a)] {
+        for (u1, u2) in [
+            (0o022, 0o022),
+            (0o022, 0o002),
+            (0o002, 0o022),
+            (0o002, 0o002),
+        ] {
+            case += 1;
+            let label = format!(
+                "{} (umask {u1:03o}) created, {} (umask {u2:03o}) joined",
+                first.name, second.name
+            );
+            let dir = w.dir(&format!("shared-{case}"), 0o2775, Who::Root);
+            let lock = dir.join("job.lock");
+            let cs = Cs::new(&w.base, &format!("cs-{case}"));
+            let (x, y) = (Who::User(first), Who::User(second));
+            let ttl = ["-w", "20", "--ttl", "2s"];
+            // 1. The creator runs alone.
+            let o = w.run(x, u1, &args(&cs.run_args(&ttl, &lock, "1", 2)), LONG);
+            f.check(o.code == 0, || {
+                format!("{label}: creator's first run: {}", describe(&o))
+            });
+            // 2 and 3. Each holds while the other waits for it.
+            for (step, (h, hu, c, cu)) in [(x, u1, y, u2), (y, u2, x, u1)].into_iter().enumerate() {
+                let hid = format!("hold{step}");
+                let cid = format!("wait{step}");
+                let mut holder = w.spawn(h, hu, &args(&cs.hold_args(&ttl, &lock, &hid)));
+                if !harness::wait_until(Duration::from_secs(20), || {
+                    cs.entered(&hid) || holder.child.try_wait().unwrap().is_some()
+                }) || !cs.entered(&hid)
+                {
+                    let o = holder.finish(LONG);
+                    f.check(false, || {
+                        format!("{label}: {} could not hold: {}", h.name(), describe(&o))
+                    });
+                    continue;
+                }
+                let mut waiter = w.spawn(c, cu, &args(&cs.run_args(&ttl, &lock, &cid, 2)));
+                let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+                f.check(line.is_some(), || {
+                    format!(
+                        "{label}: {} printed no wait line while {} held: {:?}",
+                        c.name(),
+                        h.name(),
+                        waiter.stderr()
+                    )
+                });
+                cs.release(&hid);
+                let ho = holder.finish(LONG);
+                let wo = waiter.finish(LONG);
+                f.check(ho.code == 0, || {
+                    format!("{label}: holder {}: {}", h.name(), describe(&ho))
+                });
+                f.check(wo.code == 0 && cs.ended(&cid), || {
+                    format!("{label}: waiter {}: {}", c.name(), describe(&wo))
+                });
+            }
+            // 4. The joiner alone with -n.
+            let o = w.run(y, u2, &args(&cs.run_args(&["-n"], &lock, "4", 1)), LONG);
+            f.check(o.code == 0, || {
+                format!("{label}: joiner's -n run: {}", describe(&o))
+            });
+            cs.verify();
+        }
+    }
+    by.assert_untouched();
+    f.done("group_members_share_a_lock_under_umask_022_and_002");
+}
+
+/// A member whose holder was SIGKILLed mid-job (its job inside the critical section) is taken
+/// over by another member waiting on the same lock, under umask 022 and 002; the killed job is
+/// dead before the new one enters, and the first member can use the lock again afterwards.
+#[test]
+fn group_member_takes_over_from_another_members_killed_holder() {
+    if harness::skip("group_member_takes_over_from_another_members_killed_holder") {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    for umask in [0o022, 0o002] {
+        let dir = w.dir(&format!("takeover-{umask:o}"), 0o2775, Who::Root);
+        let lock = dir.join("job.lock");
+        let cs = Cs::new(&w.base, &format!("cs-takeover-{umask:o}"));
+        let ttl = ["-w", "20", "--ttl", "2s"];
+        let mut holder = w.spawn(
+            Who::User(&w.a),
+            umask,
+            &args(&cs.hold_args(&ttl, &lock, "a")),
+        );
+        cs.wait_entered("a", Duration::from_secs(20));
+        let mut waiter = w.spawn(
+            Who::User(&w.b),
+            umask,
+            &args(&cs.run_args(&ttl, &lock, "b", 3)),
+        );
+        let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+        f.check(line.is_some(), || {
+            format!(
+                "umask {umask:03o}: B printed no wait line: {:?}",
+                waiter.stderr()
+            )
+        });
+        cs.declare_killed("a");
+        holder.signal(Signal::SIGKILL);
+        let ho = holder.finish(LONG);
+        assert_eq!(ho.code, 137, "the holder was SIGKILLed");
+        f.check(!cs.ended("a"), || {
+            "the kill did not land inside the section".into()
+        });
+        let wo = waiter.finish(LONG);
+        f.check(wo.code == 0 && cs.ended("b"), || {
+            format!("umask {umask:03o}: B's takeover: {}", describe(&wo))
+        });
+        let o = w.run(
+            Who::User(&w.a),
+            umask,
+            &args(&cs.run_args(&["-n"], &lock, "a2", 1)),
+            LONG,
+        );
+        f.check(o.code == 0, || {
+            format!("umask {umask:03o}: A after B's takeover: {}", describe(&o))
+        });
+        cs.verify();
+    }
+    by.assert_untouched();
+    f.done("group_member_takes_over_from_another_members_killed_holder");
+}
+
+/// Two members alternate 100 runs (`-w 20 --ttl 2s`, some `-n`, two at a time), and holders are
+/// SIGKILLed at random inside the critical section: every run exits 0 or 75 or is the killed one,
+/// no two jobs overlap, the lock always recovers by itself and the final run succeeds. Half the
+/// runs on a lock created under umask 022, half under 002, each run with a random umask.
+#[test]
+fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
+    let test = "group_members_alternating_with_random_sigkills_never_overlap_and_recover";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut rng = Rng::new(test);
+    let mut f = Failures::default();
+    let started = Instant::now();
+    let (mut ran, mut refused, mut killed_inside, mut runs) = (0, 0, 0, 0);
+    for creator_umask in [0o022u32, 0o002] {
+        let dir = w.dir(&format!("alt-{creator_umask:o}"), 0o2775, Who::Root);
+        let lock = dir.join("job.lock");
+        let cs = Cs::new(&w.base, &format!("cs-alt-{creator_umask:o}"));
+        let o = w.run(
+            Who::User(&w.a),
+            creator_umask,
+            &args(&cs.run_args(&["-n", "--ttl", "2s"], &lock, "create", 1)),
+            LONG,
+        );
+        runs += 1;
+        f.check(o.code == 0, || {
+            format!("creating the lock: {}", describe(&o))
+        });
+        let mut rounds_without_a_run = 0;
+        for round in 0..25 {
+            let users = if round % 2 == 0 {
+                [&w.a, &w.b]
+            } else {
+                [&w.b, &w.a]
+            };
+            let mut procs = Vec::new();
+            for (i, u) in users.into_iter().enumerate() {
+                let id = format!("{round}{}", ["x", "y"][i]);
+                let umask = [0o022, 0o002][rng.below(2) as usize];
+                let pre: Vec<&str> = if i == 1 && rng.below(10) < 3 {
+                    vec!["-n", "--ttl", "2s"]
+                } else {
+                    vec!["-w", "20", "--ttl", "2s"]
+                };
+                let p = w.spawn(
+                    Who::User(u),
+                    umask,
+                    &args(&cs.run_args(&pre, &lock, &id, 10)),
+                );
+                procs.push((id, p, u.name.clone(), umask));
+            }
+            runs += 2;
+            let mut killed = None;
+            if rng.below(100) < 40 {
+                // Kill whichever job enters first, after 0-3 of its ticks.
+                let mut first = None;
+                harness::wait_until(Duration::from_secs(25), || {
+                    first = procs.iter().position(|(id, ..)| cs.entered(id));
+                    first.is_some()
+                        || procs
+                            .iter_mut()
+                            .all(|(_, p, ..)| p.child.try_wait().unwrap().is_some())
+                });
+                if let Some(k) = first {
+                    let id = procs[k].0.clone();
+                    let ticks = rng.below(4) as usize;
+                    harness::wait_until(Duration::from_secs(5), || {
+                        cs.ticks(&id) >= ticks || cs.ended(&id)
+                    });
+                    cs.declare_killed(&id);
+                    procs[k].1.signal(Signal::SIGKILL);
+                    killed = Some(k);
+                }
+            }
+            let mut any_ran = false;
+            for (k, (id, p, who, umask)) in procs.iter_mut().enumerate() {
+                let o = p.finish(LONG);
+                if killed == Some(k) {
+                    if !cs.ended(id) && o.code == 137 {
+                        killed_inside += 1;
+                    }
+                    f.check(o.code == 137 || o.code == 0, || {
+                        format!("round {round}: killed run {id} of {who}: {}", describe(&o))
+                    });
+                    continue;
+                }
+                match o.code {
+                    0 => {
+                        ran += 1;
+                        any_ran = true;
+                        f.check(cs.ended(id), || {
+                            format!("round {round}: run {id} exited 0 but its job did not end")
+                        });
+                    }
+                    75 => refused += 1,
+                    _ => f.check(false, || {
+                        format!(
+                            "round {round}: run {id} of {who} (umask {umask:03o}): {}",
+                            describe(&o)
+                        )
+                    }),
+                }
+            }
+            rounds_without_a_run = if any_ran { 0 } else { rounds_without_a_run + 1 };
+            if rounds_without_a_run >= 2 {
+                f.check(false, || {
+                    format!(
+                        "lock created under umask {creator_umask:03o}: two rounds in a row ran \
+                         nothing (round {round}); the lock did not recover, stopping this phase"
+                    )
+                });
+                break;
+            }
+        }
+        let o = w.run(
+            Who::User(&w.b),
+            0o022,
+            &args(&cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "final", 1)),
+            LONG,
+        );
+        runs += 1;
+        f.check(o.code == 0, || {
+            format!(
+                "lock created under umask {creator_umask:03o}: the final run: {}",
+                describe(&o)
+            )
+        });
+        let iv = cs.verify();
+        eprintln!(
+            "{test}: creator umask {creator_umask:03o}: {} jobs entered, none overlapped",
+            iv.len()
+        );
+    }
+    eprintln!(
+        "{test}: {runs} runs: {ran} ran, {refused} got 75, {killed_inside} SIGKILLed inside the \
+         critical section; {:?}",
+        started.elapsed()
+    );
+    f.check(killed_inside > 0, || {
+        "no holder was killed inside its critical section".into()
+    });
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Sticky directory
+// ---------------------------------------------------------------------------------------------
+
+/// In a sticky directory (1777, like /tmp) user B's `run -w 30` on user A's lock either works
+/// (after A's job) or is refused at once — exit 65 or 77, naming A — never after waiting
+/// through A's job; the same when A's lease is released.
+#[test]
+fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
+    let test = "sticky_directory_other_users_lock_works_or_is_refused_at_once";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let decide = Duration::from_secs(5);
+    // Held by A.
+    let dir = w.dir("sticky-held", 0o1777, Who::Root);
+    let lock = dir.join("job.lock");
+    let mut holder = w.spawn(
+        Who::User(&w.a),
+        0o022,
+        &args(&cs.hold_args(&[], &lock, "a")),
+    );
+    cs.wait_entered("a", Duration::from_secs(20));
+    let mut b = w.spawn(
+        Who::User(&w.b),
+        0o022,
+        &args(&cs.run_args(&["-w", "30"], &lock, "b", 1)),
+    );
+    match b.wait_within(decide) {
+        Some(_) => {
+            let o = b.finish(LONG);
+            f.check(
+                (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name),
+                || {
+                    format!(
+                        "held: B refused but not with 65/77 naming {}: {}",
+                        w.a.name,
+                        describe(&o)
+                    )
+                },
+            );
+            f.check(!cs.ended("a"), || {
+                "A's job ended before B was refused".into()
+            });
+            cs.release("a");
+        }
+        None => {
+            // B waits: it must get the lock once A's job ends.
+            cs.release("a");
+            let o = b.finish(LONG);
+            f.check(o.code == 0 && cs.ended("b"), || {
+                format!("held: B waited through A's job and then: {}", describe(&o))
+            });
+        }
+    }
+    let o = holder.finish(LONG);
+    f.check(o.code == 0, || format!("A's holder: {}", describe(&o)));
+
+    // Released by A.
+    let dir = w.dir("sticky-free", 0o1777, Who::Root);
+    let lock = dir.join("job.lock");
+    let o = w.run(
+        Who::User(&w.a),
+        0o022,
+        &args(&cs.run_args(&[], &lock, "a2", 1)),
+        LONG,
+    );
+    f.check(o.code == 0, || {
+        format!("A creating the lock: {}", describe(&o))
+    });
+    let o = w.run(
+        Who::User(&w.b),
+        0o022,
+        &args(&cs.run_args(&["-w", "30"], &lock, "b2", 1)),
+        LONG,
+    );
+    f.check(
+        o.code == 0 && cs.ended("b2")
+            || (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name) && o.took < decide,
+        || {
+            format!(
+                "released: B neither ran nor was refused at once naming A: {}",
+                describe(&o)
+            )
+        },
+    );
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3 and 4. Hard links and symlinks at helper names
+// ---------------------------------------------------------------------------------------------
+
+/// The victims of the link attacks: a root-owned copy of /etc/passwd (0644) and a file of user
+/// B (0600 in B's 0711 directory), both reachable by path by user A.
+fn victims(w: &World, n: usize) -> Vec<(&'static str, PathBuf)> {
+    let vd = w.dir(&format!("victims-{n}"), 0o755, Who::Root);
+    fs::set_permissions(&vd, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&vd, Some(0), Some(0)).unwrap();
+    let root_victim = vd.join("passwd-copy");
+    fs::copy("/etc/passwd", &root_victim).unwrap();
+    harness::chmod(&root_victim, 0o644);
+    let bd = w.dir(&format!("b-home-{n}"), 0o711, Who::User(&w.b));
+    let b_victim = bd.join("secret");
+    fs::write(&b_victim, "B's private data\n").unwrap();
+    std::os::unix::fs::chown(&b_victim, Some(w.b.uid), Some(w.gid)).unwrap();
+    harness::chmod(&b_victim, 0o600);
+    vec![("root's file", root_victim), ("B's file", b_victim)]
+}
+
+/// Root's `run LOCK -- true`, `status LOCK` and `break LOCK`, each judged by `judge`.
+fn root_commands(w: &World, lock: &Path, mut judge: impl FnMut(&str, &Outcome)) {
+    for (what, a) in [
+        ("run", vec!["run", s(lock), "--", "true"]),
+        ("status", vec!["status", s(lock)]),
+        ("break", vec!["break", s(lock)]),
+    ] {
+        let o = w.run(Who::Root, 0o022, &a, Duration::from_secs(30));
+        judge(what, &o);
+    }
+}
+
+/// Judges one command against a planted file: never 70; a refusal (65 or 77) names the file;
+/// otherwise the command did its work (`run` and `status` exit 0; `break` may also refuse with
+/// 75 when there is nothing to break).
+fn judge_planted(f: &mut Failures, case: &str, what: &str, planted: &Path, o: &Outcome) {
+    let ok = match o.code {
+        65 | 77 => names_path(&o.stderr, planted),
+        0 => true,
+        75 => what == "break",
+        _ => false,
+    };
+    f.check(ok, || {
+        format!(
+            "{case}: root's {what}: expected 0 (worked around) or 65/77 naming {}: {}",
+            planted.display(),
+            describe(o)
+        )
+    });
+}
+
+/// With `protected_hardlinks=0`, user A hard-links a victim (root's file, B's file) at each
+/// helper name beside LOCK in A's directory: root's `run`, `status` and `break` leave the victim
+/// unchanged — bytes, mode, owner, mtime and link count as planted — and either work around it
+/// or refuse with 65/77 naming the file, never exit 70.
+#[test]
+fn hard_links_at_helper_names_never_touch_the_victim() {
+    let test = "hard_links_at_helper_names_never_touch_the_victim";
+    if harness::skip(test) {
+        return;
+    }
+    let _p = LinkProtectionsOff::new();
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let mut n = 0;
+    for v in 0..2 {
+        let probe = w.base.join("probe.lock");
+        let mut names = helper_names(&probe)
+            .into_iter()
+            .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
+            .collect::<Vec<_>>();
+        names.push(("LOCK itself", PathBuf::from("probe.lock")));
+        for (label, rel) in names {
+            n += 1;
+            let (vname, victim) = victims(&w, n).swap_remove(v);
+            let dir = w.dir(&format!("hl-{n}"), 0o755, Who::User(&w.a));
+            let lock = dir.join("probe.lock");
+            let planted = dir.join(&rel);
+            if let Some(parent) = planted.parent().filter(|p| *p != dir) {
+                w.sh(Who::User(&w.a), 0o022, "mkdir \"$1\"", &[s(parent)]);
+            }
+            w.sh(
+                Who::User(&w.a),
+                0o022,
+                "ln \"$1\" \"$2\"",
+                &[s(&victim), s(&planted)],
+            );
+            let before = Snapshot::of(&victim);
+            let case = format!("{vname} hard-linked at the {label}");
+            root_commands(&w, &lock, |what, o| {
+                judge_planted(&mut f, &case, what, &planted, o);
+                let now = Snapshot::of(&victim);
+                f.check(now == before, || {
+                    format!(
+                        "{case}: root's {what} changed the victim: before {:?}, after {:?} ({})",
+                        before.entries,
+                        now.entries,
+                        describe(o)
+                    )
+                });
+            });
+        }
+    }
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// With `protected_symlinks=0`, user A plants a symlink at the queue directory's name pointing
+/// at a directory holding ticket-like and other files: root's contended run (which queues) and
+/// its `-n` run never list and delete there. Symlinks at the mutex, temp and observation names
+/// pointing at victim files leave the victims unchanged; never exit 70.
+#[test]
+fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
+    let test = "symlinks_at_helper_names_and_queue_directory_are_never_followed";
+    if harness::skip(test) {
+        return;
+    }
+    let _p = LinkProtectionsOff::new();
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+
+    // The queue directory's name is a symlink to a directory of ticket-like files.
+    let precious = w.dir("precious", 0o755, Who::Root);
+    for (name, body) in [
+        ("q-00000000000000000001", "not a ticket\n"),
+        ("q-00000000000000000002", "{}\n"),
+        ("q-00000000000000000001.lease", "not a lease\n"),
+        ("notes.txt", "keep me\n"),
+    ] {
+        fs::write(precious.join(name), body).unwrap();
+    }
+    let before = Snapshot::of(&precious);
+    let dir = w.dir("sl-queue", 0o755, Who::User(&w.a));
+    let lock = dir.join("job.lock");
+    let queue = leasehold::LockPaths::new(&lock).unwrap().queue;
+    w.sh(
+        Who::User(&w.a),
+        0o022,
+        "ln -s \"$1\" \"$2\"",
+        &[s(&precious), s(&queue)],
+    );
+    let mut holder = w.spawn(
+        Who::Root,
+        0o022,
+        &args(&cs.hold_args(&["--ttl", "2s"], &lock, "h")),
+    );
+    if harness::wait_until(Duration::from_secs(20), || {
+        cs.entered("h") || holder.child.try_wait().unwrap().is_some()
+    }) && cs.entered("h")
+    {
+        let mut waiter = w.spawn(
+            Who::Root,
+            0o022,
+            &args(&cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "w", 1)),
+        );
+        let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+        let o = w.run(
+            Who::Root,
+            0o022,
+            &["run", "-n", s(&lock), "--", "true"],
+            Duration::from_secs(30),
+        );
+        f.check(matches!(o.code, 75 | 65 | 77), || {
+            format!("symlinked queue: -n while held: {}", describe(&o))
+        });
+        cs.release("h");
+        let ho = holder.finish(LONG);
+        let wo = waiter.finish(LONG);
+        f.check(ho.code == 0, || {
+            format!("symlinked queue: holder: {}", describe(&ho))
+        });
+        f.check(
+            wo.code == 0 && line.is_some()
+                || matches!(wo.code, 65 | 77) && names_path(&wo.stderr, &queue),
+            || format!("symlinked queue: contended waiter: {}", describe(&wo)),
+        );
+    } else {
+        let o = holder.finish(LONG);
+        f.check(
+            matches!(o.code, 65 | 77) && names_path(&o.stderr, &queue),
+            || {
+                format!(
+                    "symlinked queue: root's holder could not start: {}",
+                    describe(&o)
+                )
+            },
+        );
+    }
+    let o = w.run(
+        Who::Root,
+        0o022,
+        &["run", "-n", s(&lock), "--", "true"],
+        Duration::from_secs(30),
+    );
+    f.check(
+        o.code == 0 || matches!(o.code, 65 | 77) && names_path(&o.stderr, &queue),
+        || format!("symlinked queue: -n when free: {}", describe(&o)),
+    );
+    let now = Snapshot::of(&precious);
+    f.check(now == before, || {
+        format!(
+            "the directory the queue symlink points at changed: before {:?}, after {:?}",
+            before.entries, now.entries
+        )
+    });
+
+    // Symlinks at the file helper names.
+    let mut n = 0;
+    for v in 0..2 {
+        let probe = w.base.join("probe.lock");
+        for (label, path) in helper_names(&probe).into_iter().take(3) {
+            n += 1;
+            let (vname, victim) = victims(&w, n).swap_remove(v);
+            let dir = w.dir(&format!("sl-{n}"), 0o755, Who::User(&w.a));
+            let lock = dir.join("probe.lock");
+            let planted = dir.join(path.file_name().unwrap());
+            w.sh(
+                Who::User(&w.a),
+                0o022,
+                "ln -s \"$1\" \"$2\"",
+                &[s(&victim), s(&planted)],
+            );
+            let before = Snapshot::of(&victim);
+            let case = format!("symlink at the {label} to {vname}");
+            root_commands(&w, &lock, |what, o| {
+                judge_planted(&mut f, &case, what, &planted, o);
+                let now = Snapshot::of(&victim);
+                f.check(now == before, || {
+                    format!(
+                        "{case}: root's {what} changed the victim: before {:?}, after {:?}",
+                        before.entries, now.entries
+                    )
+                });
+            });
+        }
+    }
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Forged observation file
+// ---------------------------------------------------------------------------------------------
+
+fn read_lease(lock: &Path) -> serde_json::Value {
+    let bytes = fs::read(lock).unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "LOCK is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&bytes)
+        )
+    })
+}
+
+/// The observation files a forger writes: the shared name and every per-user or per-host
+/// variant present beside LOCK.
+fn seen_names(lock: &Path) -> Vec<PathBuf> {
+    let p = leasehold::LockPaths::new(lock).unwrap();
+    let base = p.seen.file_name().unwrap().to_string_lossy().into_owned();
+    let mut v = vec![p.seen.clone()];
+    for e in fs::read_dir(&p.dir).unwrap().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with(&base) && n != base && !v.contains(&e.path()) {
+            v.push(e.path());
+        }
+    }
+    v
+}
+
+/// User B writes an observation file claiming this host first saw the current lease (and its
+/// next 200 heartbeats) at boot.
+fn forge_seen(w: &World, lock: &Path, cs: &Cs) {
+    let lease = read_lease(lock);
+    let id = lease["lease_id"].as_str().unwrap().to_string();
+    let seq = lease["heartbeat_seq"].as_u64().unwrap();
+    let me = leasehold::Identity::current();
+    let entries: Vec<serde_json::Value> = (seq..seq + 200)
+        .map(|k| {
+            serde_json::json!({
+                "host": me.host, "boot_id": me.boot_id, "lease_id": id, "key": k,
+                "since_boottime_ms": 1
+            })
+        })
+        .collect();
+    let body = serde_json::json!({"leasehold_seen": 1, "entries": entries});
+    let src = cs.dir.join("forged-seen");
+    fs::write(&src, serde_json::to_vec_pretty(&body).unwrap()).unwrap();
+    harness::chmod(&src, 0o644);
+    for target in seen_names(lock) {
+        w.sh(
+            Who::User(&w.b),
+            0o002,
+            "cp \"$1\" \"$2.forged\" && mv -f \"$2.forged\" \"$2\"",
+            &[s(&src), s(&target)],
+        );
+    }
+}
+
+/// A forged observation file (written by group member B, claiming this host has seen the current
+/// heartbeat since boot) does not get member A's healthy same-host holder judged hung: root's
+/// and B's contenders (`-n`, `-w 2`, `break`) are refused, A's job keeps running and A keeps its
+/// lease.
+#[test]
+fn forged_observation_file_does_not_get_a_healthy_holder_killed() {
+    let test = "forged_observation_file_does_not_get_a_healthy_holder_killed";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let mut holder = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &args(&cs.hold_args(&["--ttl", "1s"], &lock, "a")),
+    );
+    cs.wait_entered("a", Duration::from_secs(20));
+    let job = cs.job_pid("a").unwrap();
+    let lease_id = read_lease(&lock)["lease_id"].clone();
+    for (who, a) in [
+        (Who::Root, vec!["run", "-n", s(&lock), "--", "true"]),
+        (Who::User(&w.b), vec!["run", "-n", s(&lock), "--", "true"]),
+        (Who::Root, vec!["run", "-w", "2", s(&lock), "--", "true"]),
+        (
+            Who::User(&w.b),
+            vec!["run", "-w", "2", s(&lock), "--", "true"],
+        ),
+        (Who::Root, vec!["break", s(&lock)]),
+    ] {
+        forge_seen(&w, &lock, &cs);
+        let o = w.run(who, 0o002, &a, Duration::from_secs(30));
+        f.check(o.code == 75, || {
+            format!(
+                "{} {a:?} with a forged observation: {}",
+                who.name(),
+                describe(&o)
+            )
+        });
+        f.check(
+            !harness::is_dead(job) && holder.child.try_wait().unwrap().is_none(),
+            || format!("{} {a:?}: A's holder or job was killed", who.name()),
+        );
+    }
+    let st = w.run(Who::Root, 0o022, &["status", "--json", s(&lock)], LONG);
+    f.check(st.stdout.contains("\"held\""), || {
+        format!("status with a forged observation: {}", st.stdout)
+    });
+    f.check(read_lease(&lock)["lease_id"] == lease_id, || {
+        "A's lease was replaced".into()
+    });
+    cs.release("a");
+    let o = holder.finish(LONG);
+    f.check(o.code == 0, || format!("A's holder: {}", describe(&o)));
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// A live holder on another host (played by the library with a foreign identity, renewing
+/// normally) is not broken by contenders of this host reading a forged observation file that
+/// claims they saw its heartbeat stand still since boot: over 1.5 of its TTLs every `-n` of root
+/// and of B is refused, a `-w` runs out, `break` refuses, and the holder never loses its lease.
+#[test]
+fn forged_observation_file_does_not_break_a_live_foreign_holder() {
+    let test = "forged_observation_file_does_not_break_a_live_foreign_holder";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let mut foreign = leasehold::Identity::current();
+    foreign.host = format!("elsewhere-{}", std::process::id());
+    foreign.boot_id = "00000000-0000-4000-8000-000000000000".into();
+    // A member makes the lock, so the helper files are what the group's own use makes them.
+    let o = w.run(
+        Who::User(&w.b),
+        0o002,
+        &["run", s(&lock), "--", "true"],
+        LONG,
+    );
+    f.check(o.code == 0, || {
+        format!("B creating the lock: {}", describe(&o))
+    });
+    let ttl = Duration::from_secs(2);
+    let guard = leasehold::LeaseBuilder::new(&lock)
+        .ttl(ttl)
+        .identity(foreign)
+        .try_acquire()
+        .expect("the foreign holder takes the free lock");
+    let lease_id = read_lease(&lock)["lease_id"].clone();
+    let start = Instant::now();
+    let mut attempts = 0;
+    let mut broken = false;
+    while !broken && start.elapsed() < ttl * 3 / 2 {
+        for who in [Who::Root, Who::User(&w.b)] {
+            forge_seen(&w, &lock, &cs);
+            let o = w.run(
+                who,
+                0o002,
+                &["run", "-n", s(&lock), "--", "true"],
+                Duration::from_secs(30),
+            );
+            attempts += 1;
+            if o.code == 0 {
+                f.check(false, || {
+                    format!(
+                        "{}'s -n at {:?} broke the live foreign holder: {}",
+                        who.name(),
+                        start.elapsed(),
+                        describe(&o)
+                    )
+                });
+                broken = true;
+                break;
+            }
+            f.check(o.code == 75, || {
+                format!(
+                    "{}'s -n at {:?} against a live foreign holder: {}",
+                    who.name(),
+                    start.elapsed(),
+                    describe(&o)
+                )
+            });
+        }
+    }
+    forge_seen(&w, &lock, &cs);
+    let o = w.run(
+        Who::Root,
+        0o002,
+        &["run", "-w", "3", s(&lock), "--", "true"],
+        LONG,
+    );
+    f.check(o.code == 75, || format!("root's -w 3: {}", describe(&o)));
+    forge_seen(&w, &lock, &cs);
+    let o = w.run(Who::Root, 0o002, &["break", s(&lock)], LONG);
+    f.check(o.code == 75, || format!("root's break: {}", describe(&o)));
+    f.check(!guard.is_lost(), || {
+        "the foreign holder lost its lease".into()
+    });
+    f.check(read_lease(&lock)["lease_id"] == lease_id, || {
+        "the foreign holder's lease was replaced".into()
+    });
+    eprintln!(
+        "{test}: {attempts} one-shot attempts over {:?}",
+        start.elapsed()
+    );
+    drop(guard);
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6 and 7. The mutex or a ticket held by another user's process
+// ---------------------------------------------------------------------------------------------
+
+/// While user B's process holds the flock of the mutex file (`flock MUTEX sleep`), user A's
+/// `run` prints a wait line within about a second naming B's process and user, and `run -w 1`
+/// exits 75 after about a second naming them.
+#[test]
+fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
+    let test = "mutex_held_by_another_users_process_is_named_and_w_is_kept";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let o = w.run(
+        Who::User(&w.a),
+        0o002,
+        &["run", s(&lock), "--", "true"],
+        LONG,
+    );
+    assert_eq!(o.code, 0, "A creates the lock: {}", describe(&o));
+    let mutex = leasehold::LockPaths::new(&lock).unwrap().mutex;
+    let scratch = w.dir("scratch", 0o777, Who::Root);
+    let ready = scratch.join("flock-ready");
+    let mut sq = harness::Proc::spawn(
+        w.cmd(
+            Who::User(&w.b),
+            0o002,
+            Path::new("flock"),
+            &[
+                s(&mutex),
+                "sh",
+                "-c",
+                "touch \"$0\"; exec sleep 120",
+                s(&ready),
+            ],
+        ),
+        "B's flock on the mutex",
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(10), || ready.exists()),
+        "B's flock did not take the mutex: {}",
+        sq.stderr()
+    );
+    let pid = sq.pid().to_string();
+    let names = |l: &str| l.contains(&pid) && l.contains(&w.b.name);
+
+    let mut waiter = w.spawn(Who::User(&w.a), 0o002, &["run", s(&lock), "--", "true"]);
+    let line = waiter.wait_line(Duration::from_secs(5), names);
+    f.check(
+        line.as_ref()
+            .is_some_and(|(_, t)| *t < Duration::from_millis(2500)),
+        || {
+            format!(
+                "A's run printed no line naming B's pid {pid} and user {} within about a second: \
+             {line:?}, stderr: {:?}",
+                w.b.name,
+                waiter.stderr()
+            )
+        },
+    );
+    f.check(waiter.child.try_wait().unwrap().is_none(), || {
+        format!(
+            "A's run (no -w) did not keep waiting: {:?}",
+            waiter.stderr()
+        )
+    });
+    waiter.kill();
+
+    let o = w.run(
+        Who::User(&w.a),
+        0o002,
+        &["run", "-w", "1", s(&lock), "--", "true"],
+        Duration::from_secs(20),
+    );
+    f.check(
+        o.code == 75
+            && o.took >= Duration::from_millis(900)
+            && o.took < Duration::from_secs(4)
+            && names(&o.stderr),
+        || {
+            format!(
+                "A's run -w 1 against B's mutex holder (pid {pid}): {}",
+                describe(&o)
+            )
+        },
+    );
+    sq.kill();
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// User B plants a ticket in the queue directory and keeps it alive (holds its flock and
+/// rewrites its beat): user A's waiter names that pid and user in its wait line and gives up at
+/// its `-w` with 75, its command not run; A's `-n` is refused.
+#[test]
+fn beating_ticket_of_another_user_is_named_and_w_is_kept() {
+    let test = "beating_ticket_of_another_user_is_named_and_w_is_kept";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    // Let leasehold make its queue directory: A holds, A waits.
+    let mut h = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &args(&cs.hold_args(&[], &lock, "h")),
+    );
+    cs.wait_entered("h", Duration::from_secs(20));
+    let mut q = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &args(&cs.run_args(&["-w", "20"], &lock, "q", 1)),
+    );
+    let line = q.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+    assert!(
+        line.is_some(),
+        "A's second run did not wait: {}",
+        q.stderr()
+    );
+    cs.release("h");
+    assert_eq!(h.finish(LONG).code, 0);
+    assert_eq!(q.finish(LONG).code, 0);
+    let queue = leasehold::LockPaths::new(&lock).unwrap().queue;
+    let ticket = queue.join("q-00000000000000000001");
+    let host = leasehold::Identity::current().host;
+    let ready = cs.dir.join("ticket-ready");
+    let script = r#"f=$0 ready=$1 host=$2 user=$3
+n=0
+while :; do
+  n=$((n+1))
+  printf '{"seq":1,"pid":%d,"host":"%s","user":"%s","since":"2026-01-01T00:00:00.000000Z","command":["planted"],"beat":%20d}\n' "$PPID" "$host" "$user" "$n" 1<>"$f"
+  [ -e "$ready" ] || touch "$ready"
+  sleep 0.1
+done"#;
+    let mut b = harness::Proc::spawn(
+        w.cmd(
+            Who::User(&w.b),
+            0o002,
+            Path::new("flock"),
+            &[
+                s(&ticket),
+                "sh",
+                "-c",
+                script,
+                s(&ticket),
+                s(&ready),
+                &host,
+                &w.b.name,
+            ],
+        ),
+        "B's beating ticket",
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(10), || ready.exists()),
+        "B could not plant a ticket in {} (mode {:o}): {}",
+        queue.display(),
+        fs::metadata(&queue).map(|m| m.mode()).unwrap_or(0),
+        b.stderr()
+    );
+    let pid = b.pid().to_string();
+    let names = |l: &str| l.contains(&pid) && l.contains(&w.b.name);
+    let marker = cs.dir.join("a-ran");
+    let mut a = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &["run", "-w", "3", s(&lock), "--", "touch", s(&marker)],
+    );
+    let line = a.wait_line(Duration::from_secs(5), names);
+    let o = a.finish(Duration::from_secs(20));
+    f.check(line.is_some(), || {
+        format!(
+            "A's waiter did not name B's ticket (pid {pid}, user {}): {}",
+            w.b.name,
+            describe(&o)
+        )
+    });
+    f.check(
+        o.code == 75
+            && o.took >= Duration::from_millis(2500)
+            && o.took < Duration::from_secs(8)
+            && !marker.exists(),
+        || format!("A's -w 3 behind B's live ticket: {}", describe(&o)),
+    );
+    let o = w.run(
+        Who::User(&w.a),
+        0o002,
+        &["run", "-n", s(&lock), "--", "touch", s(&marker)],
+        Duration::from_secs(20),
+    );
+    f.check(o.code == 75 && !marker.exists(), || {
+        format!("A's -n with B's live ticket queued: {}", describe(&o))
+    });
+    f.check(b.child.try_wait().unwrap().is_none(), || {
+        "B's ticket holder died".into()
+    });
+    b.kill();
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Squatted helper names
+// ---------------------------------------------------------------------------------------------
+
+/// A directory, a FIFO or a UNIX socket of user B at a helper name: user A's run is refused with
+/// 65 or 77 naming the path and its owner (or, for a name this run never needed, runs), never
+/// exits 70, never hangs; the squatter is unchanged. At the mutex name a refusal is required.
+#[test]
+fn squatted_helper_names_are_refused_clearly() {
+    let test = "squatted_helper_names_are_refused_clearly";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let probe = w.base.join("job.lock");
+    let mut n = 0;
+    let mut names: Vec<(&str, PathBuf)> = helper_names(&probe)
+        .into_iter()
+        .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
+        .collect();
+    let qrel = leasehold::LockPaths::new(&probe)
+        .unwrap()
+        .queue
+        .strip_prefix(&w.base)
+        .unwrap()
+        .to_path_buf();
+    names.push(("queue directory", qrel.clone()));
+    for (label, rel) in names {
+        for kind in ["directory", "FIFO", "socket"] {
+            if label == "queue directory" && kind == "directory" {
+                continue;
+            }
+            n += 1;
+            let dir = w.dir(&format!("sq-{n}"), 0o2775, Who::Root);
+            let lock = dir.join("job.lock");
+            let squat = dir.join(&rel);
+            if let Some(parent) = squat.parent().filter(|p| *p != dir) {
+                w.sh(Who::User(&w.b), 0o002, "mkdir \"$1\"", &[s(parent)]);
+            }
+            match kind {
+                "directory" => w.sh(Who::User(&w.b), 0o002, "mkdir \"$1\"", &[s(&squat)]),
+                "FIFO" => w.sh(Who::User(&w.b), 0o002, "mkfifo \"$1\"", &[s(&squat)]),
+                _ => {
+                    let l = std::os::unix::net::UnixListener::bind(&squat).unwrap();
+                    std::mem::forget(l);
+                    std::os::unix::fs::lchown(&squat, Some(w.b.uid), Some(w.gid)).unwrap();
+                }
+            }
+            let before = Snapshot::of(&squat);
+            let case = format!("{kind} of B at the {label}");
+            let id = format!("j{n}");
+            let o = w.run(
+                Who::User(&w.a),
+                0o002,
+                &args(&cs.run_args(&["-n"], &lock, &id, 1)),
+                Duration::from_secs(30),
+            );
+            let refused = matches!(o.code, 65 | 77)
+                && names_path(&o.stderr, &squat)
+                && (o.stderr.contains(&w.b.name) || o.stderr.contains(&w.b.uid.to_string()));
+            let ok = refused || (o.code == 0 && cs.ended(&id) && label != "mutex");
+            f.check(ok, || {
+                format!(
+                    "{case}: A's run: expected 65/77 naming {} and {} {}: {}",
+                    squat.display(),
+                    w.b.name,
+                    if label == "mutex" {
+                        ""
+                    } else {
+                        "(or a run that never needed it)"
+                    },
+                    describe(&o)
+                )
+            });
+            let now = Snapshot::of(&squat);
+            f.check(now == before, || {
+                format!(
+                    "{case}: the squatter changed: {:?} -> {:?}",
+                    before.entries, now.entries
+                )
+            });
+        }
+    }
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Another user's remnant
+// ---------------------------------------------------------------------------------------------
+
+/// User A's job leaves a process in its process group when A's holder is SIGKILLed. User B's
+/// takeover does not run its job beside it: B is refused (75) with a message naming the process
+/// it cannot check or stop and what to do. Root's takeover kills the remnant (verified dead
+/// before root's job starts) and runs.
+#[test]
+fn other_users_remnant_is_never_left_running_beside_a_new_job() {
+    let test = "other_users_remnant_is_never_left_running_beside_a_new_job";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let rfile = cs.dir.join("remnant");
+    let entered = cs.dir.join("a-entered");
+    let mut holder = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &[
+            "run",
+            "--ttl",
+            "2s",
+            s(&lock),
+            "--",
+            "sh",
+            "-c",
+            "sleep 300 & echo $! > \"$0\"; touch \"$1\"; wait",
+            s(&rfile),
+            s(&entered),
+        ],
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(20), || entered.exists()),
+        "A's job did not start: {}",
+        holder.stderr()
+    );
+    let remnant: i32 = fs::read_to_string(&rfile).unwrap().trim().parse().unwrap();
+    let rstart = harness::start_time(remnant);
+    holder.signal(Signal::SIGKILL);
+    assert_eq!(holder.finish(LONG).code, 137);
+    assert!(
+        !harness::is_dead(remnant),
+        "the remnant must outlive A's holder for this test"
+    );
+
+    // The job records whether the remnant was alive when it started.
+    let job = "if [ -r /proc/$1/stat ] && ! grep -q '^[0-9]* ([^)]*) [ZX]' /proc/$1/stat; \
+               then echo alive; else echo dead; fi > \"$0\"";
+    let r = remnant.to_string();
+    for (pre, label) in [(vec!["-n"], "-n"), (vec!["-w", "2"], "-w 2")] {
+        let saw = cs.dir.join(format!("b-saw{}", label.replace(' ', "")));
+        let mut a: Vec<&str> = vec!["run"];
+        a.extend(&pre);
+        a.extend([s(&lock), "--", "sh", "-c", job, s(&saw), &r]);
+        let o = w.run(Who::User(&w.b), 0o002, &a, Duration::from_secs(30));
+        let said = fs::read_to_string(&saw).unwrap_or_default();
+        let msg = o.stderr.to_lowercase();
+        let explains = (o.stderr.contains(&r)
+            || o.stderr.contains(&format!("group {r}"))
+            || o.stderr.contains(&format!("process group")))
+            && ["kill", "root", "break", "stop"]
+                .iter()
+                .any(|k| msg.contains(k));
+        f.check(
+            o.code == 75 && said.is_empty() && explains || o.code == 0 && said.trim() == "dead",
+            || {
+                format!(
+                    "B's {label} takeover beside A's remnant (pid {r}): job saw {:?}; expected 75 \
+                     naming the process and what to do: {}",
+                    said.trim(),
+                    describe(&o)
+                )
+            },
+        );
+    }
+    f.check(
+        harness::start_time(remnant) == rstart && !harness::is_dead(remnant),
+        || "B (without permission) cannot have killed the remnant; it is gone unexpectedly".into(),
+    );
+    let saw = cs.dir.join("root-saw");
+    let o = w.run(
+        Who::Root,
+        0o022,
+        &["run", "-n", s(&lock), "--", "sh", "-c", job, s(&saw), &r],
+        Duration::from_secs(30),
+    );
+    let said = fs::read_to_string(&saw).unwrap_or_default();
+    f.check(o.code == 0 && said.trim() == "dead", || {
+        format!(
+            "root's takeover: the remnant was {:?} when root's job started: {}",
+            said.trim(),
+            describe(&o)
+        )
+    });
+    f.check(harness::is_dead(remnant), || {
+        "the remnant still runs".into()
+    });
+    by.assert_untouched();
+    f.done(test);
+}
