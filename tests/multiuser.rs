@@ -93,18 +93,43 @@ fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// The helper names beside `lock` that an attacker can plant something at, with a label.
-/// Per-user variants of the observation file are included when the code in this tree uses them.
-fn helper_names(lock: &Path) -> Vec<(&'static str, PathBuf)> {
-    let p = leasehold::LockPaths::new(lock).unwrap();
-    let q = |n: &str| p.queue.join(n);
-    vec![
-        ("mutex", p.mutex.clone()),
-        ("temp file", p.tmp.clone()),
-        ("observation file", p.seen.clone()),
-        ("queue ticket", q("q-00000000000000000001")),
-        ("prepared lease", q("q-00000000000000000001.lease")),
-    ]
+/// The helper names beside `lock` that an attacker can plant something at, with a label: the
+/// mutex, the fixed temp name and a random-form one, the shared observation file and the one of
+/// each uid in `seen_uids`, and the first queue ticket with its prepared lease.
+fn helper_names(lock: &Path, seen_uids: &[u32]) -> Vec<(String, PathBuf)> {
+    let dir = lock.parent().unwrap();
+    let name = lock.file_name().unwrap().to_str().unwrap();
+    let h = |suffix: &str| dir.join(format!(".{name}.leasehold-{suffix}"));
+    let queue = h("queue");
+    let mut v = vec![
+        ("mutex".to_string(), h("mutex")),
+        ("temp file".to_string(), h("tmp")),
+        (
+            "random temp file name".to_string(),
+            h("tmp-0123456789abcdef"),
+        ),
+        ("shared observation file".to_string(), h("seen")),
+    ];
+    for uid in seen_uids {
+        v.push((
+            format!("observation file of uid {uid}"),
+            h(&format!("seen-{uid}")),
+        ));
+    }
+    v.push(("queue ticket".into(), queue.join("q-00000000000000000001")));
+    v.push((
+        "prepared lease".into(),
+        queue.join("q-00000000000000000001.lease"),
+    ));
+    v
+}
+
+/// The queue directory's name beside `lock`.
+fn queue_dir(lock: &Path) -> PathBuf {
+    let name = lock.file_name().unwrap().to_str().unwrap();
+    lock.parent()
+        .unwrap()
+        .join(format!(".{name}.leasehold-queue"))
 }
 
 /// Whether a refusal's message names `path` (by its full path or at least its file name).
@@ -113,7 +138,16 @@ fn names_path(text: &str, path: &Path) -> bool {
 }
 
 fn describe(o: &Outcome) -> String {
-    format!("exit {} after {:?}; stderr: {:?}", o.code, o.took, o.stderr)
+    let mut e = o.stderr.clone();
+    if e.len() > 800 {
+        let mut cut = 800;
+        while !e.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.truncate(cut);
+        e.push_str("...");
+    }
+    format!("exit {} after {:?}; stderr: {e:?}", o.code, o.took)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -572,11 +606,11 @@ fn hard_links_at_helper_names_never_touch_the_victim() {
     let mut n = 0;
     for v in 0..2 {
         let probe = w.base.join("probe.lock");
-        let mut names = helper_names(&probe)
+        let mut names = helper_names(&probe, &[0])
             .into_iter()
             .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
             .collect::<Vec<_>>();
-        names.push(("LOCK itself", PathBuf::from("probe.lock")));
+        names.push(("LOCK itself".into(), PathBuf::from("probe.lock")));
         for (label, rel) in names {
             n += 1;
             let (vname, victim) = victims(&w, n).swap_remove(v);
@@ -641,7 +675,7 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
     let before = Snapshot::of(&precious);
     let dir = w.dir("sl-queue", 0o755, Who::User(&w.a));
     let lock = dir.join("job.lock");
-    let queue = leasehold::LockPaths::new(&lock).unwrap().queue;
+    let queue = queue_dir(&lock);
     w.sh(
         Who::User(&w.a),
         0o022,
@@ -717,7 +751,10 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
     let mut n = 0;
     for v in 0..2 {
         let probe = w.base.join("probe.lock");
-        for (label, path) in helper_names(&probe).into_iter().take(3) {
+        let beside = helper_names(&probe, &[0])
+            .into_iter()
+            .filter(|(_, p)| p.parent() == Some(w.base.as_path()));
+        for (label, path) in beside {
             n += 1;
             let (vname, victim) = victims(&w, n).swap_remove(v);
             let dir = w.dir(&format!("sl-{n}"), 0o755, Who::User(&w.a));
@@ -762,19 +799,14 @@ fn read_lease(lock: &Path) -> serde_json::Value {
     })
 }
 
-/// The observation files a forger writes: the shared name and every per-user or per-host
-/// variant present beside LOCK.
-fn seen_names(lock: &Path) -> Vec<PathBuf> {
-    let p = leasehold::LockPaths::new(lock).unwrap();
-    let base = p.seen.file_name().unwrap().to_string_lossy().into_owned();
-    let mut v = vec![p.seen.clone()];
-    for e in fs::read_dir(&p.dir).unwrap().flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        if n.starts_with(&base) && n != base && !v.contains(&e.path()) {
-            v.push(e.path());
-        }
-    }
-    v
+/// The observation files a forger writes: the shared name (older versions) and the per-user
+/// files of root and both members, whether or not they exist yet.
+fn seen_names(w: &World, lock: &Path) -> Vec<PathBuf> {
+    helper_names(lock, &[0, w.a.uid, w.b.uid])
+        .into_iter()
+        .filter(|(l, _)| l.contains("observation"))
+        .map(|(_, p)| p)
+        .collect()
 }
 
 /// User B writes an observation file claiming this host first saw the current lease (and its
@@ -796,7 +828,7 @@ fn forge_seen(w: &World, lock: &Path, cs: &Cs) {
     let src = cs.dir.join("forged-seen");
     fs::write(&src, serde_json::to_vec_pretty(&body).unwrap()).unwrap();
     harness::chmod(&src, 0o644);
-    for target in seen_names(lock) {
+    for target in seen_names(w, lock) {
         w.sh(
             Who::User(&w.b),
             0o002,
@@ -991,7 +1023,7 @@ fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
         LONG,
     );
     assert_eq!(o.code, 0, "A creates the lock: {}", describe(&o));
-    let mutex = leasehold::LockPaths::new(&lock).unwrap().mutex;
+    let mutex = helper_names(&lock, &[])[0].1.clone();
     let scratch = w.dir("scratch", 0o777, Who::Root);
     let ready = scratch.join("flock-ready");
     let mut sq = harness::Proc::spawn(
@@ -1098,7 +1130,7 @@ fn beating_ticket_of_another_user_is_named_and_w_is_kept() {
     cs.release("h");
     assert_eq!(h.finish(LONG).code, 0);
     assert_eq!(q.finish(LONG).code, 0);
-    let queue = leasehold::LockPaths::new(&lock).unwrap().queue;
+    let queue = queue_dir(&lock);
     let ticket = queue.join("q-00000000000000000001");
     let host = leasehold::Identity::current().host;
     let ready = cs.dir.join("ticket-ready");
@@ -1196,17 +1228,15 @@ fn squatted_helper_names_are_refused_clearly() {
     let cs = Cs::new(&w.base, "cs");
     let probe = w.base.join("job.lock");
     let mut n = 0;
-    let mut names: Vec<(&str, PathBuf)> = helper_names(&probe)
+    let mut names: Vec<(String, PathBuf)> = helper_names(&probe, &[w.a.uid])
         .into_iter()
         .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
         .collect();
-    let qrel = leasehold::LockPaths::new(&probe)
-        .unwrap()
-        .queue
+    let qrel = queue_dir(&probe)
         .strip_prefix(&w.base)
         .unwrap()
         .to_path_buf();
-    names.push(("queue directory", qrel.clone()));
+    names.push(("queue directory".into(), qrel));
     for (label, rel) in names {
         for kind in ["directory", "FIFO", "socket"] {
             if label == "queue directory" && kind == "directory" {

@@ -1,6 +1,6 @@
 //! The O_EXCL critical-section checker shared by jobs of different users.
 //!
-//! Each job is `sh -c SCRIPT cs DIR ID TICKS PERIOD`. On entering it creates `DIR/inside` with
+//! Each job is `sh DIR/job.sh DIR ID TICKS PERIOD`. On entering it creates `DIR/inside` with
 //! O_EXCL (`set -C`) holding its id, pid and start time. If that fails, the one inside must be a
 //! job the test declared killed (`DIR/killed-ID`, written before the SIGKILL) whose shell is
 //! verifiably dead (gone, a zombie, or its pid reused); the newcomer then replaces the leftover.
@@ -80,6 +80,8 @@ impl Cs {
         let dir = base.join(name);
         fs::create_dir(&dir).unwrap();
         chmod(&dir, 0o777);
+        fs::write(dir.join("job.sh"), SCRIPT).unwrap();
+        chmod(&dir.join("job.sh"), 0o755);
         Cs { dir }
     }
 
@@ -87,9 +89,7 @@ impl Cs {
     pub fn job(&self, id: &str, ticks: u32, period: &str) -> Vec<String> {
         vec![
             "sh".into(),
-            "-c".into(),
-            SCRIPT.into(),
-            "cs".into(),
+            self.dir.join("job.sh").to_str().unwrap().into(),
             self.dir.to_str().unwrap().into(),
             id.into(),
             ticks.to_string(),
