@@ -16,7 +16,7 @@ use crate::fsinfo;
 use crate::fsio;
 use crate::guard::{LeaseGuard, LossReason, LostCallback, Start, Timing};
 use crate::identity::Identity;
-use crate::mutex::{self, MutexFile, MutexGuard, StuckPolicy};
+use crate::mutex::{self, MutexFile, MutexGuard, MutexWait, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, JobEvidence};
@@ -64,8 +64,6 @@ pub struct LeaseBuilder {
     resolved: Option<(LockPaths, fsinfo::FsInfo)>,
     /// The mutex file, kept open between attempts (see [`MutexFile`]).
     mutex_file: Option<MutexFile>,
-    /// LOCK's directory, kept open to fsync it after each rename.
-    dir_file: Option<Arc<std::fs::File>>,
 }
 
 impl std::fmt::Debug for LeaseBuilder {
@@ -92,8 +90,6 @@ struct Ctx {
     poll: bool,
     /// Not a network file system.
     local: bool,
-    /// LOCK's directory, open (when durable writes need it).
-    dir: Option<Arc<std::fs::File>>,
     /// Whether writes are fsynced: asked for, and the file system is not memory-backed.
     sync: bool,
 }
@@ -148,7 +144,6 @@ impl LeaseBuilder {
             allow_host_local_locks: false,
             resolved: None,
             mutex_file: None,
-            dir_file: None,
         }
     }
 
@@ -238,6 +233,15 @@ impl LeaseBuilder {
 
     fn ctx(&mut self) -> Result<Ctx> {
         let timing = self.timing()?;
+        // A directory whose path now leads elsewhere (unmounted, replaced) is resolved anew.
+        if self
+            .resolved
+            .as_ref()
+            .is_some_and(|(p, _)| !matches!(p.dir_moved(), Ok(false)))
+        {
+            self.resolved = None;
+            self.mutex_file = None;
+        }
         let (paths, fs) = match &self.resolved {
             Some(r) => r.clone(),
             None => {
@@ -256,13 +260,10 @@ impl LeaseBuilder {
                 ),
             });
         }
+        refuse_unshareable(&paths)?;
         let sync = self.durable && !fs.memory_backed;
-        if sync && self.dir_file.is_none() {
-            self.dir_file = fsio::open_dir(&paths.dir).ok().map(Arc::new);
-        }
         Ok(Ctx {
             sync,
-            dir: self.dir_file.clone(),
             timing,
             paths,
             me: self.identity.clone().unwrap_or_else(Identity::current),
@@ -301,11 +302,17 @@ impl LeaseBuilder {
         let mut mem = Memory::default();
         let mut waiter = Waiter::new(&ctx.paths, ctx.poll, ctx.timing.ttl);
         let mut queued = Queued::default();
-        let mut reported: Option<(String, State, bool)> = None;
+        let mut reported: Option<(String, State, Option<u64>)> = None;
         loop {
             let (v, predecessor) = match self.attempt(&ctx, deadline, &mut mem, Some(&mut queued)) {
                 Ok(Attempt::Taken(g)) => return Ok(*g),
-                Ok(Attempt::Busy(v, p)) => (v, p),
+                Ok(Attempt::Busy(mut v, p)) => {
+                    if let Some(p) = &p {
+                        // Named by who holds its flock, not by what the ticket says.
+                        v.behind = Some(format!("queued waiter #{}, {}", p.seq, p.who()));
+                    }
+                    (v, p)
+                }
                 // The deadline ran out while another process was inside the mutex: that is a
                 // timeout like any other, explained by who sits on the mutex.
                 Err(Error::MutexStuck { holder, .. })
@@ -313,6 +320,7 @@ impl LeaseBuilder {
                 {
                     let mut v = self.peek(&ctx, &mut mem);
                     v.reason = format!("{}; the lease mutex is held by {holder}", v.reason);
+                    v.behind = Some(format!("the lease mutex, held by {holder}"));
                     return Err(Error::Timeout {
                         path: ctx.paths.lock,
                         waited: start.elapsed(),
@@ -336,7 +344,7 @@ impl LeaseBuilder {
                     .map(|l| l.lease_id.clone())
                     .unwrap_or_default(),
                 v.state,
-                predecessor.is_some(),
+                predecessor.as_ref().map(|p| p.seq),
             );
             if reported.as_ref() != Some(&key) {
                 if let Some(cb) = self.on_wait.as_mut() {
@@ -361,7 +369,7 @@ impl LeaseBuilder {
     fn peek(&self, ctx: &Ctx, mem: &mut Memory) -> Verdict {
         let mut judge = self.judge(ctx);
         judge.persist = false;
-        let content = fsio::read_lock(&ctx.paths.lock).unwrap_or(fsio::LockContent::Missing);
+        let content = fsio::read_lock(&ctx.paths).unwrap_or(fsio::LockContent::Missing);
         judge.judge(&content, mem)
     }
 
@@ -390,17 +398,44 @@ impl LeaseBuilder {
         } else {
             StuckPolicy::Report
         };
-        let mut beat = queued
-            .as_deref_mut()
-            .and_then(|q| q.ticket.as_mut())
-            .map(|t| move || t.beat());
+        let mut ticket = queued.as_deref_mut().and_then(|q| q.ticket.as_mut());
+        let (on_wait, clock, wall_skew) = (&mut self.on_wait, &self.clock, self.wall_skew);
+        // Never wait silently: a mutex someone sits on is reported, naming who (the kernel's
+        // word), as any other wait is.
+        let mut waiting = |w: MutexWait<'_>| match w {
+            MutexWait::Beat => {
+                if let Some(t) = ticket.as_deref_mut() {
+                    t.beat();
+                }
+            }
+            MutexWait::Blocked(who) => {
+                if let Some(cb) = on_wait.as_mut() {
+                    let judge = Judge {
+                        paths: &ctx.paths,
+                        me: &ctx.me,
+                        clock: clock.as_ref(),
+                        wall_skew,
+                        persist: false,
+                    };
+                    let content = fsio::read_lock(&ctx.paths).unwrap_or(fsio::LockContent::Missing);
+                    let mut v = judge.judge(&content, &mut Memory::default());
+                    v.reason = format!(
+                        "the lease mutex {} is held by {who}",
+                        ctx.paths.mutex.display()
+                    );
+                    v.state = State::Held;
+                    v.behind = Some(format!("the lease mutex, held by {who}"));
+                    cb(&v);
+                }
+            }
+        };
         let m = mutex::lock_with(
             self.mutex_file.take(),
-            &ctx.paths.mutex,
+            &ctx.paths,
             deadline,
             ctx.timing.ttl,
             policy,
-            beat.as_mut().map(|f| f as &mut dyn FnMut()),
+            Some(&mut waiting),
             !ctx.local,
         )?;
         let (mut ahead, waiting_ahead) = match queued.as_deref_mut() {
@@ -416,14 +451,20 @@ impl LeaseBuilder {
                 if q.head && mine.is_some() {
                     Ok((Vec::new(), 0))
                 } else {
-                    queue::live_ahead(&ctx.paths, mine, Some(&mut q.observed), ctx.timing.ttl)
+                    queue::live_ahead(
+                        &ctx.paths,
+                        mine,
+                        Some(&mut q.observed),
+                        ctx.timing.ttl,
+                        !ctx.local,
+                    )
                 }
             }
-            None => queue::live_ahead(&ctx.paths, None, None, ctx.timing.ttl),
+            None => queue::live_ahead(&ctx.paths, None, None, ctx.timing.ttl, !ctx.local),
         }
-        .unwrap_or_default();
+        .or_else(degrade)?;
         let seen = queued.as_deref_mut().and_then(|q| q.seen.take());
-        let (content, replaced) = fsio::read_lock_keep(&ctx.paths.lock, seen)?;
+        let (content, replaced) = fsio::read_lock_keep(&ctx.paths, seen)?;
         // Never keep LOCK open on a network file system: an NFS client that renames over a
         // file it has open keeps the old file alive on the server (a silly rename), and another
         // host whose cached name still leads to it would read the old lease instead of getting
@@ -459,6 +500,8 @@ impl LeaseBuilder {
                 State::Hung if !self.take_over_hung => None,
                 State::Stale | State::Hung => {
                     stop_old_job(&v, &ctx.paths).map_err(|why| refused(ctx, &v, &why))?;
+                    // A writer that died mid-write left at most a temp file: remove it now.
+                    fsio::remove_leftover_temps(&ctx.paths);
                     Some(Some(v.clone()))
                 }
             };
@@ -484,7 +527,9 @@ impl LeaseBuilder {
                 // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
                 let argv = self.command.clone().unwrap_or_default();
                 q.ticket =
-                    Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv, !ctx.local).ok();
+                    Ticket::take(&ctx.paths, &ctx.me, self.clock.as_ref(), &argv, !ctx.local)
+                        .map(Some)
+                        .or_else(degrade)?;
             }
             q.head = q.ticket.is_some() && ahead.is_empty();
             if q.head && q.reserved.is_none() {
@@ -587,21 +632,16 @@ impl LeaseBuilder {
                 (lease, bytes)
             }
         };
+        // Our holder's mark, before the lease becomes visible (see `guard::holder_mark`).
+        let mark = crate::guard::holder_mark(&ctx.paths);
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = Instant::now();
-        let dir = ctx.dir.as_deref().map(|d| (d, ctx.paths.dir.as_path()));
         let prepared = ticket
             .as_mut()
-            .and_then(|t| t.install(&bytes, ctx.sync, &ctx.paths.lock, dir));
+            .and_then(|t| t.install(&bytes, ctx.sync, &ctx.paths));
         let written = match prepared {
             Some(w) => w?,
-            None => fsio::replace_keep(
-                &ctx.paths,
-                &ctx.paths.lock,
-                &bytes,
-                ctx.sync,
-                ctx.dir.as_deref(),
-            )?,
+            None => fsio::replace_keep(&ctx.paths, &ctx.paths.lock, &bytes, ctx.sync)?,
         };
         // Leave the queue: the name goes while we hold the mutex (so it is surely ours), the
         // lock after the mutex is free, waking exactly our successor.
@@ -620,12 +660,41 @@ impl LeaseBuilder {
             witness,
             written: Some(written),
             local: ctx.local,
-            dir: ctx.dir.clone(),
             sync: ctx.sync,
             replaced: replaced.map(|s| s.file),
+            mark,
         })?;
         Ok(g)
     }
+}
+
+/// A queueing failure (a full or read-only directory) degrades to unordered waiting, never to
+/// refusal — except something planted at the queue's names (not leasehold's own files), which
+/// is refused at once, naming it, rather than silently waited around.
+fn degrade<T: Default>(e: Error) -> Result<T> {
+    match e {
+        Error::Squatted { .. } | Error::Untrusted { .. } => Err(e),
+        _ => Ok(T::default()),
+    }
+}
+
+/// In a sticky directory (`/tmp`, `/run/lock`) only a file's owner (or root) may rename over
+/// it: a LOCK or mutex file of another user there could never be taken over by us. Refuse at
+/// once, naming the owner, rather than wait through the holder's job and fail then.
+fn refuse_unshareable(paths: &LockPaths) -> Result<()> {
+    let dir = paths.handle();
+    if !dir.sticky() {
+        return Ok(());
+    }
+    for (name, role) in [
+        (paths.lock_name(), "lock file"),
+        (paths.mutex_name(), "mutex file"),
+    ] {
+        if let Ok(Some(m)) = dir.stat(name) {
+            dir.check_owner(name, &m, role)?;
+        }
+    }
+    Ok(())
 }
 
 /// The token after every one handed out: above the high-water mark and LOCK's own token.
@@ -645,15 +714,20 @@ fn refused(ctx: &Ctx, v: &Verdict, why: &str) -> Error {
 /// Before a stale or hung same-host lease is taken over or broken: stops what is left of its
 /// job, every process verified first — the command's group of a hung holder (see
 /// [`stop_hung`]), or the leftover processes a dead holder's job left in its group. Returns how
-/// many were stopped; nothing to do for foreign or free leases.
+/// many were stopped; nothing to do for foreign or free leases. Refuses (with the line to show)
+/// when a live process of the old job's group cannot be checked: taking over would leave it
+/// running beside the new job, and it must not be signalled unverified either.
 pub(crate) fn stop_old_job(v: &Verdict, paths: &LockPaths) -> std::result::Result<usize, String> {
     let Some(l) = &v.lease else {
         return Ok(0);
     };
     match (v.state, l.holder.pgid) {
         (State::Hung, _) if v.same_host => stop_hung(l, paths),
+        (State::Stale, _) if v.same_host && v.unchecked.is_some() => {
+            Err(v.unchecked.clone().unwrap_or_default())
+        }
         (State::Stale, Some(pg)) if v.same_host && !v.remnants.is_empty() => {
-            let ev = JobEvidence::new(&l.lease_id, l.holder.uid, &paths.mutex);
+            let ev = JobEvidence::for_lock(&l.lease_id, l.holder.uid, paths);
             process::kill_group_verified(pg, &ev, Duration::from_secs(2))
         }
         _ => Ok(0),
@@ -661,12 +735,14 @@ pub(crate) fn stop_old_job(v: &Verdict, paths: &LockPaths) -> std::result::Resul
 }
 
 /// Stops the processes of a hung same-host holder, each verified against /proc first (see
-/// [`JobEvidence`]): the members of its command's process group that carry its lease id, or the
-/// holder itself (which keeps the lock's mutex file open) when it recorded no command. The
-/// frozen wrapper is left alone: when resumed it finds its lease gone and fences itself.
+/// [`JobEvidence`]): the members of its command's process group that carry this lock's path
+/// and its lease id, or the holder itself (which keeps its holder's mark on this lock's mutex
+/// file) when it recorded no command. The frozen wrapper is left alone: when resumed it finds
+/// its lease gone and fences itself. Refuses when the recorded command lives but is not
+/// provably this lock's, or when a member of the group cannot be checked.
 pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usize, String> {
     let h = &l.holder;
-    let ev = JobEvidence::new(&l.lease_id, h.uid, &paths.mutex);
+    let ev = JobEvidence::for_lock(&l.lease_id, h.uid, paths);
     let wait = Duration::from_secs(2);
     match h.pgid {
         Some(pg) => {
@@ -676,7 +752,20 @@ pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usi
                 && s.start == cs
                 && !s.is_dead()
             {
-                ev.check(&s)?;
+                match ev.check(&s) {
+                    process::Evidence::Belongs => {}
+                    process::Evidence::NotOurs(why) => {
+                        return Err(format!(
+                            "{why}: not this lock's job (a forged or copied lease?); not signalling anything; leasehold break --force replaces such a lease"
+                        ));
+                    }
+                    process::Evidence::Unknown(why) => {
+                        return Err(format!(
+                            "pid {c} cannot be checked: {why}; not signalling anything; run leasehold as root or as {}, stop it, or use leasehold break --force",
+                            h.user
+                        ));
+                    }
+                }
                 if s.pgrp != pg {
                     return Err(format!(
                         "pid {c} has left process group {pg}; not signalling"

@@ -97,6 +97,16 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
+    /// LOCK's own file name is longer than a file name may be.
+    #[error("{path}: the file name is {len} bytes long; the limit is {max} bytes (NAME_MAX)")]
+    NameTooLong {
+        /// The lock path as given.
+        path: PathBuf,
+        /// The length of its final component, in bytes.
+        len: usize,
+        /// The longest file name allowed, in bytes.
+        max: usize,
+    },
     /// LOCK's file system cannot make the lock safe (an NFS mount whose locks are host-local).
     #[error("{path}: {why}")]
     UnsafeFileSystem {
@@ -111,6 +121,24 @@ pub enum Error {
         /// The lock path.
         path: PathBuf,
         /// Why we would not take it over.
+        why: String,
+    },
+    /// Something that is not leasehold's own file sits at a helper file's name (a directory, a
+    /// FIFO, a socket, a hard link to another file); it was left untouched.
+    #[error("{path}: {why}")]
+    Squatted {
+        /// The helper file's path.
+        path: PathBuf,
+        /// What is there, whose it is, and what to do.
+        why: String,
+    },
+    /// A helper file belongs to a user this directory does not let us share it with (or a
+    /// sticky directory keeps us from taking it over); it was left untouched.
+    #[error("{path}: {why}")]
+    Untrusted {
+        /// The helper file's path.
+        path: PathBuf,
+        /// Whose it is and what to do.
         why: String,
     },
     /// Our own lease was no longer ours when we came to change it.
@@ -170,13 +198,16 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Io { source, .. } => io_exit_code(source),
-            Error::NotALease { .. } | Error::NewerFormat { .. } => exit::DATAERR,
+            Error::NotALease { .. } | Error::NewerFormat { .. } | Error::Squatted { .. } => {
+                exit::DATAERR
+            }
+            Error::Untrusted { .. } => exit::NOPERM,
             Error::WouldBlock { .. } | Error::Timeout { .. } | Error::MutexStuck { .. } => {
                 exit::TEMPFAIL
             }
             Error::Refused { .. } => exit::TEMPFAIL,
             Error::UnsafeFileSystem { .. } => exit::CONFIG,
-            Error::Settings(_) => exit::USAGE,
+            Error::Settings(_) | Error::NameTooLong { .. } => exit::USAGE,
             Error::BadPath { .. } => exit::NOINPUT,
             Error::Lost { .. } => exit::IOERR_FENCED,
         }

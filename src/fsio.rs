@@ -2,20 +2,22 @@
 //!
 //! Owns: opening LOCK safely (never following a symlink, never blocking on a FIFO, refusing
 //! anything but a regular file, size-capped), re-reading until a torn read is gone, atomic
-//! replacement through the one temp file, the in-place header write a renewal does, and the
+//! replacement through an exclusively created temp file, the in-place header write a renewal does, and the
 //! released bit (the sticky bit a holder sets to release in place; every read applies it).
 //! Must never: write LOCK except by renaming a complete record over it, rewriting the fixed
 //! header of a record we verified is ours, or setting the released bit on such a record;
-//! unlink anything it did not just create.
+//! unlink anything but a temp file it created (or a crashed writer's, checked); reach any file
+//! except through LOCK's directory descriptor ([`crate::lockdir`]).
 
-use std::fs::{File, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 
-use nix::fcntl::OFlag;
-
 use crate::error::{Error, Result, libc_consts};
+use crate::lockdir::Meta;
 use crate::paths::LockPaths;
 use crate::record::{Lease, LeaseState, MAX_LEASE_BYTES, MUTABLE_RANGE, Parsed};
 
@@ -42,26 +44,18 @@ pub(crate) const RELEASED_BIT: u32 = 0o1000;
 /// other users' contenders read it).
 pub(crate) const LEASE_MODE: u32 = 0o644;
 
-/// Gives a file we are writing a lease into (`meta`: its stat) the lease mode, whatever the
-/// umask or an older file with that name left: a chmod only when it differs.
-pub(crate) fn ensure_lease_mode(f: &File, meta: &std::fs::Metadata) -> io::Result<()> {
-    if meta.mode() & 0o7777 != LEASE_MODE {
-        f.set_permissions(std::fs::Permissions::from_mode(LEASE_MODE))?;
-    }
-    Ok(())
-}
-
 /// Opens LOCK for reading or read-write without following a symlink or blocking on a FIFO, and
-/// checks it is a regular file of plausible size. `Ok(None)` when it does not exist; otherwise
-/// the file and its mode (for [`read_open`]).
-pub(crate) fn open_lock(path: &Path, write: bool) -> Result<Option<(File, u32)>> {
-    Ok(open_lock_len(path, write)?.map(|(f, meta)| (f, meta.mode())))
+/// checks it is a regular file of plausible size (and, to write it, one with a single link that
+/// we own: a renewal only ever writes the file it renamed into place itself). `Ok(None)` when
+/// it does not exist; otherwise the file and its mode (for [`read_open`]).
+pub(crate) fn open_lock(paths: &LockPaths, write: bool) -> Result<Option<(File, u32)>> {
+    Ok(open_lock_len(paths, write)?.map(|(f, meta)| (f, meta.mode)))
 }
 
 /// Opens LOCK read-only as [`open_lock`] does, if it is still the file `id` (device, inode).
-pub(crate) fn open_lock_if(path: &Path, id: (u64, u64)) -> Option<File> {
-    match open_lock_len(path, false) {
-        Ok(Some((f, meta))) if (meta.dev(), meta.ino()) == id => Some(f),
+pub(crate) fn open_lock_if(paths: &LockPaths, id: (u64, u64)) -> Option<File> {
+    match open_lock_len(paths, false) {
+        Ok(Some((f, meta))) if meta.id() == id => Some(f),
         _ => None,
     }
 }
@@ -85,15 +79,10 @@ fn with_mode(content: LockContent, mode: u32) -> LockContent {
     }
 }
 
-/// As [`open_lock`], also giving the file's size at open.
-fn open_lock_len(path: &Path, write: bool) -> Result<Option<(File, std::fs::Metadata)>> {
-    let flags = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
-    let res = OpenOptions::new()
-        .read(true)
-        .write(write)
-        .custom_flags(flags.bits())
-        .open(path);
-    let file = match res {
+/// As [`open_lock`], also giving the file's stat at open.
+fn open_lock_len(paths: &LockPaths, write: bool) -> Result<Option<(File, Meta)>> {
+    let path = &paths.lock;
+    let file = match paths.handle().open_existing(paths.lock_name(), write) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc_consts::ELOOP) => {
@@ -107,25 +96,22 @@ fn open_lock_len(path: &Path, write: bool) -> Result<Option<(File, std::fs::Meta
         }
         Err(e) => return Err(Error::io(path, "open", e)),
     };
-    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let what = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_socket() {
-            "a socket"
-        } else {
-            "a device"
-        };
-        return Err(not_a_lease(path, what));
+    let meta = file
+        .metadata()
+        .map(|m| Meta::of(&m))
+        .map_err(|e| Error::io(path, "stat", e))?;
+    if !meta.is_file() {
+        return Err(not_a_lease(path, meta.kind()));
     }
-    if meta.len() > MAX_LEASE_BYTES {
+    if meta.size > MAX_LEASE_BYTES {
         return Err(not_a_lease(
             path,
-            &format!("{} bytes, larger than any lease", meta.len()),
+            &format!("{} bytes, larger than any lease", meta.size),
         ));
+    }
+    if write {
+        // Only our own file, renamed into place by us, is ever written in place.
+        paths.handle().check(paths.lock_name(), &meta, "lease")?;
     }
     Ok(Some((file, meta)))
 }
@@ -205,8 +191,8 @@ fn read_open_sized(file: &File, path: &Path, len: Option<u64>) -> Result<LockCon
 /// Opens LOCK afresh (close-to-open on NFS) and reads what it holds. On NFS an open can be
 /// served from a cached handle of a file another host has since renamed over, and the server
 /// then answers ESTALE: open again, which looks the name up anew.
-pub(crate) fn read_lock(path: &Path) -> Result<LockContent> {
-    read_lock_keep(path, None).map(|(c, _)| c)
+pub(crate) fn read_lock(paths: &LockPaths) -> Result<LockContent> {
+    read_lock_keep(paths, None).map(|(c, _)| c)
 }
 
 /// What `lstat` says of LOCK, as far as any change to it shows: a rename over it (inode), a
@@ -221,13 +207,13 @@ pub(crate) struct Sig {
 }
 
 impl Sig {
-    fn of(m: &std::fs::Metadata) -> Sig {
+    fn of(m: &Meta) -> Sig {
         Sig {
-            id: (m.dev(), m.ino()),
-            mode: m.mode(),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
+            id: m.id(),
+            mode: m.mode,
+            len: m.size,
+            mtime: m.mtime,
+            ctime: m.ctime,
         }
     }
 
@@ -239,8 +225,13 @@ impl Sig {
 }
 
 /// LOCK's signature now (`None`: missing, or not to be stated).
-pub(crate) fn signature(path: &Path) -> Option<Sig> {
-    std::fs::symlink_metadata(path).ok().map(|m| Sig::of(&m))
+pub(crate) fn signature(paths: &LockPaths) -> Option<Sig> {
+    paths
+        .handle()
+        .stat(paths.lock_name())
+        .ok()
+        .flatten()
+        .map(|m| Sig::of(&m))
 }
 
 /// LOCK's file as last read, still open, with what `lstat` said of it just before that read,
@@ -277,45 +268,40 @@ impl Seen {
 /// since the last read through `seen` (same modification time and size), the lease read then
 /// is the answer.
 pub(crate) fn read_lock_keep(
-    path: &Path,
+    paths: &LockPaths,
     seen: Option<Seen>,
 ) -> Result<(LockContent, Option<Seen>)> {
+    let path = &paths.lock;
     if let Some(mut s) = seen {
-        match std::fs::symlink_metadata(path) {
-            Ok(m)
-                if (m.dev(), m.ino()) == s.sig.id
-                    && m.file_type().is_file()
-                    && m.len() <= MAX_LEASE_BYTES =>
-            {
+        match paths.handle().stat(paths.lock_name()) {
+            Ok(Some(m)) if m.id() == s.sig.id && m.is_file() && m.size <= MAX_LEASE_BYTES => {
                 let now = Sig::of(&m);
                 let earlier = std::mem::replace(&mut s.sig, now);
                 // Released in place, and not written since we read it: what we read is still
                 // what it holds.
-                if m.mode() & RELEASED_BIT != 0
+                if m.mode & RELEASED_BIT != 0
                     && now.same_bytes_as(&earlier)
                     && let Some((l, b)) = s.last.take()
                 {
-                    return Ok((with_mode(LockContent::Lease(l, b), m.mode()), Some(s)));
+                    return Ok((with_mode(LockContent::Lease(l, b), m.mode), Some(s)));
                 }
-                return read_open_sized(&s.file, path, Some(m.len()))
-                    .map(|c| with_mode(c, m.mode()))
+                return read_open_sized(&s.file, path, Some(m.size))
+                    .map(|c| with_mode(c, m.mode))
                     .map(|c| {
                         let s = s.remember(&c);
                         (c, Some(s))
                     });
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok((LockContent::Missing, None));
-            }
+            Ok(None) => return Ok((LockContent::Missing, None)),
             _ => {}
         }
     }
     let mut tries = 0;
     loop {
-        let r = match open_lock_len(path, false) {
+        let r = match open_lock_len(paths, false) {
             Ok(None) => return Ok((LockContent::Missing, None)),
-            Ok(Some((f, meta))) => read_open_sized(&f, path, Some(meta.len()))
-                .map(|c| with_mode(c, meta.mode()))
+            Ok(Some((f, meta))) => read_open_sized(&f, path, Some(meta.size))
+                .map(|c| with_mode(c, meta.mode))
                 .map(|c| {
                     let s = Seen {
                         file: f,
@@ -354,108 +340,131 @@ pub(crate) struct Written {
     pub kept: Option<File>,
 }
 
-/// Replaces `target` atomically with `bytes`: write the temp file, optionally fsync it, rename
-/// it over `target`, optionally fsync the directory. Callers hold the mutex, so the one temp
-/// name is never used by two writers at once; a crashed writer's temp file is simply
-/// overwritten by the next.
+/// Replaces the file `target` (LOCK or another file in LOCK's directory) atomically with
+/// `bytes`: write a new temp file (created exclusively: see [`create_temp`]), optionally fsync
+/// it, rename it over `target`, optionally fsync the directory. Callers hold the mutex.
 pub(crate) fn replace(paths: &LockPaths, target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-    replace_keep(paths, target, bytes, durable, None).map(|_| ())
+    replace_keep(paths, target, bytes, durable).map(|_| ())
 }
 
-/// As [`replace`], saying which file it put in place (see [`Written`]). `dir`, when given, is
-/// LOCK's directory already open, to fsync without opening it again.
+/// As [`replace`], saying which file it put in place (see [`Written`]).
 pub(crate) fn replace_keep(
     paths: &LockPaths,
     target: &Path,
     bytes: &[u8],
     durable: bool,
-    dir: Option<&File>,
 ) -> Result<Written> {
-    let tmp = &paths.tmp;
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(LEASE_MODE)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits())
-        .open(tmp)
-        .map_err(|e| Error::io(tmp, "create the temp file", e))?;
-    let meta = f.metadata().map_err(|e| Error::io(tmp, "stat", e))?;
-    if !meta.file_type().is_file() {
-        return Err(not_a_lease(
-            tmp,
-            "the temp file's name is taken by something else",
-        ));
-    }
-    // An older temp file keeps its mode through O_TRUNC; a lease must stay readable.
-    let _ = ensure_lease_mode(&f, &meta);
+    let dir = paths.handle();
+    let Some(target_name) = target
+        .file_name()
+        .filter(|_| target.parent() == Some(dir.path()))
+    else {
+        return Err(Error::BadPath {
+            path: target.to_path_buf(),
+            why: "not in the lock's directory".into(),
+        });
+    };
+    let (mut f, name) =
+        create_temp(paths).map_err(|e| Error::io(&paths.tmp, "create a temp file", e))?;
+    let tmp = dir.join(&name);
+    let meta = f
+        .metadata()
+        .map(|m| Meta::of(&m))
+        .map_err(|e| Error::io(&tmp, "stat", e))?;
     let result = (|| {
         f.write_all(bytes)
-            .map_err(|e| Error::io(tmp, "write the temp file", e))?;
+            .map_err(|e| Error::io(&tmp, "write the temp file", e))?;
         if durable {
             f.sync_data()
-                .map_err(|e| Error::io(tmp, "fsync the temp file", e))?;
+                .map_err(|e| Error::io(&tmp, "fsync the temp file", e))?;
         }
-        std::fs::rename(tmp, target).map_err(|e| Error::io(target, "rename into place", e))?;
+        dir.rename(&name, target_name)
+            .map_err(|e| Error::io(target, "rename into place", e))?;
         if durable {
-            match dir {
-                Some(d) => sync_open_dir(d, &paths.dir)?,
-                None => sync_dir(&paths.dir)?,
-            }
+            dir.sync()?;
         }
         Ok(())
     })();
-    let id = (meta.dev(), meta.ino());
     if result.is_err() {
         // Give back the blocks on a full disk, but only if the name is still our file.
-        if let Ok(now) = std::fs::symlink_metadata(tmp)
-            && (now.dev(), now.ino()) == id
-        {
-            let _ = std::fs::remove_file(tmp);
+        dir.unlink_if(&name, meta.id());
+    }
+    result.map(|()| Written {
+        id: meta.id(),
+        kept: None,
+    })
+}
+
+/// Creates the temp file for one atomic write, exclusively: `.NAME.leasehold-tmp` — found there
+/// only as the leftover of a writer that crashed (every writer holds the mutex and renames its
+/// temp file away), so it is removed first if it is leasehold's own shape (regular, one link,
+/// trusted owner) and then created anew with `O_EXCL` — or, when that name is taken by
+/// anything else (planted there), a name with 16 random hex digits, also with `O_EXCL`. Either
+/// way nothing existing is ever opened, and crashed writers' files cannot pile up.
+fn create_temp(paths: &LockPaths) -> io::Result<(File, std::ffi::OsString)> {
+    let dir = paths.handle();
+    let template = paths.tmp_name().as_bytes();
+    let fixed = OsStr::from_bytes(&template[..template.len().saturating_sub(17)]);
+    for _ in 0..2 {
+        match dir.create_new(fixed, LEASE_MODE) {
+            Ok(f) => return Ok((f, fixed.to_os_string())),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if !dir.unlink_leftover(fixed) {
+                    break;
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
-    result.map(|()| Written { id, kept: None })
+    dir.create_temp(paths.tmp_name(), LEASE_MODE)
 }
 
-/// Opens a directory (to fsync it later).
-pub(crate) fn open_dir(dir: &Path) -> Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_CLOEXEC).bits())
-        .open(dir)
-        .map_err(|e| Error::io(dir, "open the directory", e))
-}
-
-/// fsync a directory, so that a rename in it is durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    sync_open_dir(&open_dir(dir)?, dir)
-}
-
-/// fsync an open directory (`dir` names it, for errors).
-pub(crate) fn sync_open_dir(d: &File, dir: &Path) -> Result<()> {
-    match d.sync_all() {
-        Ok(()) => Ok(()),
-        // Some file systems refuse fsync on directories; the rename is then as durable as it gets.
-        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EINVAL as i32) => Ok(()),
-        Err(e) => Err(Error::io(dir, "fsync the directory", e)),
+/// Removes randomly named temp files (see [`create_temp`]) a crashed writer left: names made
+/// from the temp template, regular files with one link whose owner the directory trusts. Called under the
+/// mutex (every writer of a temp file holds it, so none is in use), when a stale lease is taken
+/// over: a writer only crashes mid-write by dying, which leaves its lease stale.
+pub(crate) fn remove_leftover_temps(paths: &LockPaths) {
+    let dir = paths.handle();
+    let t = paths.tmp_name().as_bytes();
+    let prefix = &t[..t.len().saturating_sub(16)];
+    let Ok(names) = dir.names() else {
+        return;
+    };
+    for n in names {
+        let b = n.as_bytes();
+        if b.len() == t.len()
+            && b.starts_with(prefix)
+            && b[prefix.len()..].iter().all(u8::is_ascii_hexdigit)
+        {
+            dir.unlink_leftover(&n);
+        }
     }
 }
 
-/// Reads a small helper file by path, following no symlink. `Ok(None)` if missing.
-pub(crate) fn read_small(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
-    let f = match OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
-        .open(path)
-    {
+/// Reads a small helper file in LOCK's directory, following no symlink, if it passes `trust`
+/// (given the file's stat after opening). `Ok(None)` if missing or not trusted.
+pub(crate) fn read_small(
+    paths: &LockPaths,
+    name: &OsStr,
+    cap: u64,
+    trust: impl FnOnce(&Meta) -> bool,
+) -> Result<Option<Vec<u8>>> {
+    let path = paths.handle().join(name);
+    let f = match paths.handle().open_existing(name, false) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, "open", e)),
+        Err(e) => return Err(Error::io(&path, "open", e)),
     };
+    let meta = f
+        .metadata()
+        .map(|m| Meta::of(&m))
+        .map_err(|e| Error::io(&path, "stat", e))?;
+    if !trust(&meta) {
+        return Ok(None);
+    }
     let mut buf = Vec::new();
     f.take(cap)
         .read_to_end(&mut buf)
-        .map_err(|e| Error::io(path, "read", e))?;
+        .map_err(|e| Error::io(&path, "read", e))?;
     Ok(Some(buf))
 }

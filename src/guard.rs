@@ -5,9 +5,12 @@
 //! ours) and the watchdog (declares a guard lost when no renewal has succeeded by its deadline;
 //! it never does I/O, so a renewal stuck in I/O cannot hold it up, and sleeps on a timerfd that
 //! renewals move, so it wakes only when a deadline is really reached) — loss notification,
-//! recording the wrapped command in the lease, and release.
+//! recording the wrapped command in the lease, release, and the holder's mark (an `O_PATH`
+//! descriptor on the lock's mutex file, kept exactly while the lease is held: the kernel's word
+//! that this process holds this lock).
 //! Must never: extend the deadline on a renewal that completed after it; count a renewal whose
-//! lease was not ours; write LOCK after finding it is not ours.
+//! lease was not ours or was revoked; write LOCK after finding it is not ours; make a revoked
+//! record held again.
 
 use std::fmt;
 use std::fs::File;
@@ -154,12 +157,26 @@ pub(crate) struct Start {
     /// at once (no attribute or data cache between hosts): release may then check and mark our
     /// lease through the file we keep open.
     pub local: bool,
-    /// LOCK's directory, open, for fsyncs.
-    pub dir: Option<Arc<std::fs::File>>,
     /// Whether writes are fsynced.
     pub sync: bool,
     /// The file our lease replaced, still open (see `fsio::read_lock_keep`); closed at release.
     pub replaced: Option<std::fs::File>,
+    /// The holder's mark (see [`holder_mark`]), opened before our lease became visible; opened
+    /// by `start` when not given.
+    pub mark: Option<OwnedFd>,
+}
+
+/// The holder's mark: an `O_PATH` descriptor on the lock's mutex file, kept for exactly as
+/// long as this process holds the lease (closed on exec, and after release has written our
+/// released record). Nobody else opens the mutex file `O_PATH` — waiters keep it open for
+/// reading, never so — so the kernel's /proc/PID/fd and fdinfo then say that this process is a
+/// holder of this very lock (see `process::JobEvidence`). Opened with `O_NOFOLLOW` (a
+/// symbolic link planted at the name gives a descriptor on the link, which no judge takes for
+/// the mutex file: they compare with a regular file's device and inode); `None` if it cannot
+/// be opened (this holder is then judged by its heartbeat and its command only). Opened under
+/// the mutex, before our lease is visible, so no judge ever sees our lease without our mark.
+pub(crate) fn holder_mark(paths: &LockPaths) -> Option<OwnedFd> {
+    paths.handle().open_path(paths.mutex_name()).ok()
 }
 
 struct Record {
@@ -206,9 +223,10 @@ struct Inner {
     /// Our lease's file as last renamed into place (see [`Start::written`]).
     written: Mutex<Option<fsio::Written>>,
     local: bool,
-    dir: Option<Arc<std::fs::File>>,
     sync: bool,
     replaced: Mutex<Option<std::fs::File>>,
+    /// The holder's mark (see [`holder_mark`]): closed only after release has written LOCK.
+    mark: Mutex<Option<OwnedFd>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
@@ -258,11 +276,12 @@ impl LeaseGuard {
             witness,
             written,
             local,
-            dir,
             sync,
             replaced,
+            mark,
         } = s;
-        let witness = witness.or_else(|| MutexFile::open(&paths.mutex, !local).ok());
+        let witness = witness.or_else(|| MutexFile::open(&paths, !local).ok());
+        let mark = mark.or_else(|| holder_mark(&paths));
         let inner = Arc::new(Inner {
             paths,
             timing,
@@ -282,9 +301,9 @@ impl LeaseGuard {
             witness: Mutex::new(witness),
             written: Mutex::new(written),
             local,
-            dir,
             sync,
             replaced: Mutex::new(replaced),
+            mark: Mutex::new(mark),
         });
         let k =
             keeper().map_err(|e| Error::io(&inner.paths.lock, "start the renewal threads", e))?;
@@ -378,7 +397,7 @@ impl LeaseGuard {
         let inner = &self.inner;
         // The mutex first, then our record: a renewal (record only) is never held up by the wait.
         let m = mutex::lock(
-            &inner.paths.mutex,
+            &inner.paths,
             Some(Instant::now() + inner.timing.ttl * 2),
             inner.timing.ttl,
             StuckPolicy::KillStopped,
@@ -388,9 +407,10 @@ impl LeaseGuard {
         lease.holder.child_pid = Some(pid);
         lease.holder.child_start = Some(start);
         lease.holder.pgid = Some(pgid);
-        ensure_ours(&inner.paths, &rec.lease)?;
+        // Never over a revoked record: that would make a broken lease held again.
+        ensure_ours(&inner.paths, &rec.lease, false)?;
         let bytes = lease.to_bytes();
-        let w = fsio::replace_keep(&inner.paths, &inner.paths.lock, &bytes, false, None)?;
+        let w = fsio::replace_keep(&inner.paths, &inner.paths.lock, &bytes, false)?;
         *lock(&inner.written) = Some(w);
         drop(m);
         *rec = Record { lease, bytes };
@@ -424,6 +444,8 @@ impl LeaseGuard {
         let written = lock(&inner.written).take();
         // Closed when this returns, after the handover: freeing old files is off its path.
         let _replaced = lock(&inner.replaced).take();
+        // Our holder's mark goes only once LOCK no longer says we hold it.
+        let mark = lock(&inner.mark).take();
         // On a local file system, with someone waiting: mark our file released in place (no
         // mutex: the file is the one we renamed into place, which only we change in place, and
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
@@ -444,7 +466,8 @@ impl LeaseGuard {
                 [f.into(), _replaced]
                     .into_iter()
                     .flatten()
-                    .map(OwnedFd::from),
+                    .map(OwnedFd::from)
+                    .chain(mark),
             );
             return Ok(());
         }
@@ -460,20 +483,19 @@ impl LeaseGuard {
         let full = (|| {
             let _m = mutex::lock_with(
                 witness,
-                &inner.paths.mutex,
+                &inner.paths,
                 Some(Instant::now() + wait),
                 inner.timing.ttl,
                 StuckPolicy::Report,
                 None,
                 !inner.local,
             )?;
-            ensure_ours(&inner.paths, &rec.lease)?;
+            ensure_ours(&inner.paths, &rec.lease, true)?;
             fsio::replace_keep(
                 &inner.paths,
                 &inner.paths.lock,
                 &released.to_bytes(),
                 inner.sync,
-                inner.dir.as_deref(),
             )
             .map(|_| ())
         })();
@@ -533,7 +555,7 @@ impl Drop for LeaseGuard {
 }
 
 fn mark_in_place(paths: &LockPaths, mine: &Lease, region: &[u8]) -> bool {
-    let Ok(Some((f, mode))) = fsio::open_lock(&paths.lock, true) else {
+    let Ok(Some((f, mode))) = fsio::open_lock(paths, true) else {
         return false;
     };
     match fsio::read_open(&f, &paths.lock, mode) {
@@ -556,7 +578,7 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: fsio::Written) -> Option<File> 
     // reads it by name and marking it released changes nothing.
     let f = match w.kept {
         Some(f) => f,
-        None => fsio::open_lock_if(&paths.lock, w.id)?,
+        None => fsio::open_lock_if(paths, w.id)?,
     };
     match f.try_lock() {
         Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
@@ -572,21 +594,24 @@ fn hand_over(paths: &LockPaths, rec: &Record, w: fsio::Written) -> Option<File> 
     Some(f)
 }
 
-/// Errors with `Error::Lost` unless LOCK holds our lease, still held.
-fn ensure_ours(paths: &LockPaths, mine: &Lease) -> Result<()> {
+/// Errors with `Error::Lost` unless LOCK holds our lease, still held (or, with `revoked_ok`, for
+/// a release, revoked).
+fn ensure_ours(paths: &LockPaths, mine: &Lease, revoked_ok: bool) -> Result<()> {
     let lost = |why: String| Error::Lost {
         path: paths.lock.clone(),
         lease_id: mine.lease_id.clone(),
         why,
     };
-    match fsio::read_lock(&paths.lock)? {
-        LockContent::Lease(l, _) if l.lease_id == mine.lease_id => {
-            if l.state == LeaseState::Held {
-                Ok(())
-            } else {
-                Err(lost("it was released or broken".into()))
-            }
-        }
+    match fsio::read_lock(paths)? {
+        // Revoked is still ours to release: a holder releases when its job is over, and a
+        // released record frees the lock at once instead of after its processes are gone (or,
+        // on other hosts, after a TTL).
+        LockContent::Lease(l, _) if l.lease_id == mine.lease_id => match l.state {
+            LeaseState::Held => Ok(()),
+            LeaseState::Revoked if revoked_ok => Ok(()),
+            LeaseState::Revoked => Err(lost("it was revoked".into())),
+            LeaseState::Released => Err(lost("it was released or broken".into())),
+        },
         LockContent::Lease(l, _) => Err(lost(format!("held by {}", l.holder.describe()))),
         LockContent::Empty => Err(lost("LOCK is empty".into())),
         LockContent::Missing => Err(lost("LOCK is missing".into())),
@@ -614,28 +639,63 @@ impl Inner {
             return Ok(()); // released meanwhile: never touch LOCK again
         }
         let path = &self.paths.lock;
-        let (file, mode) = match fsio::open_lock(path, true) {
+        let (file, mode) = match fsio::open_lock(&self.paths, true) {
             Ok(Some(f)) => f,
             Ok(None) => {
                 return Err(Some(LossReason::Vanished {
                     what: format!("{} no longer exists", path.display()),
                 }));
             }
-            Err(e @ Error::NotALease { .. }) | Err(e @ Error::NewerFormat { .. }) => {
+            Err(
+                e @ (Error::NotALease { .. }
+                | Error::NewerFormat { .. }
+                | Error::Squatted { .. }
+                | Error::Untrusted { .. }),
+            ) => {
                 return Err(Some(LossReason::Vanished {
                     what: e.to_string(),
                 }));
             }
             Err(e) => return self.transient(e),
         };
+        // Everyone else reaches LOCK through its directory's path: if that path no longer leads
+        // to the directory we renew in, no contender sees our heartbeat any more.
+        match self.paths.dir_moved() {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(Some(LossReason::Vanished {
+                    what: format!(
+                        "{} no longer leads to the directory the lease was taken in \
+                         (unmounted, moved or replaced)",
+                        self.paths.dir.display()
+                    ),
+                }));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Some(LossReason::Vanished {
+                    what: format!("{} no longer exists", self.paths.dir.display()),
+                }));
+            }
+            Err(e) => return self.transient(Error::io(&self.paths.dir, "stat", e)),
+        }
         match fsio::read_open(&file, path, mode) {
-            Ok(LockContent::Lease(l, _)) if l.lease_id == rec.lease.lease_id => {
-                if l.state != LeaseState::Held {
+            Ok(LockContent::Lease(l, _)) if l.lease_id == rec.lease.lease_id => match l.state {
+                LeaseState::Held => {}
+                LeaseState::Revoked => {
+                    let by = l.ended.as_ref().and_then(|e| e.by.clone());
+                    return Err(Some(LossReason::Taken {
+                        by: format!(
+                            "holds our lease revoked{}",
+                            by.map(|b| format!(" by {b}")).unwrap_or_default()
+                        ),
+                    }));
+                }
+                LeaseState::Released => {
                     return Err(Some(LossReason::Taken {
                         by: "holds our lease marked released (broken)".into(),
                     }));
                 }
-            }
+            },
             Ok(LockContent::Lease(l, _)) => {
                 return Err(Some(LossReason::Taken {
                     by: format!("held by {} (token {})", l.holder.describe(), l.token),

@@ -11,12 +11,14 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 
 use crate::error::{Error, Result};
+use crate::lockdir::{Meta, user_name};
+use crate::paths::LockPaths;
 use crate::process;
 
 const HWM_PREFIX: &str = "leasehold-mutex 1 token ";
@@ -41,16 +43,21 @@ pub(crate) struct MutexFile {
 }
 
 impl MutexFile {
-    /// Opens (creating if need be) the mutex file at `path`, read-write or read-only.
-    pub(crate) fn open(path: &Path, write: bool) -> Result<MutexFile> {
-        let (file, meta) = open(path, write)?;
+    /// Opens (creating if need be) the mutex file of `paths`, read-write or read-only.
+    pub(crate) fn open(paths: &LockPaths, write: bool) -> Result<MutexFile> {
+        let (file, meta) = open(paths, write)?;
         Ok(MutexFile {
             file,
-            dev: meta.dev(),
-            ino: meta.ino(),
+            dev: meta.dev,
+            ino: meta.ino,
             pid: std::process::id(),
             write,
         })
+    }
+
+    /// Device and inode of the mutex file.
+    pub(crate) fn id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
     }
 
     /// Whether this process opened it. A forked child shares the parent's open file
@@ -80,39 +87,56 @@ pub(crate) enum StuckPolicy {
 /// Takes the mutex of `path`, polling try-lock with backoff, never past `deadline`. After
 /// `stuck_after` of waiting, the holder named by /proc/locks is judged (see [`StuckPolicy`]).
 pub(crate) fn lock(
-    path: &Path,
+    paths: &LockPaths,
     deadline: Option<Instant>,
     stuck_after: Duration,
     policy: StuckPolicy,
 ) -> Result<MutexGuard> {
-    lock_with(None, path, deadline, stuck_after, policy, None, true)
+    lock_with(None, paths, deadline, stuck_after, policy, None, true)
 }
 
-/// Called now and then while waiting for the mutex: a queued waiter moves its ticket's
-/// heartbeat, so that waiting behind a stuck mutex is never taken for being frozen.
-pub(crate) type Waiting<'a> = Option<&'a mut dyn FnMut()>;
+/// What a caller waiting for the mutex is told now and then.
+#[derive(Debug)]
+pub(crate) enum MutexWait<'a> {
+    /// Time to move a queued waiter's ticket heartbeat, so that waiting behind a stuck mutex
+    /// is never taken for being frozen.
+    Beat,
+    /// The mutex has been held by someone else for longer than any transition takes (about a
+    /// second): who holds it, as far as the kernel tells (`/proc/locks`). Said again when the
+    /// holder changes.
+    Blocked(&'a str),
+}
+
+/// The callback of a caller waiting for the mutex (see [`MutexWait`]).
+pub(crate) type Waiting<'a> = Option<&'a mut dyn FnMut(MutexWait<'_>)>;
+
+/// How long the mutex may be busy before the waiter is told who holds it.
+const TELL_AFTER: Duration = Duration::from_millis(800);
 
 /// As [`lock`], through `reuse` when it is given, still names the mutex file at `path`, and was
 /// opened by this process; through a fresh open otherwise.
 pub(crate) fn lock_with(
     reuse: Option<MutexFile>,
-    path: &Path,
+    paths: &LockPaths,
     deadline: Option<Instant>,
     stuck_after: Duration,
     policy: StuckPolicy,
     mut waiting: Waiting<'_>,
     write: bool,
 ) -> Result<MutexGuard> {
+    let path = &paths.mutex;
     let start = Instant::now();
     let mut next_judgement = start.checked_add(stuck_after);
     let beat_every = (stuck_after / 8).max(Duration::from_millis(1));
     let mut next_beat = start.checked_add(beat_every);
+    let mut next_tell = start.checked_add(TELL_AFTER);
+    let mut told = String::new();
     let mut backoff = Duration::from_micros(20);
     let mut reuse = reuse.filter(MutexFile::ours);
     loop {
         let mf = match reuse.take() {
             Some(mf) => mf,
-            None => MutexFile::open(path, write)?,
+            None => MutexFile::open(paths, write)?,
         };
         loop {
             match mf.file.try_lock() {
@@ -139,8 +163,18 @@ pub(crate) fn lock_with(
             if let Some(f) = waiting.as_deref_mut()
                 && next_beat.is_some_and(|b| now >= b)
             {
-                f();
+                f(MutexWait::Beat);
                 next_beat = now.checked_add(beat_every);
+            }
+            if let Some(f) = waiting.as_deref_mut()
+                && next_tell.is_some_and(|t| now >= t)
+            {
+                let who = describe_holder(&mf.file);
+                if who != told {
+                    f(MutexWait::Blocked(&who));
+                    told = who;
+                }
+                next_tell = now.checked_add(Duration::from_secs(1));
             }
             let mut nap = backoff;
             if let Some(d) = deadline {
@@ -149,41 +183,73 @@ pub(crate) fn lock_with(
             std::thread::sleep(nap);
             backoff = (backoff * 2).min(Duration::from_millis(5));
         }
-        // The lock is on the inode we opened; make sure that inode is still the one at `path`.
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.ino() == mf.ino && m.dev() == mf.dev => {
+        // The lock is on the inode we opened; make sure that inode is still the one at its name.
+        match paths.handle().stat(paths.mutex_name()) {
+            Ok(Some(m)) if m.id() == mf.id() => {
                 return Ok(MutexGuard {
                     file: mf,
                     path: path.to_path_buf(),
                 });
             }
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(path, "stat the mutex", e)),
         }
         // Replaced or deleted under us: drop this lock and start over on the new file.
     }
 }
 
-fn open(path: &Path, write: bool) -> Result<(File, std::fs::Metadata)> {
-    // O_CREAT by hand: std refuses `create` without write access, which flock does not need.
-    let file = OpenOptions::new()
-        .read(true)
-        .write(write)
-        .mode(0o644)
-        .custom_flags(
-            (OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits(),
-        )
-        .open(path)
-        .map_err(|e| Error::io(path, "open the mutex file", e))?;
+/// Opens the mutex file, or creates it exclusively (never `O_CREAT` on an existing name: with
+/// `protected_regular` that fails even for root in a sticky directory, and it is no way to open
+/// a file that may not be ours). Checked after opening ([`LockDir::check`]).
+fn open(paths: &LockPaths, write: bool) -> Result<(File, Meta)> {
+    let path = &paths.mutex;
+    let dir = paths.handle();
+    let name = paths.mutex_name();
+    let squatted = |e: &io::Error| -> Option<Error> {
+        // Refuse what is not a file, naming it, rather than failing with a bare errno.
+        let m = dir.stat(name).ok().flatten()?;
+        (!m.is_file() || e.raw_os_error() == Some(crate::error::libc_consts::ELOOP))
+            .then(|| dir.check(name, &m, "mutex file").err())
+            .flatten()
+    };
+    let mut tries = 0;
+    let file = loop {
+        match dir.open_existing(name, write) {
+            Ok(f) => break f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 10 => {}
+            Err(e) => {
+                return Err(
+                    squatted(&e).unwrap_or_else(|| Error::io(path, "open the mutex file", e))
+                );
+            }
+        }
+        match dir.create_new(name, dir.shared_mode(0o644)) {
+            Ok(f) if write => break f,
+            // Created read-write; reopen read-only as asked (the kept descriptor must not be
+            // open for writing: see [`MutexFile`]).
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(
+                    squatted(&e).unwrap_or_else(|| Error::io(path, "create the mutex file", e))
+                );
+            }
+        }
+        tries += 1;
+    };
     let meta = file
         .metadata()
+        .map(|m| Meta::of(&m))
         .map_err(|e| Error::io(path, "stat the mutex", e))?;
-    if !meta.file_type().is_file() {
-        return Err(Error::NotALease {
-            path: path.to_path_buf(),
-            what: "the mutex file's name is taken by something that is not a file".into(),
-        });
+    dir.check(name, &meta, "mutex file")?;
+    // Ours, in a group-shared directory, but not group-writable (made by an older leasehold, or
+    // by hand): give it the group write bit so that every member can use it.
+    let shared = dir.shared_mode(0o644);
+    if meta.uid == rustix::process::geteuid().as_raw() && meta.mode & shared != shared {
+        let _ = rustix::fs::fchmod(
+            &file,
+            rustix::fs::Mode::from_raw_mode(meta.mode & 0o7777 | shared),
+        );
     }
     Ok((file, meta))
 }
@@ -237,7 +303,7 @@ impl MutexGuard {
 }
 
 /// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.
-fn holder_pid(file: &File) -> Option<i32> {
+pub(crate) fn holder_pid(file: &File) -> Option<i32> {
     let meta = file.metadata().ok()?;
     let (maj, min) = (
         nix::sys::stat::major(meta.dev()),
@@ -265,9 +331,15 @@ fn holder_pid(file: &File) -> Option<i32> {
     None
 }
 
-fn describe_holder(file: &File) -> String {
+/// Who holds the kernel lock on `file`'s inode, in words: `pid 812 (user bob, state S)`.
+pub(crate) fn describe_holder(file: &File) -> String {
     match holder_pid(file).and_then(|p| process::stat(p).ok().flatten()) {
-        Some(s) => format!("pid {} (state {})", s.pid, s.state),
+        Some(s) => format!(
+            "pid {} (user {}, state {})",
+            s.pid,
+            user_name(s.uid),
+            s.state
+        ),
         None => "a process this host cannot see (another host, or another pid namespace)".into(),
     }
 }

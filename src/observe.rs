@@ -1,12 +1,14 @@
 //! What this host has seen of another holder's heartbeat, kept beside LOCK so that it outlives
 //! the observing process.
 //!
-//! Owns: the `.NAME.leasehold-seen` file — per observing host and boot, the (lease id, heartbeat
-//! sequence) last seen and the CLOCK_BOOTTIME reading when it was first seen so — and the
-//! observer-side heartbeat age computed from it. One-shot callers (`run -n` from cron, `status`)
-//! each look once; together they still see a dead foreign holder go stale after a TTL.
+//! Owns: the `.NAME.leasehold-seen-<uid>` file of the calling user — per observing host and
+//! boot, the (lease id, heartbeat sequence) last seen and the CLOCK_BOOTTIME reading when it was
+//! first seen so — and the observer-side heartbeat age computed from it. One-shot callers (`run
+//! -n` from cron, `status`) each look once; together they still see a dead foreign holder go
+//! stale after a TTL.
 //! Must never: compare boottime readings of another host or another boot; trust the holder's
-//! wall clock.
+//! wall clock; trust an observation file that someone other than the caller's uid (or root)
+//! wrote or could write — a forged first-seen time would make a live holder look dead.
 
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Clock;
 use crate::fsio;
 use crate::identity::Identity;
+use crate::lockdir::Meta;
 use crate::paths::LockPaths;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -63,7 +66,7 @@ pub(crate) fn observe(
         return now - *s;
     }
     let mut since = now;
-    let mut file: SeenFile = fsio::read_small(&paths.seen, 64 * 1024)
+    let mut file: SeenFile = fsio::read_small(paths, paths.seen_name(), 64 * 1024, trusted)
         .ok()
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -88,7 +91,9 @@ pub(crate) fn observe(
                 key,
                 since_boottime_ms: now.as_millis() as u64,
             });
-            if let Ok(bytes) = serde_json::to_vec_pretty(&file) {
+            if let Ok(bytes) = serde_json::to_vec_pretty(&file)
+                && replaceable(paths)
+            {
                 // Not durable on purpose: after a crash of this host, its boot id changes anyway.
                 let _ = fsio::replace(paths, &paths.seen, &bytes, false);
             }
@@ -97,4 +102,22 @@ pub(crate) fn observe(
     }
     mem.seen = Some((lease_id.to_string(), key, since));
     now.saturating_sub(since)
+}
+
+/// Whether an observation file may be believed: a regular file with one link, written by the
+/// caller's own uid or by root, and writable by nobody else.
+fn trusted(m: &Meta) -> bool {
+    let me = rustix::process::geteuid().as_raw();
+    m.is_file() && m.nlink == 1 && (m.uid == me || m.uid == 0) && m.mode & 0o022 == 0
+}
+
+/// Whether our observation file's name may be replaced: it is missing, or it is a file we
+/// trust. Anything else there (another user's file, a link) is left alone; the process's own
+/// memory of the observation still counts.
+fn replaceable(paths: &LockPaths) -> bool {
+    match paths.handle().stat(paths.seen_name()) {
+        Ok(None) => true,
+        Ok(Some(m)) => trusted(&m),
+        Err(_) => false,
+    }
 }

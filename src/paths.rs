@@ -1,13 +1,17 @@
 //! The files that make up one lock: LOCK itself and its helpers beside it.
 //!
 //! Owns: turning the path a user named into an absolute LOCK path (directory part canonicalised,
-//! final component never followed) and deriving every helper file name from it.
+//! final component never followed) and deriving every helper file name from it ([`helper_name`]:
+//! the same name on every host and in every process, and never longer than a file name may be).
 //! Must never: name a file outside LOCK's directory, or follow a symlink at LOCK.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::lockdir::LockDir;
 
 /// LOCK and the helper files leasehold keeps beside it.
 ///
@@ -17,9 +21,16 @@ use crate::error::{Error, Result};
 /// |---|---|
 /// | `/srv/deploy.lock` | the JSON lease |
 /// | `/srv/.deploy.lock.leasehold-mutex` | flock mutex and fencing-token high-water mark; never renamed or deleted |
-/// | `/srv/.deploy.lock.leasehold-tmp` | the one temp file that atomic writes rename into place |
-/// | `/srv/.deploy.lock.leasehold-seen` | what hosts have observed of the current lease |
+/// | `/srv/.deploy.lock.leasehold-tmp-<16 random hex digits>` | temp files that atomic writes create exclusively and rename into place |
+/// | `/srv/.deploy.lock.leasehold-seen-<uid>` | what this user's processes have observed of the current lease |
 /// | `/srv/.deploy.lock.leasehold-queue/` | the FIFO wait queue |
+///
+/// A helper's name is `.NAME` followed by its suffix whenever that fits in [`NAME_MAX`] (255)
+/// bytes. When it does not (LOCK's own name is long), the helper is named `.PREFIX~HASH` and the
+/// suffix, where PREFIX is the first 189 bytes of NAME (fewer, to end on a character boundary
+/// when NAME is UTF-8) and HASH is the FNV-1a 64 hash of all of NAME's bytes in 16 lowercase hex
+/// digits: the same on every host, so every contender finds the same mutex. A LOCK whose own
+/// name is longer than 255 bytes is refused ([`Error::NameTooLong`]).
 ///
 /// ```
 /// # fn main() -> Result<(), leasehold::Error> {
@@ -27,7 +38,11 @@ use crate::error::{Error, Result};
 /// assert_eq!(p.mutex.file_name().unwrap(), ".deploy.lock.leasehold-mutex");
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// LOCK's directory is opened once, here; every file operation goes through that descriptor by
+/// name (`openat`, `renameat`, `unlinkat`, `fstatat`, never following a link), so renaming or
+/// replacing the directory's path afterwards cannot redirect them.
+#[derive(Debug, Clone)]
 pub struct LockPaths {
     /// LOCK, absolute.
     pub lock: PathBuf,
@@ -35,12 +50,35 @@ pub struct LockPaths {
     pub dir: PathBuf,
     /// The mutex file.
     pub mutex: PathBuf,
-    /// The temp file for atomic replacement.
+    /// The template of temp files for atomic replacement: its last 16 digits are replaced by
+    /// random ones for each file.
     pub tmp: PathBuf,
-    /// The observation file.
+    /// The observation file of the calling user.
     pub seen: PathBuf,
     /// The wait queue directory.
     pub queue: PathBuf,
+    /// LOCK's directory, open.
+    handle: Arc<LockDir>,
+}
+
+impl PartialEq for LockPaths {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.lock, &self.mutex, &self.tmp, &self.seen, &self.queue)
+            == (
+                &other.lock,
+                &other.mutex,
+                &other.tmp,
+                &other.seen,
+                &other.queue,
+            )
+    }
+}
+
+impl Eq for LockPaths {}
+
+/// The final component of a path built by [`LockPaths::new`] (always present there).
+fn last(p: &Path) -> &OsStr {
+    p.file_name().unwrap_or_else(|| OsStr::new("."))
 }
 
 impl LockPaths {
@@ -55,6 +93,13 @@ impl LockPaths {
             Some(n) => n.to_os_string(),
             None => return Err(bad("names no file (ends in '/' or '..')")),
         };
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong {
+                path: lock.to_path_buf(),
+                len: name.len(),
+                max: NAME_MAX,
+            });
+        }
         if lock.as_os_str().as_encoded_bytes().ends_with(b"/") {
             return Err(bad("names a directory (ends in '/')"));
         }
@@ -64,19 +109,205 @@ impl LockPaths {
         };
         let dir = std::fs::canonicalize(&parent)
             .map_err(|e| Error::io(&parent, "resolve the lock's directory", e))?;
-        let helper = |suffix: &str| {
-            let mut n = OsString::from(".");
-            n.push(&name);
-            n.push(suffix);
-            dir.join(n)
-        };
+        let helper = |suffix: &str| dir.join(helper_name(&name, suffix));
+        let handle = Arc::new(LockDir::open(&dir)?);
+        let uid = rustix::process::geteuid().as_raw();
         Ok(LockPaths {
             lock: dir.join(&name),
             mutex: helper(".leasehold-mutex"),
-            tmp: helper(".leasehold-tmp"),
-            seen: helper(".leasehold-seen"),
+            tmp: helper(".leasehold-tmp-0000000000000000"),
+            seen: helper(&format!(".leasehold-seen-{uid}")),
             queue: helper(".leasehold-queue"),
             dir,
+            handle,
         })
+    }
+
+    /// Whether the directory's path no longer leads to the directory we opened (unmounted,
+    /// mounted over, moved or replaced): a process starting now would use another directory.
+    pub(crate) fn dir_moved(&self) -> std::io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&self.dir)?;
+        Ok((m.dev(), m.ino()) != self.handle.meta.id())
+    }
+
+    /// LOCK's directory, open.
+    pub(crate) fn handle(&self) -> &LockDir {
+        &self.handle
+    }
+
+    /// LOCK's name in its directory.
+    pub(crate) fn lock_name(&self) -> &OsStr {
+        last(&self.lock)
+    }
+
+    /// The mutex file's name.
+    pub(crate) fn mutex_name(&self) -> &OsStr {
+        last(&self.mutex)
+    }
+
+    /// The temp file name template.
+    pub(crate) fn tmp_name(&self) -> &OsStr {
+        last(&self.tmp)
+    }
+
+    /// The observation file's name.
+    pub(crate) fn seen_name(&self) -> &OsStr {
+        last(&self.seen)
+    }
+
+    /// The wait queue directory's name.
+    pub(crate) fn queue_name(&self) -> &OsStr {
+        last(&self.queue)
+    }
+}
+
+/// The longest file name (one path component) Linux file systems accept, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// The longest helper suffix [`helper_name`] keeps within [`NAME_MAX`] for any LOCK name.
+pub(crate) const MAX_SUFFIX: usize = 48;
+
+/// How many bytes of LOCK's name a shortened helper name keeps: room for the leading `.`, the
+/// `~` and 16 hex digits, and a suffix of up to [`MAX_SUFFIX`] bytes.
+const SHORT_PREFIX: usize = NAME_MAX - 1 - 1 - 16 - MAX_SUFFIX;
+
+/// The name of the helper file with `suffix` (e.g. `.leasehold-mutex`) for the lock named
+/// `lock_name`: `.NAME<suffix>` when that fits in [`NAME_MAX`] bytes, else
+/// `.PREFIX~HASH<suffix>` (see [`LockPaths`]), which fits for any suffix of up to
+/// [`MAX_SUFFIX`] bytes. Depends on nothing but its arguments, so every process on every host
+/// derives the same name.
+pub(crate) fn helper_name(lock_name: &OsStr, suffix: &str) -> OsString {
+    let name = lock_name.as_encoded_bytes();
+    let mut out = OsString::from(".");
+    if 1 + name.len() + suffix.len() <= NAME_MAX {
+        out.push(lock_name);
+        out.push(suffix);
+        return out;
+    }
+    let mut keep = SHORT_PREFIX.min(name.len());
+    if let Ok(s) = std::str::from_utf8(name) {
+        while !s.is_char_boundary(keep) {
+            keep -= 1;
+        }
+    }
+    // On Unix a file name is plain bytes: any prefix of one is a valid name (it cannot hold
+    // a '/' or NUL, as the whole name cannot).
+    out.push(OsStr::from_bytes(&name[..keep]));
+    out.push(format!("~{:016x}", fnv1a64(name)));
+    out.push(suffix);
+    out
+}
+
+/// FNV-1a, 64 bits: written out here because the helper names depend on it and must not change
+/// with a library or compiler version (std's hashers are seeded or unspecified).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a64_matches_the_published_test_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn short_names_keep_the_plain_helper_name() {
+        let n = helper_name(OsStr::new("deploy.lock"), ".leasehold-mutex");
+        assert_eq!(n, ".deploy.lock.leasehold-mutex");
+        let just_fits = "x".repeat(NAME_MAX - 1 - ".leasehold-tmp".len());
+        let n = helper_name(OsStr::new(&just_fits), ".leasehold-tmp");
+        assert_eq!(n.len(), NAME_MAX);
+        assert_eq!(n, OsString::from(format!(".{just_fits}.leasehold-tmp")));
+    }
+
+    #[test]
+    fn long_names_are_shortened_with_a_hash_of_the_whole_name() {
+        let name = "n".repeat(NAME_MAX);
+        let suffix = "s".repeat(MAX_SUFFIX);
+        let n = helper_name(OsStr::new(&name), &suffix);
+        assert_eq!(n.len(), NAME_MAX);
+        let want = format!(
+            ".{}~{:016x}{suffix}",
+            &name[..SHORT_PREFIX],
+            fnv1a64(name.as_bytes())
+        );
+        assert_eq!(n, OsString::from(want));
+        // Pinned so that a change to the derivation (which would split contenders of different
+        // versions between two mutexes) cannot go unnoticed.
+        let pinned = helper_name(OsStr::new(&"L".repeat(250)), ".leasehold-mutex");
+        let want = format!(".{}~0f91a5d6f33c56c5.leasehold-mutex", "L".repeat(189));
+        assert_eq!(pinned, OsString::from(want));
+    }
+
+    #[test]
+    fn every_name_and_suffix_up_to_the_limits_fits() {
+        for len in [
+            1, 100, 189, 190, 200, 206, 207, 230, 238, 239, 240, 254, 255,
+        ] {
+            for slen in [0, 1, 14, 16, 30, 47, 48] {
+                let name = "a".repeat(len);
+                let suffix = "-".repeat(slen);
+                let n = helper_name(OsStr::new(&name), &suffix);
+                assert!(n.len() <= NAME_MAX, "{len} + {slen}: {}", n.len());
+                assert!(!n.as_encoded_bytes().contains(&b'/'));
+                assert!(n.as_encoded_bytes().ends_with(suffix.as_bytes()));
+            }
+        }
+    }
+
+    #[test]
+    fn names_sharing_a_long_prefix_get_different_helpers() {
+        let common = "p".repeat(200);
+        let a = format!("{common}{}", "a".repeat(55));
+        let b = format!("{common}{}", "b".repeat(55));
+        let ha = helper_name(OsStr::new(&a), ".leasehold-mutex");
+        let hb = helper_name(OsStr::new(&b), ".leasehold-mutex");
+        assert_ne!(ha, hb);
+        assert_eq!(ha, helper_name(OsStr::new(&a), ".leasehold-mutex"));
+    }
+
+    #[test]
+    fn shortening_never_splits_a_utf8_character_nor_needs_utf8() {
+        let name = "é".repeat(127); // 254 bytes; byte 189 falls inside a character
+        let n = helper_name(OsStr::new(&name), ".leasehold-queue");
+        assert!(n.to_str().is_some(), "{n:?}");
+        assert!(n.len() <= NAME_MAX);
+        let raw = OsStr::from_bytes(&[0xff; 250]);
+        let n = helper_name(raw, ".leasehold-queue");
+        assert!(n.len() <= NAME_MAX);
+        assert_eq!(
+            &n.as_encoded_bytes()[1..1 + SHORT_PREFIX],
+            &[0xff; SHORT_PREFIX][..]
+        );
+    }
+
+    #[test]
+    fn a_lock_name_longer_than_name_max_is_refused() {
+        let dir = std::env::temp_dir();
+        let e = LockPaths::new(dir.join("z".repeat(NAME_MAX + 1))).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::NameTooLong {
+                    len: 256,
+                    max: 255,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), crate::exit::USAGE);
+        assert!(LockPaths::new(dir.join("z".repeat(NAME_MAX))).is_ok());
     }
 }

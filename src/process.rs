@@ -2,14 +2,18 @@
 //! who is left in its process group, and stopping a verified group.
 //!
 //! Owns: reading /proc/PID/stat (state, process group, start time), scanning for group members,
-//! and the one place that sends SIGKILL to another job's processes. Must never: signal a process
+//! the evidence that a process belongs to one lock's job (belongs / does not / cannot tell), and
+//! the one place that sends SIGKILL to another job's processes. Must never: signal a process
 //! that has not been verified against this host's /proc (PID, start time, owner, and kernel-held
-//! evidence that it belongs to the job: see [`JobEvidence`]) — never on the word of a lease file
-//! alone.
+//! evidence bound to this very lock that it belongs to the job: see [`JobEvidence`]) — never on
+//! the word of a lease file alone; signal this process, its ancestors or its own process group;
+//! call a process "not this job's" when its /proc entries could not be read.
 
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -172,90 +176,338 @@ pub fn group_members(pgid: i32) -> Vec<ProcStat> {
     out
 }
 
+/// Bits of the `flags:` line of /proc/PID/fdinfo/N (octal) that mark an `O_PATH` descriptor.
+const O_PATH_FLAG: u32 = 0o10_000_000;
+
+/// What /proc says about whether one process belongs to the job of a lease on one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evidence {
+    /// The kernel says it belongs to this lock's job (and it may be signalled, once its start
+    /// time and process group have been checked against the lease).
+    Belongs,
+    /// The kernel says it does not: why. Never signalled, never waited for.
+    NotOurs(String),
+    /// It cannot be told (its /proc entries are unreadable to us), or it belongs but must never
+    /// be signalled by us (ourselves, an ancestor of ours, our own process group, another uid):
+    /// why. Never signalled; a takeover that would leave it running is refused.
+    Unknown(String),
+}
+
 /// What /proc must show before leasehold signals a process on behalf of a lease: never the
-/// word of the lease file alone.
+/// word of the lease file alone, and only evidence bound to *this* lock.
 ///
-/// A process belongs to the job of a lease when it runs under the lease's uid AND either
-/// - its initial environment (`/proc/PID/environ`) holds `LEASEHOLD_LEASE_ID=<the lease id>`,
-///   which `leasehold run` gives the command and every process it starts inherits; or
-/// - it has the lock's mutex file open (`/proc/PID/fd`), as every lease holder keeps it open
-///   for as long as it holds the lease (the kernel's word that it is a leasehold holder of this
-///   very lock).
+/// A process belongs to the job of a lease when
+/// - its initial environment (`/proc/PID/environ`) holds both `LEASEHOLD_LOCK=<this lock's
+///   absolute path>` and `LEASEHOLD_LEASE_ID=<the lease id>`, which `leasehold run` gives the
+///   command and every process it starts inherits (a lease copied from another lock names that
+///   lock's id, but its job carries the other lock's path); or
+/// - it holds an `O_PATH` descriptor on this lock's mutex file (`/proc/PID/fd` on the mutex's
+///   device and inode, `/proc/PID/fdinfo` flags with `O_PATH`), which a lease holder keeps for
+///   exactly as long as it holds the lease, and nothing else opens (waiters keep the mutex
+///   open too, but never `O_PATH`), closed on exec.
 ///
-/// A forged or stale lease naming pid 1, or another user's process, fails both.
+/// and it runs under the lease's uid. Even then it is never signalled when it is the calling
+/// process or one of its ancestors ([`Evidence::Unknown`]), nor as a member of the caller's
+/// own process group ([`judge_group`]).
+/// When /proc cannot be read (another user's process, as non-root), the answer is
+/// [`Evidence::Unknown`], never "not this job's". A forged lease naming pid 1, or another
+/// user's process, or a copied lease, gets [`Evidence::NotOurs`] or [`Evidence::Unknown`]:
+/// a refusal at most, never a signal.
+///
+/// Callers check the rest against the lease before signalling: a recorded process's start
+/// time, a group member's process group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobEvidence {
     /// The lease id the job's processes carry in their environment.
     pub lease_id: String,
     /// The uid the lease was taken under.
     pub uid: u32,
+    /// The lock's absolute path, as the job's processes carry it in `LEASEHOLD_LOCK`.
+    pub lock: std::path::PathBuf,
     /// Device and inode of the lock's mutex file.
     pub mutex: Option<(u64, u64)>,
+    /// Processes never signalled: this one and its ancestors.
+    protected: Vec<i32>,
+    /// This process's own process group, never signalled.
+    own_group: Option<i32>,
 }
 
 impl JobEvidence {
-    /// Evidence for the lease `lease_id`/`uid` of the lock whose mutex file is `mutex`.
-    pub fn new(lease_id: &str, uid: u32, mutex: &std::path::Path) -> JobEvidence {
+    /// Evidence for the lease `lease_id`/`uid` of the lock `lock`, whose mutex file is `mutex`.
+    pub fn new(lease_id: &str, uid: u32, lock: &Path, mutex: &Path) -> JobEvidence {
+        let me = std::process::id() as i32;
         JobEvidence {
             lease_id: lease_id.to_string(),
             uid,
-            mutex: fs::metadata(mutex).ok().map(|m| (m.dev(), m.ino())),
+            lock: lock.to_path_buf(),
+            mutex: fs::symlink_metadata(mutex)
+                .ok()
+                .filter(|m| m.file_type().is_file())
+                .map(|m| (m.dev(), m.ino())),
+            protected: self_and_ancestors(),
+            own_group: stat(me).ok().flatten().map(|s| s.pgrp),
         }
     }
 
-    /// `Ok` when `p` provably belongs to the job; otherwise why not.
-    pub fn check(&self, p: &ProcStat) -> Result<(), String> {
+    /// Evidence for the lease `lease_id`/`uid` of the lock of `paths`, its mutex file stated
+    /// through LOCK's directory descriptor.
+    pub(crate) fn for_lock(
+        lease_id: &str,
+        uid: u32,
+        paths: &crate::paths::LockPaths,
+    ) -> JobEvidence {
+        let me = std::process::id() as i32;
+        JobEvidence {
+            lease_id: lease_id.to_string(),
+            uid,
+            lock: paths.lock.clone(),
+            mutex: paths
+                .handle()
+                .stat(paths.mutex_name())
+                .ok()
+                .flatten()
+                .filter(|m| m.is_file())
+                .map(|m| m.id()),
+            protected: self_and_ancestors(),
+            own_group: stat(me).ok().flatten().map(|s| s.pgrp),
+        }
+    }
+
+    /// Whether `p` belongs to the job (see [`JobEvidence`]).
+    pub fn check(&self, p: &ProcStat) -> Evidence {
+        let env = self.carries_lease(p.pid);
+        let fd = self.holds_holder_fd(p.pid);
+        if matches!(env, Ok(true)) || matches!(fd, Ok(true)) {
+            if p.uid != self.uid {
+                return Evidence::Unknown(format!(
+                    "pid {} carries this lease's evidence but runs as uid {}, not the lease's uid {}",
+                    p.pid, p.uid, self.uid
+                ));
+            }
+            if self.protected.contains(&p.pid) {
+                return Evidence::Unknown(format!(
+                    "pid {} is this process or one of its ancestors: never signalled",
+                    p.pid
+                ));
+            }
+            return Evidence::Belongs;
+        }
         if p.uid != self.uid {
-            return Err(format!(
+            return Evidence::NotOurs(format!(
                 "pid {} runs as uid {}, not the lease's uid {}",
                 p.pid, p.uid, self.uid
             ));
         }
-        if self.carries_lease_id(p.pid) || self.holds_mutex_open(p.pid) {
-            return Ok(());
+        if let Err(why) = env.and(fd) {
+            return Evidence::Unknown(why);
         }
-        Err(format!(
-            "pid {} carries neither LEASEHOLD_LEASE_ID={} nor an open lock file: not this job's",
-            p.pid, self.lease_id
+        Evidence::NotOurs(format!(
+            "pid {} carries neither LEASEHOLD_LOCK={} with LEASEHOLD_LEASE_ID={} nor a holder's descriptor on this lock",
+            p.pid,
+            self.lock.display(),
+            self.lease_id
         ))
     }
 
-    fn carries_lease_id(&self, pid: i32) -> bool {
-        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
-            return false;
-        };
-        let want = format!("LEASEHOLD_LEASE_ID={}", self.lease_id);
-        env.split(|b| *b == 0).any(|v| v == want.as_bytes())
+    /// Whether /proc/PID/environ holds this lock's path and the lease id.
+    fn carries_lease(&self, pid: i32) -> Result<bool, String> {
+        let path = format!("/proc/{pid}/environ");
+        let env = fs::read(&path).map_err(|e| unreadable(&path, &e))?;
+        let mut want_lock = b"LEASEHOLD_LOCK=".to_vec();
+        want_lock.extend_from_slice(self.lock.as_os_str().as_bytes());
+        let want_id = format!("LEASEHOLD_LEASE_ID={}", self.lease_id);
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        Ok(vars.contains(&want_lock.as_slice()) && vars.contains(&want_id.as_bytes()))
     }
 
-    fn holds_mutex_open(&self, pid: i32) -> bool {
-        let Some((dev, ino)) = self.mutex else {
-            return false;
-        };
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return false;
-        };
-        fds.flatten()
-            .any(|fd| fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
+    /// Whether the process holds an `O_PATH` descriptor on this lock's mutex file.
+    fn holds_holder_fd(&self, pid: i32) -> Result<bool, String> {
+        self.mutex_fds(pid).map(|f| f.mark)
     }
+
+    /// Which descriptors on this lock's mutex file the process holds.
+    fn mutex_fds(&self, pid: i32) -> Result<MutexFds, String> {
+        let mut out = MutexFds::default();
+        let Some((dev, ino)) = self.mutex else {
+            return Ok(out);
+        };
+        let dir = format!("/proc/{pid}/fd");
+        let fds = fs::read_dir(&dir).map_err(|e| unreadable(&dir, &e))?;
+        for fd in fds {
+            let fd = fd.map_err(|e| unreadable(&dir, &e))?;
+            let Ok(m) = fs::metadata(fd.path()) else {
+                continue; // closed meanwhile, or a descriptor stat cannot follow
+            };
+            if (m.dev(), m.ino()) != (dev, ino) {
+                continue;
+            }
+            let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
+            let text = fs::read_to_string(&info).map_err(|e| unreadable(&info, &e))?;
+            let flags = text
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
+            match flags {
+                Some(f) if f & O_PATH_FLAG != 0 => out.mark = true,
+                _ => out.plain = true,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether `p`, named as a lease's *holder* (`holder.pid`: the `leasehold run` wrapper or
+    /// the library user), is a holder of this lock. Its evidence is its holder's mark: a holder
+    /// keeps it from before its lease is visible until after its release, so when its
+    /// descriptors can be read and none is on this lock's mutex file, it is not this lock's
+    /// holder — whether or not its environment can be read (pid 1's often cannot, even by
+    /// root in a container). A process with the mutex file open but no mark (a waiting
+    /// contender, or a holder of an older leasehold) cannot be told.
+    pub fn check_holder(&self, p: &ProcStat) -> Evidence {
+        let fds = match self.mutex_fds(p.pid) {
+            Ok(f) => f,
+            Err(_) => return self.check(p),
+        };
+        if fds.mark {
+            return self.check(p);
+        }
+        match self.check(p) {
+            Evidence::Belongs => Evidence::Belongs,
+            // It carries the lease, but must not be signalled by us (ourselves, another uid).
+            Evidence::Unknown(why) if self.carries_lease(p.pid).is_ok() => Evidence::Unknown(why),
+            _ if fds.plain => Evidence::Unknown(format!(
+                "pid {} has this lock's mutex file open but holds no holder's mark on it: a waiting contender, or a holder of an older leasehold",
+                p.pid
+            )),
+            e @ Evidence::NotOurs(_) => e,
+            Evidence::Unknown(_) => Evidence::NotOurs(format!(
+                "pid {} holds no descriptor on this lock's mutex file",
+                p.pid
+            )),
+        }
+    }
+}
+
+/// The descriptors one process holds on a lock's mutex file.
+#[derive(Debug, Default, Clone, Copy)]
+struct MutexFds {
+    /// An `O_PATH` one: a holder's mark.
+    mark: bool,
+    /// Any other (a waiter's kept mutex file, or an older leasehold's holder).
+    plain: bool,
+}
+
+/// Why a /proc file could not be read, as a person needs it.
+fn unreadable(path: &str, e: &io::Error) -> String {
+    let uid = nix::unistd::geteuid().as_raw();
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        format!("{path} is not readable as uid {uid}")
+    } else {
+        format!("{path} cannot be read as uid {uid}: {e}")
+    }
+}
+
+/// This process and its ancestors (walking ppid up to pid 1), which leasehold never signals.
+fn self_and_ancestors() -> Vec<i32> {
+    let mut out = vec![std::process::id() as i32];
+    let mut pid = out[0];
+    // Bounded: a pid chain cannot be longer than the pid space, but /proc could change under us.
+    for _ in 0..4096 {
+        match stat(pid) {
+            Ok(Some(s)) if s.ppid > 0 && !out.contains(&s.ppid) => {
+                out.push(s.ppid);
+                pid = s.ppid;
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Whether `pid` is this process or one of its ancestors.
+pub fn is_self_or_ancestor(pid: i32) -> bool {
+    self_and_ancestors().contains(&pid)
+}
+
+/// The live members of one process group, sorted by what /proc says of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupEvidence {
+    /// Members that provably belong to the job.
+    pub belongs: Vec<ProcStat>,
+    /// Members that cannot be checked (or must never be signalled by us), with why.
+    pub unknown: Vec<(ProcStat, String)>,
+    /// How many members provably do not belong to it.
+    pub not_ours: usize,
+}
+
+impl GroupEvidence {
+    /// One line on the members that cannot be checked, for a refusal: who they are, why, and
+    /// what the operator can do. `None` when every member could be checked.
+    pub fn unknown_line(&self, pgid: i32, user_of_lease: &str) -> Option<String> {
+        let (p, why) = self.unknown.first()?;
+        let me = nix::unistd::geteuid().as_raw();
+        let more = match self.unknown.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        Some(format!(
+            "pid {} (uid {} {user_of_lease}) in the old job's process group {pgid} cannot be checked{more}: {why}; run leasehold as root{}, stop it, or use leasehold break --force",
+            p.pid,
+            p.uid,
+            if me == p.uid {
+                String::new()
+            } else {
+                format!(" or as {user_of_lease}")
+            }
+        ))
+    }
+}
+
+/// The live members of process group `pgid`, judged by `ev`.
+///
+/// Our own process group is never signalled as a group: a lease naming it (forged, or our own
+/// job's, when a job contends for its own lock) gets its members judged "cannot be checked"
+/// at best. (One recorded holder that happens to share our group, verified by its holder's
+/// mark, may still be stopped on its own: see [`kill_verified`].)
+pub fn judge_group(pgid: i32, ev: &JobEvidence) -> GroupEvidence {
+    let mut out = GroupEvidence::default();
+    for m in group_members(pgid) {
+        match ev.check(&m) {
+            Evidence::Belongs if Some(m.pgrp) == ev.own_group => {
+                let why = format!(
+                    "pid {} is in this process's own process group {}: never signalled",
+                    m.pid, m.pgrp
+                );
+                out.unknown.push((m, why));
+            }
+            Evidence::Belongs => out.belongs.push(m),
+            Evidence::NotOurs(_) => out.not_ours += 1,
+            Evidence::Unknown(why) => out.unknown.push((m, why)),
+        }
+    }
+    out
 }
 
 /// The live members of process group `pgid` that provably belong to the job.
 pub fn job_members(pgid: i32, ev: &JobEvidence) -> Vec<ProcStat> {
-    group_members(pgid)
-        .into_iter()
-        .filter(|m| ev.check(m).is_ok())
-        .collect()
+    judge_group(pgid, ev).belongs
 }
 
 /// SIGKILLs, one by one, every live member of process group `pgid` that provably belongs to the
 /// job (see [`JobEvidence`]), until none is left or `wait` passes. Members that do not belong
-/// to it are never signalled. Returns how many processes were stopped.
+/// to it are never signalled; a member that cannot be checked makes it give up (before
+/// signalling anything, when it is there from the start). Returns how many were stopped.
 pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Result<usize, String> {
     let deadline = Instant::now() + wait;
     let mut killed = std::collections::HashSet::new();
     loop {
-        let members = job_members(pgid, ev);
+        let judged = judge_group(pgid, ev);
+        if let Some((p, why)) = judged.unknown.first() {
+            return Err(format!(
+                "pid {} in process group {pgid} cannot be checked: {why}; not signalling it",
+                p.pid
+            ));
+        }
+        let members = judged.belongs;
         if members.is_empty() {
             return Ok(killed.len());
         }
@@ -271,6 +523,7 @@ pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Resul
                 && now.start == m.start
                 && now.pgrp == pgid
                 && !now.is_dead()
+                && !is_self_or_ancestor(m.pid)
             {
                 match kill(Pid::from_raw(m.pid), Signal::SIGKILL) {
                     Ok(()) | Err(nix::errno::Errno::ESRCH) => {
@@ -284,11 +537,23 @@ pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Resul
     }
 }
 
-/// SIGKILLs one process that provably belongs to the job (pid and start time as recorded, and
-/// [`JobEvidence::check`]) and waits for it to be gone or a zombie.
+/// SIGKILLs a lease's recorded holder (pid and start time as recorded) once it provably is a
+/// holder of this lock ([`JobEvidence::check_holder`]), and waits for it to be gone or a zombie.
 pub fn kill_verified(pid: i32, start: u64, ev: &JobEvidence, wait: Duration) -> Result<(), String> {
     match stat(pid) {
-        Ok(Some(s)) if s.start == start && !s.is_dead() => ev.check(&s)?,
+        Ok(Some(s)) if s.start == start && !s.is_dead() => match ev.check_holder(&s) {
+            Evidence::Belongs => {}
+            Evidence::NotOurs(why) => {
+                return Err(format!(
+                    "{why}: not a holder of this lock (a forged or copied lease?); not signalling it"
+                ));
+            }
+            Evidence::Unknown(why) => {
+                return Err(format!(
+                    "pid {pid} cannot be checked: {why}; not signalling it"
+                ));
+            }
+        },
         Ok(_) => return Ok(()),
         Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
     }
@@ -296,12 +561,17 @@ pub fn kill_verified(pid: i32, start: u64, ev: &JobEvidence, wait: Duration) -> 
 }
 
 /// SIGKILLs `pid` if it still has start time `start`, and waits for it to be gone or a zombie.
-/// Callers must have verified it first.
+/// Callers must have verified it first. Never this process or one of its ancestors.
 pub(crate) fn kill_checked(pid: i32, start: u64, wait: Duration) -> Result<(), String> {
     match stat(pid) {
         Ok(Some(s)) if s.start == start && !s.is_dead() => {}
         Ok(_) => return Ok(()),
         Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
+    }
+    if is_self_or_ancestor(pid) {
+        return Err(format!(
+            "pid {pid} is this process or one of its ancestors: never signalled"
+        ));
     }
     match kill(Pid::from_raw(pid), Signal::SIGKILL) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
@@ -327,6 +597,79 @@ mod tests {
         let s = parse_stat(42, t, 0).unwrap();
         assert_eq!((s.state, s.ppid, s.pgrp, s.start), ('S', 1, 42, 12345));
         assert_eq!(parse_stat(1, "garbage", 0), None);
+    }
+
+    fn child_with_env(lock: &str, id: &str, own_group: bool) -> std::process::Child {
+        let mut c = std::process::Command::new("sleep");
+        c.arg("30")
+            .env("LEASEHOLD_LOCK", lock)
+            .env("LEASEHOLD_LEASE_ID", id);
+        if own_group {
+            std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        }
+        c.spawn().unwrap()
+    }
+
+    fn stat_when_execed(c: &std::process::Child) -> ProcStat {
+        // Environ is the initial environment of the exec'ed program: wait for the exec.
+        for _ in 0..2000 {
+            if fs::read_link(format!("/proc/{}/exe", c.id()))
+                .is_ok_and(|p| p.to_string_lossy().ends_with("sleep"))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stat(c.id() as i32).unwrap().unwrap()
+    }
+
+    #[test]
+    fn evidence_is_bound_to_the_lock_path_and_the_lease_id() {
+        let id = "0123456789abcdef0123456789abcdef";
+        let uid = nix::unistd::geteuid().as_raw();
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.lock"), dir.path().join("b.lock"));
+        let mut job_b = child_with_env(&b.to_string_lossy(), id, true);
+        let sb = stat_when_execed(&job_b);
+        let mut in_our_group = child_with_env(&b.to_string_lossy(), id, false);
+        let sg = stat_when_execed(&in_our_group);
+        let ev_a = JobEvidence::new(id, uid, &a, &dir.path().join(".a.lock.leasehold-mutex"));
+        let ev_b = JobEvidence::new(id, uid, &b, &dir.path().join(".b.lock.leasehold-mutex"));
+        let other_id = JobEvidence::new(&"f".repeat(32), uid, &b, &dir.path().join("m"));
+        let verdicts = (ev_a.check(&sb), ev_b.check(&sb), other_id.check(&sb));
+        let ours_but_our_group = judge_group(sg.pgrp, &ev_b);
+        for c in [&mut job_b, &mut in_our_group] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!(
+            ours_but_our_group.belongs.is_empty()
+                && ours_but_our_group
+                    .unknown
+                    .iter()
+                    .any(|(p, _)| p.pid == sg.pid),
+            "{ours_but_our_group:?}"
+        );
+        assert!(matches!(verdicts.0, Evidence::NotOurs(_)), "{verdicts:?}");
+        assert_eq!(verdicts.1, Evidence::Belongs);
+        assert!(matches!(verdicts.2, Evidence::NotOurs(_)), "{verdicts:?}");
+    }
+
+    #[test]
+    fn this_process_and_its_ancestors_are_never_judged_signallable() {
+        let uid = nix::unistd::geteuid().as_raw();
+        let ev = JobEvidence::new(
+            "x",
+            uid,
+            Path::new("/nonexistent"),
+            Path::new("/nonexistent"),
+        );
+        let me = stat(std::process::id() as i32).unwrap().unwrap();
+        // Our environment does not carry the lease: plainly not ours.
+        assert!(matches!(ev.check(&me), Evidence::NotOurs(_)));
+        assert!(is_self_or_ancestor(me.pid));
+        assert!(is_self_or_ancestor(me.ppid));
+        assert!(kill_checked(me.pid, me.start, Duration::from_millis(1)).is_err());
     }
 
     #[test]

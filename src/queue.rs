@@ -5,19 +5,24 @@
 //! tickets ahead of ours (a ticket whose flock is free belongs to a waiter that is gone; one
 //! whose heartbeat has not moved for a TTL belongs to a frozen waiter and is skipped), the
 //! ticket's in-place heartbeat, the head's prepared lease (`q-N.lease`, written while it waits
-//! and renamed over LOCK when it takes the lease), and leaving the queue. Must never: delete a
-//! ticket whose flock is held by a live, beating waiter; delete any file by path without
-//! checking it is the inode it judged — except, under the mutex, the prepared lease of a ticket
-//! being removed or of a number just taken anew: a name only that ticket's owner creates, and
-//! uses only under the mutex with its ticket verified; let a later ticket number be served
-//! before an earlier live one.
+//! and renamed over LOCK when it takes the lease), and leaving the queue. Everything goes
+//! through the queue directory opened without following a link ([`LockDir`]).
+//! Must never: delete a ticket whose flock is held by a live, beating waiter; lock or delete a
+//! name that is not a regular file with one link (not a ticket leasehold could have made);
+//! delete any name without checking it is the inode it judged — except, under the mutex, the
+//! prepared lease of a ticket being removed or of a number just taken anew (a name only that
+//! ticket's owner creates, and uses only under the mutex with its ticket verified), and then
+//! only if it passes the trust check; let a later ticket number be served before an earlier
+//! live one; name a waiter by what its ticket claims rather than by who holds its flock.
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
@@ -26,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::identity::Identity;
+use crate::lockdir::{LockDir, Meta};
 use crate::paths::LockPaths;
 
 const PREFIX: &str = "q-";
@@ -58,7 +64,11 @@ pub struct Waiting {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     pub seq: u64,
+    /// Its path, for messages; every operation goes through `qdir` by `name`.
     path: PathBuf,
+    name: OsString,
+    /// The queue directory, open.
+    qdir: Arc<LockDir>,
     file: File,
     /// Device and inode of our ticket file.
     id: (u64, u64),
@@ -77,6 +87,7 @@ pub(crate) struct Ticket {
 #[derive(Debug)]
 struct Prepared {
     path: PathBuf,
+    name: OsString,
     file: File,
     /// The same file, read-only: what the holder keeps for its release (see `guard`).
     ro: File,
@@ -84,20 +95,39 @@ struct Prepared {
     len: usize,
 }
 
-/// Creates `path` read-write, exclusively (mode 644 before the umask), following no symlink.
-fn create_new(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-        .open(path)
+/// The name of the prepared lease of the ticket named `ticket`.
+fn prepared_name(ticket: &OsStr) -> OsString {
+    let mut n = ticket.to_os_string();
+    n.push(".lease");
+    n
 }
 
-/// The name of the prepared lease of the ticket at `ticket`.
-fn prepared_path(ticket: &Path) -> PathBuf {
-    ticket.with_extension("lease")
+/// Opens the queue directory of `paths` without following a symlink at its name. `Ok(None)`
+/// when there is none; something else at the name (a symlink, a file) is refused, untouched.
+fn open_queue(paths: &LockPaths) -> Result<Option<Arc<LockDir>>> {
+    let dir = paths.handle();
+    let name = paths.queue_name();
+    match dir.open_subdir(name) {
+        // Whoever owns it can only disturb the queue (deny service); every ticket in it is
+        // checked before it is locked or removed, so its owner need not be trusted.
+        Ok(q) => Ok(q.map(Arc::new)),
+        Err(e) => {
+            if let Ok(Some(m)) = dir.stat(name)
+                && !m.is_dir()
+            {
+                return Err(Error::Squatted {
+                    path: paths.queue.clone(),
+                    why: format!(
+                        "{} owned by {} has the name of leasehold's wait queue directory; \
+                         leasehold left it untouched: remove it",
+                        m.kind(),
+                        crate::lockdir::user_name(m.uid)
+                    ),
+                });
+            }
+            Err(Error::io(&paths.queue, "open the wait queue", e))
+        }
+    }
 }
 
 /// Per-waiter memory of other tickets' heartbeats, to tell a frozen waiter.
@@ -113,6 +143,26 @@ pub(crate) struct Ahead {
     pub file: File,
     /// Device and inode of the ticket.
     pub id: (u64, u64),
+    /// Its sequence number.
+    pub seq: u64,
+}
+
+impl Ahead {
+    /// Who waits there, by the kernel's word (the holder of the ticket's flock in
+    /// `/proc/locks`), not by what the ticket says: `pid 812 (user bob, state S)`.
+    pub(crate) fn who(&self) -> String {
+        match crate::mutex::holder_pid(&self.file) {
+            Some(_) => crate::mutex::describe_holder(&self.file),
+            // Another host's waiter (NFS): only its ticket can say, and it says so.
+            None => match read_info(&self.file) {
+                Some(w) => format!(
+                    "a process this host cannot see; its ticket says pid {} of {} on {}",
+                    w.pid, w.user, w.host
+                ),
+                None => crate::mutex::describe_holder(&self.file),
+            },
+        }
+    }
 }
 
 fn ticket_name(seq: u64) -> String {
@@ -127,31 +177,32 @@ fn parse_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The tickets present, in queue order. Missing queue directory: none.
-fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(r) => r,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(dir, "list the wait queue", e)),
-    };
-    let mut out: Vec<(u64, PathBuf)> = rd
-        .flatten()
-        .filter_map(|e| {
-            let seq = parse_name(e.file_name().to_str()?)?;
-            Some((seq, e.path()))
-        })
+/// The tickets present in the queue directory `q`, in queue order.
+fn list(q: &LockDir) -> Result<Vec<(u64, OsString)>> {
+    let names = q
+        .names()
+        .map_err(|e| Error::io(q.path(), "list the wait queue", e))?;
+    let mut out: Vec<(u64, OsString)> = names
+        .into_iter()
+        .filter_map(|n| Some((parse_name(n.to_str()?)?, n)))
         .collect();
     out.sort_unstable_by_key(|(s, _)| *s);
     Ok(out)
 }
 
-fn open_ticket(path: &Path) -> io::Result<File> {
-    // Read-write, because NFSv4 refuses exclusive locks on read-only descriptors.
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
-        .open(path)
+/// Opens another waiter's ticket to test its lock: read-only on a local file system (flock needs
+/// no write access), read-write on a network one (NFSv4 refuses exclusive locks on read-only
+/// descriptors). `Ok(None)` when the name is gone, or is not a ticket leasehold could have made
+/// (not a regular file, or hard-linked to another file): that is never locked nor removed.
+fn open_ticket(q: &LockDir, name: &OsStr, network: bool) -> io::Result<Option<File>> {
+    let file = match q.open_existing(name, network) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(crate::error::libc_consts::ELOOP) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let m = Meta::of(&file.metadata()?);
+    Ok((m.is_file() && m.nlink == 1).then_some(file))
 }
 
 fn read_info(file: &File) -> Option<Waiting> {
@@ -160,19 +211,10 @@ fn read_info(file: &File) -> Option<Waiting> {
     serde_json::from_slice(&buf[..n]).ok()
 }
 
-/// Unlinks `path` only if it is still the inode `file` has open.
-fn unlink_if_same(path: &Path, file: &File) {
+/// Unlinks `name` only if it is still the inode `file` has open.
+fn unlink_if_same(q: &LockDir, name: &OsStr, file: &File) {
     if let Ok(ours) = file.metadata() {
-        unlink_if_id(path, (ours.dev(), ours.ino()));
-    }
-}
-
-/// Unlinks `path` only if it is still the inode `id` (device, inode).
-fn unlink_if_id(path: &Path, id: (u64, u64)) {
-    if let Ok(now) = std::fs::symlink_metadata(path)
-        && (now.dev(), now.ino()) == id
-    {
-        let _ = std::fs::remove_file(path);
+        q.unlink_if(name, (ours.dev(), ours.ino()));
     }
 }
 
@@ -190,9 +232,13 @@ pub(crate) fn live_ahead(
     mine: Option<u64>,
     mut observed: Option<&mut Observed>,
     ttl: Duration,
+    network: bool,
 ) -> Result<(Vec<Ahead>, usize)> {
     let mut out = Vec::new();
-    let mut tickets = list(&paths.queue)?;
+    let Some(q) = open_queue(paths)? else {
+        return Ok((out, 0));
+    };
+    let mut tickets = list(&q)?;
     let newcomer = mine.is_none();
     if newcomer {
         tickets.reverse();
@@ -201,7 +247,7 @@ pub(crate) fn live_ahead(
         .iter()
         .filter(|(s, _)| mine.is_none_or(|m| *s < m))
         .count();
-    for (seq, path) in tickets {
+    for (seq, name) in tickets {
         if mine.is_some_and(|m| seq >= m) {
             break;
         }
@@ -209,9 +255,10 @@ pub(crate) fn live_ahead(
             break;
         }
         count -= 1; // counted again below if it is live
-        let file = match open_ticket(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+        let path = q.join(&name);
+        let file = match open_ticket(&q, &name, network) {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
             Err(e) => return Err(Error::io(&path, "open a queue ticket", e)),
         };
         match file.try_lock() {
@@ -219,8 +266,8 @@ pub(crate) fn live_ahead(
                 // Nobody holds it: its waiter is gone. We hold its lock while we remove it, and
                 // any lease it prepared (only a ticket's owner creates that name, and using it
                 // takes the mutex we hold).
-                unlink_if_same(&path, &file);
-                let _ = std::fs::remove_file(prepared_path(&path));
+                unlink_if_same(&q, &name, &file);
+                q.unlink_leftover(&prepared_name(&name));
                 continue;
             }
             Err(std::fs::TryLockError::WouldBlock) => {}
@@ -236,8 +283,8 @@ pub(crate) fn live_ahead(
             } else if now.duration_since(entry.1) >= ttl {
                 // Frozen for a TTL: skip it. When it resumes it finds its ticket gone and queues
                 // again at the back.
-                unlink_if_same(&path, &file);
-                let _ = std::fs::remove_file(prepared_path(&path));
+                unlink_if_same(&q, &name, &file);
+                q.unlink_leftover(&prepared_name(&name));
                 obs.seen.remove(&seq);
                 continue;
             }
@@ -246,7 +293,7 @@ pub(crate) fn live_ahead(
             .metadata()
             .map(|m| (m.dev(), m.ino()))
             .unwrap_or((0, 0));
-        out.push(Ahead { file, id });
+        out.push(Ahead { file, id, seq });
         count += 1;
     }
     Ok((out, count))
@@ -254,13 +301,16 @@ pub(crate) fn live_ahead(
 
 /// Everyone waiting, in order (for `status`). Does not prune.
 pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
-    let Ok(tickets) = list(&paths.queue) else {
+    let Ok(Some(q)) = open_queue(paths) else {
+        return Vec::new();
+    };
+    let Ok(tickets) = list(&q) else {
         return Vec::new();
     };
     tickets
         .into_iter()
-        .filter_map(|(seq, path)| {
-            let f = open_ticket(&path).ok()?;
+        .filter_map(|(seq, name)| {
+            let f = open_ticket(&q, &name, false).ok()??;
             // A ticket whose lock is free belongs to a waiter that is gone.
             if f.try_lock().is_ok() {
                 return None;
@@ -281,26 +331,26 @@ impl Ticket {
         command: &[String],
         network: bool,
     ) -> Result<Ticket> {
-        match std::fs::create_dir(&paths.queue) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::io(&paths.queue, "create the wait queue", e)),
-        }
-        let meta = std::fs::symlink_metadata(&paths.queue)
-            .map_err(|e| Error::io(&paths.queue, "stat the wait queue", e))?;
-        if !meta.is_dir() {
-            return Err(Error::NotALease {
-                path: paths.queue.clone(),
-                what: "the wait queue's name is taken by something that is not a directory".into(),
-            });
-        }
-        let seq = list(&paths.queue)?.last().map_or(1, |(s, _)| s + 1);
-        let path = paths.queue.join(ticket_name(seq));
-        let file = create_new(&path).map_err(|e| Error::io(&path, "create a queue ticket", e))?;
+        let dir = paths.handle();
+        dir.mkdir(paths.queue_name(), dir.shared_mode(0o755))
+            .map_err(|e| Error::io(&paths.queue, "create the wait queue", e))?;
+        let Some(q) = open_queue(paths)? else {
+            return Err(Error::io(
+                &paths.queue,
+                "open the wait queue",
+                io::ErrorKind::NotFound.into(),
+            ));
+        };
+        let seq = list(&q)?.last().map_or(1, |(s, _)| s + 1);
+        let name = OsString::from(ticket_name(seq));
+        let path = q.join(&name);
+        let file = q
+            .create_new(&name, q.shared_mode(0o644))
+            .map_err(|e| Error::io(&path, "create a queue ticket", e))?;
         // A lease prepared under this number earlier belongs to a waiter that is gone or was
         // skipped (we just created the ticket's name): it is never used without its ticket,
         // checked under the mutex we hold.
-        let _ = std::fs::remove_file(prepared_path(&path));
+        q.unlink_leftover(&prepared_name(&name));
         // Only a momentary `status` look can hold it: retry try-locks for a moment rather than
         // issue a blocking lock, which an NFS client retries with a backoff of seconds.
         let mut tries = 0;
@@ -343,6 +393,8 @@ impl Ticket {
         let t = Ticket {
             seq,
             path,
+            name,
+            qdir: q,
             file,
             id,
             unlinked: false,
@@ -385,8 +437,8 @@ impl Ticket {
         if local {
             return self.file.metadata().is_ok_and(|m| m.nlink() > 0);
         }
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(now) => (now.dev(), now.ino()) == self.id,
+        match self.qdir.stat(&self.name) {
+            Ok(Some(now)) => now.id() == self.id,
             _ => false,
         }
     }
@@ -401,28 +453,28 @@ impl Ticket {
         if self.prepared.is_some() || self.unlinked {
             return;
         }
-        let path = prepared_path(&self.path);
-        let Ok(file) = create_new(&path) else {
+        let name = prepared_name(&self.name);
+        let path = self.qdir.join(&name);
+        let Ok(file) = self.qdir.create_new(&name, crate::fsio::LEASE_MODE) else {
             return; // e.g. a skipped waiter's late file has the name: do without
         };
         let Ok(meta) = file.metadata() else {
-            let _ = std::fs::remove_file(&path); // just created, exclusively: ours
-            return;
+            return; // cannot happen on an open file; the name goes with the ticket
         };
         let id = (meta.dev(), meta.ino());
-        let made = crate::fsio::ensure_lease_mode(&file, &meta).is_ok()
-            && file.write_all_at(bytes, 0).is_ok();
+        let made = file.write_all_at(bytes, 0).is_ok();
         // The very inode, read-only, through our own descriptor.
         let ro = OpenOptions::new()
             .read(true)
             .custom_flags(OFlag::O_CLOEXEC.bits())
             .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let (true, Ok(ro)) = (made, ro) else {
-            unlink_if_id(&path, id);
+            self.qdir.unlink_if(&name, id);
             return;
         };
         self.prepared = Some(Prepared {
             path,
+            name,
             file,
             ro,
             id,
@@ -431,17 +483,17 @@ impl Ticket {
     }
 
     /// Takes the lease through the prepared file: writes `bytes` into it, optionally fsyncs it,
-    /// renames it over `target`, and optionally fsyncs `dir` (LOCK's directory, open, and its
-    /// path). Under the mutex, with our ticket still queued. `None` (nothing renamed) when there
-    /// is no prepared file, `bytes` has another length, or the name is not our file any more:
-    /// the caller then writes the lease the usual way.
+    /// renames it over LOCK, and optionally fsyncs LOCK's directory. Under the mutex, with our
+    /// ticket still queued. `None` (nothing renamed) when there is no prepared file, `bytes` has
+    /// another length, or the name is not our file any more: the caller then writes the lease
+    /// the usual way.
     pub(crate) fn install(
         &mut self,
         bytes: &[u8],
         durable: bool,
-        target: &Path,
-        dir: Option<(&File, &Path)>,
+        paths: &LockPaths,
     ) -> Option<Result<crate::fsio::Written>> {
+        let target = &paths.lock;
         let p = self.prepared.take_if(|p| p.len == bytes.len())?;
         // Our file still has its one name (made exclusively, never linked elsewhere: a link
         // count of one is that name), and removing it takes the mutex we hold: it is ours at
@@ -458,10 +510,11 @@ impl Ticket {
                     .sync_data()
                     .map_err(|e| Error::io(&p.path, "fsync our prepared lease", e))?;
             }
-            std::fs::rename(&p.path, target)
+            self.qdir
+                .rename_to(&p.name, paths.handle(), paths.lock_name())
                 .map_err(|e| Error::io(target, "rename into place", e))?;
-            if durable && let Some((d, dp)) = dir {
-                crate::fsio::sync_open_dir(d, dp)?;
+            if durable {
+                paths.handle().sync()?;
             }
             Ok(crate::fsio::Written {
                 id: p.id,
@@ -469,7 +522,7 @@ impl Ticket {
             })
         })();
         if done.is_err() {
-            unlink_if_id(&p.path, p.id);
+            self.qdir.unlink_if(&p.name, p.id);
         }
         Some(done)
     }
@@ -478,7 +531,7 @@ impl Ticket {
     /// name without another check (nobody else touches the queue while we hold the mutex). Its
     /// lock goes when the ticket is dropped.
     pub(crate) fn unlink_held(mut self) -> Ticket {
-        let _ = std::fs::remove_file(&self.path);
+        self.qdir.unlink_if(&self.name, self.id);
         self.unlinked = true;
         self
     }
@@ -487,13 +540,13 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(p) = self.prepared.take() {
-            unlink_if_id(&p.path, p.id);
+            self.qdir.unlink_if(&p.name, p.id);
         }
         if self.unlinked {
             return;
         }
         // Unlink first, then the lock goes with the descriptor: the successor wakes to a queue
         // that no longer holds us.
-        unlink_if_id(&self.path, self.id);
+        self.qdir.unlink_if(&self.name, self.id);
     }
 }

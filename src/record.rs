@@ -17,7 +17,7 @@ pub const MAX_LEASE_BYTES: u64 = 64 * 1024;
 const P_CHECKSUM: &str = "{\n  \"leasehold\": 1,\n  \"checksum\": \"";
 const CHECKSUM_W: usize = 16;
 const P_STATE: &str = "\",\n  \"state\": ";
-const STATE_W: usize = 10; // "\"released\"" is 10 bytes; "\"held\"" is padded with spaces
+const STATE_W: usize = 10; // "\"released\"" is 10 bytes; "\"held\"" and "\"revoked\"" are padded
 const P_SEQ: &str = ",\n  \"heartbeat_seq\": ";
 const SEQ_W: usize = 20;
 const P_AT: &str = ",\n  \"heartbeat_at\": \"";
@@ -37,12 +37,16 @@ const OFF_BODY: usize = OFF_AT + RFC3339_WIDTH + P_END.len();
 /// Byte range of the header that a renewal rewrites in place (checksum .. heartbeat time).
 pub(crate) const MUTABLE_RANGE: std::ops::Range<usize> = OFF_CHECKSUM..OFF_AT + RFC3339_WIDTH;
 
-/// Whether a lease is held or has been given up.
+/// Whether a lease is held, revoked, or has been given up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LeaseState {
     /// Someone holds it (or held it and died: judging decides).
     Held,
+    /// Broken while its holder may still live (`break --force` / `--lease-id` of a live lease):
+    /// its holder fences at its next renewal, but the lock is not free until its processes are
+    /// gone (same host) or this record stayed unchanged for its TTL (other hosts).
+    Revoked,
     /// Its holder released it, or someone broke it.
     Released,
 }
@@ -51,6 +55,7 @@ impl LeaseState {
     fn field(self) -> &'static str {
         match self {
             LeaseState::Held => "\"held\"    ",
+            LeaseState::Revoked => "\"revoked\" ",
             LeaseState::Released => "\"released\"",
         }
     }
@@ -91,11 +96,18 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// `user@host pid N (command)`, for one-line messages.
+    /// `user@host pid N (command)`, for one-line messages: safe to show on a terminal, with
+    /// user and host escaped ([`crate::text::escape`]) and the command shell-quoted
+    /// ([`crate::text::quote_argv`]: `sh -c 'a; b'`), cut to 60 characters.
     pub fn describe(&self) -> String {
-        let mut s = format!("{}@{} pid {}", self.user, self.host, self.pid);
+        let mut s = format!(
+            "{}@{} pid {}",
+            crate::text::escape(&self.user),
+            crate::text::escape(&self.host),
+            self.pid
+        );
         if !self.command.is_empty() {
-            let mut cmd = self.command.join(" ");
+            let mut cmd = crate::text::quote_argv(&self.command);
             if cmd.chars().count() > 60 {
                 cmd = cmd.chars().take(57).collect::<String>() + "...";
             }
@@ -105,7 +117,7 @@ impl Holder {
     }
 }
 
-/// How a lease ended: written into a released record.
+/// How a lease ended: written into a released record (and into a revoked one: who revoked it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ending {
     /// When (holder's wall clock, RFC 3339).
@@ -120,7 +132,7 @@ pub struct Ending {
 /// One lease record, as read from or written to LOCK.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    /// Held or released.
+    /// Held, revoked or released.
     pub state: LeaseState,
     /// Incremented by every renewal; observers judge liveness by whether it moves.
     pub heartbeat_seq: u64,
@@ -514,6 +526,21 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(v["state"], "held");
         assert_eq!(v["heartbeat_seq"], 7);
+        match Lease::parse(&bytes) {
+            Parsed::Lease(p) => assert_eq!(*p, l),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_revoked_record_keeps_the_header_layout_and_roundtrips() {
+        let held = sample().to_bytes();
+        let mut l = sample();
+        l.state = LeaseState::Revoked;
+        let bytes = l.to_bytes();
+        assert_eq!(bytes.len(), held.len(), "the state field is fixed-width");
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["state"], "revoked");
         match Lease::parse(&bytes) {
             Parsed::Lease(p) => assert_eq!(*p, l),
             other => panic!("{other:?}"),

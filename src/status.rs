@@ -2,10 +2,12 @@
 //!
 //! Owns: judging a lock for display (recording this host's observation, as a contender would),
 //! the JSON form of a verdict, and the operator's break: by lease id (the id is the operator's
-//! confirmation), stale-only, or forced. A break writes a released record that keeps the token
-//! and says who broke it and why.
+//! confirmation), stale-only, or forced. A break keeps the token and says who broke it and why:
+//! a stale lease (or a forged or copied one, whose live processes are verifiably not this
+//! lock's) becomes a released record, a live one a revoked record.
 //! Must never: change a lease while only looking; break a live lease without the operator naming
-//! its id or forcing; signal a process that /proc does not verify.
+//! its id or forcing; free a live lease at once (it is revoked: two jobs must never overlap);
+//! signal a process that /proc does not verify.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use crate::identity::Identity;
 use crate::mutex::{self, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
+use crate::process::{self, Evidence};
 use crate::queue;
 use crate::record::{Ending, LeaseState};
 use crate::verdict::{Judge, State, Verdict};
@@ -50,13 +53,13 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     // Take the mutex if we can (so the observation file is written by one process at a time);
     // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
     let m = mutex::lock(
-        &paths.mutex,
+        &paths,
         Some(Instant::now() + LOOK_WAIT),
         Duration::MAX,
         StuckPolicy::Report,
     )
     .ok();
-    let content = fsio::read_lock(&paths.lock)?;
+    let content = fsio::read_lock(&paths)?;
     let judge = Judge {
         paths: &paths,
         me,
@@ -80,6 +83,26 @@ pub enum BreakMode {
     Force,
 }
 
+/// When a broken lock becomes free for others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frees {
+    /// At once: a released record was written.
+    Now,
+    /// Revoked, its holder on this host: free once none of its processes lives and no verified
+    /// process is left in its group (it fences its command at its next renewal and exits). A
+    /// holder still alive a TTL after the break is judged hung and stopped (verified).
+    WhenGone {
+        /// The holder's TTL.
+        ttl: Duration,
+    },
+    /// Revoked, its holder on another host: free once each contender's host has seen the
+    /// revoked record unchanged for the holder's TTL, on its own clock.
+    AfterTtl {
+        /// The holder's TTL.
+        ttl: Duration,
+    },
+}
+
 /// The outcome of a break.
 #[derive(Debug, Clone)]
 pub struct Broken {
@@ -89,11 +112,35 @@ pub struct Broken {
     pub was_live: bool,
     /// Processes of the old job that were stopped (verified against /proc) before breaking.
     pub stopped: usize,
+    /// What LOCK says now: `Released` (free at once) or `Revoked` (see [`Broken::frees`]).
+    pub written: LeaseState,
+    /// When the lock becomes free for others.
+    pub frees: Frees,
+    /// Set when the lease's live processes were verifiably not holders of this lock (a forged
+    /// or copied lease): what was found. It was replaced without signalling anything.
+    pub forged: Option<String>,
+    /// Processes of the old job that could not be checked, so were neither signalled nor
+    /// judged gone (why the lease was revoked rather than stopped, or what a forced break of a
+    /// stale lease left running).
+    pub unchecked: Option<String>,
+    /// The lease was already revoked: nothing was written (writing it again would restart
+    /// every other host's TTL).
+    pub already_revoked: bool,
 }
 
-/// Breaks the lease at `path` by writing a released record in its place (token kept, who broke
-/// it and why recorded). A hung same-host holder's command is stopped first (verified SIGKILL
-/// of its process group), as are leftover processes of a dead holder's job.
+/// Breaks the lease at `path`.
+///
+/// - A stale lease is replaced by a released record at once (token kept, who broke it and why
+///   recorded), after stopping (verified SIGKILL) what its job left in its process group.
+/// - A live lease (`--lease-id` or `--force`) is **revoked**: the record keeps its lease id,
+///   holder and token, with state `revoked` and who revoked it. Its holder fences at its next
+///   renewal; the lock is not free until its processes are gone (same host) or each contender's
+///   host has seen the revoked record unchanged for its TTL (other hosts): see [`Frees`].
+/// - A hung same-host holder's command is stopped first (verified) and the lease released.
+/// - A lease whose live processes are verifiably not holders of this lock (a forged or copied
+///   lease: pid 1, an unrelated process) is released at once, signalling nothing.
+/// - When the old job's processes cannot be checked (another user's /proc), nothing is
+///   signalled: a live lease is revoked, a stale one is refused unless forced.
 ///
 /// ```
 /// # fn main() -> Result<(), leasehold::Error> {
@@ -102,9 +149,14 @@ pub struct Broken {
 /// let g = leasehold::LeaseBuilder::new(&lock).try_acquire()?;
 /// // A live lease is refused without the operator's confirmation...
 /// assert!(leasehold::break_lease(&lock, leasehold::BreakMode::Stale).is_err());
-/// // ...and broken with it.
+/// // ...and revoked with it: not free while its holder (this process) lives.
 /// let b = leasehold::break_lease(&lock, leasehold::BreakMode::LeaseId(g.lease_id()))?;
 /// assert!(b.was_live);
+/// assert_eq!(b.written, leasehold::LeaseState::Revoked);
+/// assert_eq!(leasehold::status(&lock)?.state, leasehold::State::Held);
+/// // Its holder's release frees it.
+/// g.release()?;
+/// assert_eq!(leasehold::status(&lock)?.state, leasehold::State::Free);
 /// # Ok(()) }
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
@@ -112,12 +164,12 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     let me = Identity::current();
     let clock = SystemClock;
     let _m = mutex::lock(
-        &paths.mutex,
+        &paths,
         Some(Instant::now() + LOOK_WAIT),
         Duration::MAX,
         StuckPolicy::Report,
     )?;
-    let content = fsio::read_lock(&paths.lock)?;
+    let content = fsio::read_lock(&paths)?;
     let judge = Judge {
         paths: &paths,
         me: &me,
@@ -148,28 +200,150 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         }
         _ => {}
     }
-    let stopped = crate::builder::stop_old_job(&v, &paths)
-        .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
-    let mut rec = lease.as_ref().clone();
-    rec.state = LeaseState::Released;
-    rec.damaged = false;
-    rec.ended = Some(Ending {
-        at: format_rfc3339(clock.wall()),
-        how: format!("broken: {}", v.reason),
-        by: Some(format!(
-            "{}@{} pid {}",
-            me.user,
-            me.host,
-            std::process::id()
-        )),
-    });
-    fsio::replace(&paths, &paths.lock, &rec.to_bytes(), true)?;
+    let by = format!("{}@{} pid {}", me.user, me.host, std::process::id());
+    let ttl = Duration::from_millis(lease.ttl_ms);
     let was_live = matches!(v.state, State::Held | State::Hung);
-    Ok(Broken {
-        verdict: v,
+    let mut out = Broken {
+        verdict: v.clone(),
         was_live,
-        stopped,
-    })
+        stopped: 0,
+        written: LeaseState::Released,
+        frees: Frees::Now,
+        forged: None,
+        unchecked: None,
+        already_revoked: false,
+    };
+    let write = |state: LeaseState, how: String| {
+        let mut rec = lease.as_ref().clone();
+        rec.state = state;
+        rec.damaged = false;
+        rec.ended = Some(Ending {
+            at: format_rfc3339(clock.wall()),
+            how,
+            by: Some(by.clone()),
+        });
+        fsio::replace(&paths, &paths.lock, &rec.to_bytes(), true)
+    };
+    if !was_live {
+        // Stale: its holder is gone (same host) or silent for a TTL (any host).
+        match &v.unchecked {
+            Some(line) if mode == BreakMode::Stale => {
+                return Err(refuse(format!("not breaking ({v}): {line}")));
+            }
+            Some(line) => out.unchecked = Some(line.clone()),
+            None => {
+                out.stopped = crate::builder::stop_old_job(&v, &paths)
+                    .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
+            }
+        }
+        write(LeaseState::Released, format!("broken: {}", v.reason))?;
+        return Ok(out);
+    }
+    if v.same_host {
+        let found = judge_live(lease, &paths);
+        if let Some(forged) = found.forged() {
+            write(
+                LeaseState::Released,
+                format!("broken: {forged} (forged or copied lease)"),
+            )?;
+            out.forged = Some(forged);
+            return Ok(out);
+        }
+        // Worth saying only when it is why the lease is revoked rather than stopped or
+        // replaced (a live holder that provably is this lock's is revoked anyway).
+        if !found.belongs || v.state == State::Hung {
+            out.unchecked = found.unknown.clone();
+        }
+        if v.state == State::Hung && found.unknown.is_none() {
+            match crate::builder::stop_hung(lease, &paths) {
+                Ok(n) => {
+                    out.stopped = n;
+                    write(LeaseState::Released, format!("broken: {}", v.reason))?;
+                    return Ok(out);
+                }
+                Err(why) => out.unchecked = Some(why),
+            }
+        }
+        out.frees = Frees::WhenGone { ttl };
+    } else {
+        out.frees = Frees::AfterTtl { ttl };
+    }
+    out.written = LeaseState::Revoked;
+    if lease.state == LeaseState::Revoked {
+        // Writing it again would restart every other host's observation of it.
+        out.already_revoked = true;
+        return Ok(out);
+    }
+    let how = match &mode {
+        BreakMode::LeaseId(_) => "revoked by lease id",
+        _ => "revoked by force",
+    };
+    write(LeaseState::Revoked, format!("{how}: {}", v.reason))?;
+    Ok(out)
+}
+
+/// What /proc says of a live same-host lease's processes: the recorded holder and command, and
+/// the members of its recorded process group.
+#[derive(Debug, Default)]
+struct LiveJob {
+    /// Some recorded process, or a member of the group, provably belongs to this lock's job.
+    belongs: bool,
+    /// Recorded live processes that provably do not belong to it: why.
+    not_ours: Vec<String>,
+    /// The first process that cannot be checked: why (and what to do).
+    unknown: Option<String>,
+}
+
+impl LiveJob {
+    /// When every recorded live process is provably not a holder of this lock, and nothing in
+    /// its group belongs to the job or is unreadable: what the lease names, for the break line.
+    fn forged(&self) -> Option<String> {
+        if self.belongs || self.unknown.is_some() || self.not_ours.is_empty() {
+            return None;
+        }
+        Some(self.not_ours.join("; "))
+    }
+}
+
+fn judge_live(lease: &crate::record::Lease, paths: &LockPaths) -> LiveJob {
+    let h = &lease.holder;
+    let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, paths);
+    let mut out = LiveJob::default();
+    let recorded = [Some((h.pid, h.pid_start)), h.child_pid.zip(h.child_start)];
+    for (i, (pid, start)) in recorded.into_iter().flatten().enumerate() {
+        match process::stat(pid) {
+            // The holder by its holder's mark; its command by its environment.
+            Ok(Some(s)) if s.start == start && !s.is_dead() => match if i == 0 {
+                ev.check_holder(&s)
+            } else {
+                ev.check(&s)
+            } {
+                Evidence::Belongs => out.belongs = true,
+                Evidence::NotOurs(why) => out.not_ours.push(format!(
+                    "lease names pid {pid}, which is not a holder of this lock ({why})"
+                )),
+                Evidence::Unknown(why) => {
+                    out.unknown.get_or_insert(format!(
+                        "pid {pid} (uid {}) cannot be checked: {why}",
+                        s.uid
+                    ));
+                }
+            },
+            Ok(_) => {}
+            Err(e) => {
+                out.unknown
+                    .get_or_insert(format!("/proc/{pid}/stat cannot be read: {e}"));
+            }
+        }
+    }
+    if let Some(pg) = h.pgid {
+        let g = process::judge_group(pg, &ev);
+        out.belongs |= !g.belongs.is_empty();
+        if out.unknown.is_none() {
+            out.unknown = g.unknown_line(pg, &h.user);
+        }
+    }
+    out
 }
 
 impl Verdict {

@@ -172,7 +172,8 @@ impl Job {
                 why: "no command given".into(),
             });
         };
-        let shown = name.to_string_lossy().into_owned();
+        // For messages, which a terminal shows: escaped.
+        let shown = crate::text::escape_os(name).into_owned();
         if name.is_empty() {
             return Err(NotStarted {
                 code: 127,
@@ -211,7 +212,10 @@ impl Job {
         Err(match denied {
             Some(p) => NotStarted {
                 code: 126,
-                why: format!("{shown}: {}: permission denied", p.display()),
+                why: format!(
+                    "{shown}: {}: permission denied",
+                    crate::text::escape_path(&p)
+                ),
             },
             None => NotStarted {
                 code: 127,
@@ -225,13 +229,10 @@ impl Job {
         &self.program
     }
 
-    /// The command line, for messages (`sh -c 'sleep 1'` shows as `sh -c sleep 1`).
+    /// The command line, for messages: shell-quoted as typed (`sh -c 'sleep 1'`), control
+    /// characters in `$'…'` form ([`crate::text::quote_argv`]), so safe to show.
     pub fn display(&self) -> String {
-        self.argv
-            .iter()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
+        crate::text::quote_argv(&self.argv)
     }
 
     /// The argv as strings, for recording in the lease.
@@ -512,7 +513,11 @@ impl Supervisor {
             let code = if errno == Errno::ENOENT { 127 } else { 126 };
             return Ok(Started::Done(Outcome::NotStarted(NotStarted {
                 code,
-                why: format!("cannot run {}: {}", p.program.display(), errno.desc()),
+                why: format!(
+                    "cannot run {}: {}",
+                    crate::text::escape_path(&p.program),
+                    errno.desc()
+                ),
             })));
         }
         Ok(Started::Running(child))

@@ -3,9 +3,11 @@
 //!
 //! Owns: the liveness rules. A same-host holder (same host name, boot id and pid namespace) is
 //! judged by its processes; any other holder only by whether this host has seen its heartbeat
-//! move within a TTL on its own clock. Must never: judge a foreign holder by local PIDs, or call
+//! move within a TTL on its own clock — a revoked record by whether this host has seen the
+//! revoked record itself unchanged for a TTL. Must never: judge a foreign holder by local PIDs, or call
 //! a lease stale on the strength of another host's wall clock (unless the caller opted in to a
-//! skew allowance).
+//! skew allowance); call a revoked lease free while its holder may still run; count an old job's
+//! process that cannot be checked as "not this job's".
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -61,14 +63,23 @@ pub struct Verdict {
     pub same_host: bool,
     /// How long this host has seen the heartbeat unchanged (observer-side; never the holder's clock).
     pub heartbeat_age: Option<Duration>,
-    /// For a stale same-host lease: live processes left in the old job's process group.
+    /// For a stale same-host lease: live processes left in the old job's process group that
+    /// provably belong to it (stopped, verified, before anyone takes over).
     pub remnants: Vec<i32>,
+    /// For a stale same-host lease: live processes in the old job's process group that cannot
+    /// be checked (another user's /proc, as non-root), as one line saying who, why and what the
+    /// operator can do. A takeover is refused while it is set: never "not this job's" unread.
+    pub unchecked: Option<String>,
     /// Our wall clock at the time of judging, for "held 12m".
     pub judged_at: SystemTime,
     /// How many live waiters are queued ahead of the one judging (0 for `status`).
     pub queue_ahead: usize,
     /// Who waits, in order (filled in by `status`).
     pub queue: Vec<crate::queue::Waiting>,
+    /// What a waiter waits behind when it is not the lease itself — the waiter queued just
+    /// ahead, or a process sitting on the lease mutex — named by the kernel's word (who holds
+    /// the flock), never by what a file claims.
+    pub behind: Option<String>,
 }
 
 /// Inputs for judging that stay the same between judgements.
@@ -95,9 +106,11 @@ impl Judge<'_> {
             same_host: false,
             heartbeat_age: None,
             remnants: Vec::new(),
+            unchecked: None,
             judged_at: now,
             queue_ahead: 0,
             queue: Vec::new(),
+            behind: None,
         };
         let (lease, bytes) = match content {
             LockContent::Missing => {
@@ -121,8 +134,15 @@ impl Judge<'_> {
             return v;
         }
         let ttl = Duration::from_millis(lease.ttl_ms);
+        let revoked = (lease.state == LeaseState::Revoked).then(|| revoked_by(lease));
+        // A revoked record is observed under a key of its own, never its holder's heartbeat
+        // sequence: a renewal racing the break can land in the replaced file and extend the old
+        // holder's deadline to the break plus its renew window, so the TTL a foreign holder is
+        // given must count from when this host first saw the revoked record itself.
         let key = if lease.damaged {
             fingerprint(bytes)
+        } else if revoked.is_some() {
+            fingerprint(bytes) | 1 << 63
         } else {
             lease.heartbeat_seq
         };
@@ -144,14 +164,26 @@ impl Judge<'_> {
             if alive {
                 if age >= ttl {
                     v.state = State::Hung;
-                    v.reason = format!(
-                        "holder's processes are alive but its heartbeat has not moved for {} (TTL {}): frozen?",
-                        human_duration(age),
-                        human_duration(ttl)
-                    );
+                    v.reason = match &revoked {
+                        None => format!(
+                            "holder's processes are alive but its heartbeat has not moved for {} (TTL {}): frozen?",
+                            human_duration(age),
+                            human_duration(ttl)
+                        ),
+                        Some(by) => format!(
+                            "{by}, but its holder's processes are still alive {} later (TTL {}): frozen?",
+                            human_duration(age),
+                            human_duration(ttl)
+                        ),
+                    };
                 } else {
                     v.state = State::Held;
-                    v.reason = "holder alive on this host".into();
+                    v.reason = match &revoked {
+                        None => "holder alive on this host".into(),
+                        Some(by) => format!(
+                            "{by}; its holder fences at its next renewal: free once its processes are gone"
+                        ),
+                    };
                 }
                 return v;
             }
@@ -160,15 +192,27 @@ impl Judge<'_> {
                 Liveness::Dead(why) => why.to_string(),
                 Liveness::Alive => "process gone".to_string(),
             };
+            if let Some(by) = &revoked {
+                v.reason = format!("{by}; {}", v.reason);
+            }
             if let Some(g) = h.pgid {
                 // Only processes provably of this job count: a reused group id must neither be
-                // signalled nor keep the lock forever.
-                let ev = process::JobEvidence::new(&lease.lease_id, h.uid, &self.paths.mutex);
-                v.remnants = process::job_members(g, &ev).iter().map(|p| p.pid).collect();
+                // signalled nor keep the lock forever. Those that cannot be checked are neither
+                // signalled nor ignored: a takeover is refused while they live.
+                let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, self.paths);
+                let judged = process::judge_group(g, &ev);
+                v.remnants = judged.belongs.iter().map(|p| p.pid).collect();
+                v.unchecked = judged.unknown_line(g, &h.user);
                 if !v.remnants.is_empty() {
                     v.reason += &format!(
                         "; {} leftover process(es) in its process group {g}",
                         v.remnants.len()
+                    );
+                }
+                if !judged.unknown.is_empty() {
+                    v.reason += &format!(
+                        "; {} process(es) in its process group {g} cannot be checked",
+                        judged.unknown.len()
                     );
                 }
             }
@@ -176,12 +220,19 @@ impl Judge<'_> {
         }
         if age >= ttl {
             v.state = State::Stale;
-            v.reason = format!(
-                "no heartbeat seen from {} for {} (TTL {})",
-                h.host,
-                human_duration(age),
-                human_duration(ttl)
-            );
+            v.reason = match &revoked {
+                None => format!(
+                    "no heartbeat seen from {} for {} (TTL {})",
+                    h.host,
+                    human_duration(age),
+                    human_duration(ttl)
+                ),
+                Some(by) => format!(
+                    "{by}; this host has seen the revoked record unchanged for {} (TTL {})",
+                    human_duration(age),
+                    human_duration(ttl)
+                ),
+            };
             if lease.damaged {
                 v.reason += "; the record is damaged";
             }
@@ -201,7 +252,13 @@ impl Judge<'_> {
             return v;
         }
         v.state = State::Held;
-        v.reason = if v.same_host {
+        v.reason = if let Some(by) = &revoked {
+            format!(
+                "{by}; its holder on {} fences at its next renewal: free once this host has seen the revoked record unchanged for its TTL ({} left)",
+                h.host,
+                human_duration(ttl.saturating_sub(age))
+            )
+        } else if v.same_host {
             "record damaged; waiting for it to stay unchanged for a TTL".into()
         } else {
             format!(
@@ -210,6 +267,17 @@ impl Judge<'_> {
             )
         };
         v
+    }
+}
+
+/// `revoked by alice@web1 pid 9 at 2026-…` for a revoked record.
+fn revoked_by(lease: &Lease) -> String {
+    match &lease.ended {
+        Some(e) => match &e.by {
+            Some(by) => format!("revoked by {by} at {}", e.at),
+            None => format!("revoked at {}", e.at),
+        },
+        None => "revoked".into(),
     }
 }
 
@@ -234,6 +302,13 @@ impl Verdict {
 impl fmt::Display for Verdict {
     /// One line: `held by alice@web1 pid 4242 (terraform apply), heartbeat 3s ago, held 12m`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(b) = &self.behind {
+            // Waiting behind something other than the lease: say that first, then the lease.
+            write!(f, "behind {b}; the lease is ")?;
+            if self.state == State::Held && self.reason.contains("queued ahead") {
+                return write!(f, "{}", self.reason);
+            }
+        }
         match self.state {
             State::Free => write!(f, "free ({})", self.reason),
             _ => {
@@ -247,7 +322,11 @@ impl fmt::Display for Verdict {
                 if let Some(l) = &self.lease {
                     write!(f, ", token {}", l.token)?;
                 }
-                if self.state != State::Held {
+                let revoked = self
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.state == LeaseState::Revoked);
+                if self.state != State::Held || revoked {
                     write!(f, ": {}", self.reason)?;
                 }
                 Ok(())

@@ -36,8 +36,10 @@ pub(crate) struct Waiter {
     poll_mode: bool,
     ttl: Duration,
     inotify: Option<Inotify>,
+    /// LOCK's directory, for the inotify pool's key.
     dir: PathBuf,
-    lock: PathBuf,
+    /// LOCK's paths: the watch goes on the directory we opened, through its descriptor.
+    paths: LockPaths,
     seed: u64,
     predecessor: Option<((u64, u64), Receiver<()>)>,
     /// pidfds of the holder processes we wait on, by (pid, start time), kept across wake-ups.
@@ -56,7 +58,7 @@ impl Waiter {
             ttl,
             inotify: None,
             dir: paths.dir.clone(),
-            lock: paths.lock.clone(),
+            paths: paths.clone(),
             seed: u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
             predecessor: None,
             pidfds: Vec::new(),
@@ -82,10 +84,10 @@ impl Waiter {
                     .or_else(|| Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok());
             }
         }
-        let armed = self
-            .inotify
-            .as_ref()
-            .is_some_and(|ino| ino.add_watch(&self.dir, watch_flags()).is_ok());
+        let armed = self.inotify.as_ref().is_some_and(|ino| {
+            ino.add_watch(&self.paths.handle().proc_path(), watch_flags())
+                .is_ok()
+        });
         if !armed {
             self.poll_mode = true; // no inotify here: poll
         }
@@ -127,7 +129,7 @@ impl Waiter {
         deadline: Option<Instant>,
     ) {
         self.wakeups += 1;
-        if !self.poll_mode && (!self.arm() || fsio::signature(&self.lock) != sig) {
+        if !self.poll_mode && (!self.arm() || fsio::signature(&self.paths) != sig) {
             return; // changed since it was judged (or inotify just failed): look again
         }
         if self.poll_mode {

@@ -116,7 +116,7 @@ fn a_stolen_lease_fences_the_command_and_all_its_grandchildren() {
         .arg(&lock)
         .assert()
         .success()
-        .stderr_has("broke held lease");
+        .stderr_has("revoked held lease");
     let t = Instant::now();
     let st = w.wait_exit(Duration::from_secs(10));
     assert_eq!(st.code(), Some(74));

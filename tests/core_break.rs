@@ -1,7 +1,7 @@
 //! Breaking a lease by hand (issue 2, `break`): a stale lease is broken without confirmation; a
 //! live one is refused without it (stale-only mode, or a wrong lease id) and left as it was; a
-//! live one named by its lease id is broken, and its holder — a separate process — finds its
-//! guard lost. Every break keeps the token, records who broke it, and the next holder's token is
+//! live one named by its lease id is revoked — not free while its holder lives — and its holder,
+//! a separate process, finds its guard lost; its release then frees the lock. Every break keeps the token, records who broke it, and the next holder's token is
 //! greater.
 
 mod support;
@@ -84,22 +84,24 @@ fn break_stale_refuse_live_and_break_by_lease_id() {
         noticed <= ttl / 3 + Duration::from_millis(300),
         "noticed late: {noticed:?}"
     );
+    // Revoked, not freed: the lock stays taken while the old holder's process lives.
+    assert_eq!(b.written, LeaseState::Revoked);
+    let v = leasehold::status(&live).unwrap();
+    assert_eq!(v.state, State::Held, "{v}");
+    let l = v.lease.as_ref().unwrap();
+    assert_eq!((l.state, l.token), (LeaseState::Revoked, token));
+    let e = LeaseBuilder::new(&live).try_acquire().unwrap_err();
+    assert!(matches!(e, Error::WouldBlock { .. }), "{e:?}");
+    // The old holder, released on stdin EOF, frees it (its release of a revoked lease is the
+    // end of its job).
+    holder.close_stdin();
+    holder.line("RELEASED", Duration::from_secs(5));
+    assert!(holder.wait(Duration::from_secs(5)).success());
     let v = leasehold::status(&live).unwrap();
     assert_eq!(v.state, State::Free, "{v}");
     assert_eq!(v.lease.as_ref().unwrap().token, token);
     let g = LeaseBuilder::new(&live).try_acquire().unwrap();
     assert!(g.token() > token);
-    // The old holder, released on stdin EOF, must not touch the new holder's lease.
-    holder.close_stdin();
-    let released = holder.line("RELEASED", Duration::from_secs(5));
-    assert!(holder.wait(Duration::from_secs(5)).success());
-    let v = leasehold::status(&live).unwrap();
-    assert_eq!(
-        v.state,
-        State::Held,
-        "the old holder's release clobbered the new lease: {v} ({released})"
-    );
-    assert_eq!(v.lease.unwrap().lease_id, g.lease_id());
     assert!(!g.is_lost());
     g.release().unwrap();
 }

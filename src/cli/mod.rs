@@ -6,11 +6,15 @@
 //! `supervise`), or panic on any input.
 
 /// Writes one line to stderr, ignoring failure (a closed or broken stderr must not turn into a
-/// panic; the exit status still tells what happened).
+/// panic; the exit status still tells what happened). The line is passed through
+/// [`crate::text::scrub`] as a whole — no legitimate single line holds a control character —
+/// so that nothing printed here can rewrite the terminal or start a line of its own, even if a
+/// caller forgot to escape a value (the `report` functions escape each value already).
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let line = format!($($arg)*);
+        let _ = writeln!(std::io::stderr(), "{}", $crate::text::scrub(&line));
     }};
 }
 
@@ -46,13 +50,24 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match args::Cli::try_parse_from(argv) {
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    let cli = match args::Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
             return match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
-                _ => exit::USAGE,
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    0
+                }
+                _ => {
+                    // A usage error quotes the offending argument, which may come from anywhere:
+                    // shown plain, with the arguments in it escaped.
+                    let styled = e.render().ansi().to_string();
+                    for line in report::usage_error_lines(&styled, &argv) {
+                        say!("{line}");
+                    }
+                    exit::USAGE
+                }
             };
         }
     };

@@ -37,6 +37,7 @@ impl WaitDisplay {
         if self.quiet {
             return;
         }
+        // Escaped by `blocking_line`: safe for the spinner's message as for a plain line.
         let line = report::blocking_line(v);
         if !self.tty {
             say!("{line}");

@@ -1,22 +1,37 @@
 //! What `leasehold` prints: every line and block a person reads, in one place.
 //!
 //! Owns: the wording of the contention line, break lines, the fencing line, error lines and the
-//! readable `status` block. Must never: decide anything (exit statuses, whether to print at all
-//! under `-q`): callers do; or print itself: it only formats.
+//! readable `status` block, and making each safe to show: every value taken from a lease or a
+//! path is escaped ([`text::escape`]), commands are shell-quoted ([`text::quote_argv`]), and text
+//! that comes through the library's `Display` (verdicts, errors: partly escaped already) gets the
+//! control-only pass ([`text::scrub`]). Must never: decide anything (exit statuses, whether to
+//! print at all under `-q`): callers do; print itself: it only formats; or return a line holding
+//! a control character.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
-use crate::{Broken, Error, State, Verdict, human_duration};
+use crate::text::{self, escape, escape_path, scrub};
+use crate::{Broken, Error, Frees, LeaseState, State, Verdict, human_duration};
 
 /// `leasehold: <error>`.
 pub fn error_line(e: &Error) -> String {
-    format!("leasehold: {e}")
+    scrub(&format!("leasehold: {e}")).into_owned()
+}
+
+/// `leasehold: <why>`, for a command that could not be started (`why` names it already).
+pub fn not_started_line(why: &str) -> String {
+    format!("leasehold: {}", scrub(why))
 }
 
 /// The cargo-style contention line:
 /// `Blocking waiting for lock /srv/deploy.lock held by alice@web1 pid 4242 (terraform apply), heartbeat 3s ago, held 12m, token 17`.
 pub fn blocking_line(v: &Verdict) -> String {
-    format!("Blocking waiting for lock {} {v}", v.path.display())
+    format!(
+        "Blocking waiting for lock {} {}",
+        escape_path(&v.path),
+        scrub(&v.to_string())
+    )
 }
 
 /// One line for a lease broken to take the lock, or by `leasehold break`:
@@ -25,14 +40,18 @@ pub fn broke_line(v: &Verdict, was_live: bool) -> String {
     let Some(l) = &v.lease else {
         return format!(
             "leasehold: {}: nothing to break ({})",
-            v.path.display(),
-            v.reason
+            escape_path(&v.path),
+            scrub(&v.reason)
         );
     };
     let h = &l.holder;
     let mut s = format!(
         "leasehold: broke {} lease of pid {} on {}: {} (token {})",
-        v.state, h.pid, h.host, v.reason, l.token
+        v.state,
+        h.pid,
+        escape(&h.host),
+        scrub(&v.reason),
+        l.token
     );
     if was_live {
         s.push_str("; its holder will fence its command at its next renewal");
@@ -40,9 +59,71 @@ pub fn broke_line(v: &Verdict, was_live: bool) -> String {
     s
 }
 
-/// The line for `leasehold break`.
+/// The line for `leasehold break`: what it did, and how long until the lock is free.
+/// - `leasehold: broke stale lease of pid 4242 on web1: process gone (token 17)`
+/// - `leasehold: revoked held lease of pid 4242 on web1 (token 17): holder alive on this host; it
+///   will fence its command at its next renewal (last heartbeat written …); the lock frees when
+///   its processes are gone (stopped as hung if still alive after its TTL 30s)`
+/// - `leasehold: lease names pid 1, which is not a holder of this lock (…) (forged or copied
+///   lease): replaced it without signalling anything (token 7)`
 pub fn broken_line(b: &Broken) -> String {
-    let mut s = broke_line(&b.verdict, b.was_live);
+    let v = &b.verdict;
+    let Some(l) = &v.lease else {
+        return broke_line(v, b.was_live);
+    };
+    let h = &l.holder;
+    if let Some(forged) = &b.forged {
+        return format!(
+            "leasehold: {} (forged or copied lease): replaced it without signalling anything (token {}); the lock is free",
+            scrub(forged),
+            l.token
+        );
+    }
+    let mut s = match b.written {
+        LeaseState::Revoked => {
+            let mut s = format!(
+                "leasehold: {} {} lease of pid {} on {} (token {}): {}",
+                if b.already_revoked {
+                    "already revoked:"
+                } else {
+                    "revoked"
+                },
+                v.state,
+                h.pid,
+                escape(&h.host),
+                l.token,
+                scrub(&v.reason)
+            );
+            let _ = write!(
+                s,
+                "; it will fence its command at its next renewal (last heartbeat written {})",
+                escape(&l.heartbeat_at)
+            );
+            match b.frees {
+                Frees::WhenGone { ttl } => {
+                    let _ = write!(
+                        s,
+                        "; the lock frees when its processes are gone (stopped as hung if still alive {} after the break)",
+                        human_duration(ttl)
+                    );
+                }
+                Frees::AfterTtl { ttl } => {
+                    let _ = write!(
+                        s,
+                        "; the lock frees after at most its TTL {} on each contender's clock",
+                        human_duration(ttl)
+                    );
+                }
+                Frees::Now => {}
+            }
+            s
+        }
+        _ => {
+            let mut s = broke_line(v, false);
+            s.push_str("; the lock is free");
+            s
+        }
+    };
     if b.stopped > 0 {
         let _ = write!(
             s,
@@ -50,14 +131,20 @@ pub fn broken_line(b: &Broken) -> String {
             b.stopped
         );
     }
+    if let Some(u) = &b.unchecked {
+        let _ = write!(s, "; not signalled: {}", scrub(u));
+    }
     s
 }
 
-/// `leasehold: fenced <cmd>: <reason>; lease on LOCK lost`.
-pub fn fenced_line(cmd: &str, reason: &str, lock: &std::path::Path, survivors: usize) -> String {
+/// `leasehold: fenced <cmd>: <reason>; lease on LOCK lost`. `cmd` is the shell-quoted command
+/// ([`text::quote_argv`]).
+pub fn fenced_line(cmd: &str, reason: &str, lock: &Path, survivors: usize) -> String {
     let mut s = format!(
-        "leasehold: fenced {cmd}: {reason}; lease on {} lost",
-        lock.display()
+        "leasehold: fenced {}: {}; lease on {} lost",
+        scrub(cmd),
+        scrub(reason),
+        escape_path(lock)
     );
     if survivors > 0 {
         let _ = write!(
@@ -68,20 +155,120 @@ pub fn fenced_line(cmd: &str, reason: &str, lock: &std::path::Path, survivors: u
     s
 }
 
-/// The readable `status` block for one lock.
+/// `leasehold: acquired LOCK (token N, lease id ID, TTL .., heartbeat .., grace ..)` (`-v`).
+pub fn acquired_line(g: &crate::LeaseGuard) -> String {
+    let t = g.timing();
+    format!(
+        "leasehold: acquired {} (token {}, lease id {}, TTL {}, heartbeat {}, grace {})",
+        escape_path(g.path()),
+        g.token(),
+        g.lease_id(),
+        human_duration(t.ttl),
+        human_duration(t.heartbeat),
+        human_duration(t.grace),
+    )
+}
+
+/// The command ended but left processes in its group, stopped before releasing LOCK. `cmd` is
+/// the shell-quoted command.
+pub fn leftovers_line(cmd: &str, left: usize, lock: &Path) -> String {
+    format!(
+        "leasehold: {} ended but left {left} process(es) running in its process group; stopped them before releasing {}",
+        scrub(cmd),
+        escape_path(lock)
+    )
+}
+
+/// The lease was lost just as the command ended. `cmd` is the shell-quoted command.
+pub fn lost_at_end_line(lock: &Path, reason: &str, cmd: &str) -> String {
+    format!(
+        "leasehold: warning: the lease on {} was lost ({}) as {} ended",
+        escape_path(lock),
+        scrub(reason),
+        scrub(cmd)
+    )
+}
+
+/// `leasehold: released LOCK (how)` (`-v`).
+pub fn released_line(lock: &Path, how: &str) -> String {
+    format!("leasehold: released {} ({})", escape_path(lock), scrub(how))
+}
+
+/// The lines of clap's usage error as rendered with its styles (`styled`), shown plain and safe:
+/// clap quotes the offending argument verbatim, so every argument of `argv` (and the value part
+/// of `--flag=VALUE` and `-fVALUE`) that holds a control character is replaced by its escaped
+/// form first — a newline inside an argument must not start a line of its own —, then clap's
+/// own style sequences are dropped, and each line is scrubbed.
+pub fn usage_error_lines(styled: &str, argv: &[std::ffi::OsString]) -> Vec<String> {
+    let mut values: Vec<String> = Vec::new();
+    for a in argv {
+        let a = a.to_string_lossy();
+        if scrub(&a) == a {
+            continue;
+        }
+        if let Some((flag, v)) = a.split_once('=')
+            && flag.starts_with('-')
+        {
+            values.push(v.to_string());
+        }
+        if !a.starts_with("--")
+            && a.starts_with('-')
+            && let Some(v) = a.get(2..)
+        {
+            values.push(v.to_string());
+        }
+        values.push(a.into_owned());
+    }
+    // Longest first, so that a whole argument is replaced before a part of it.
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut msg = styled.to_string();
+    for v in values.iter().filter(|v| !v.is_empty()) {
+        msg = msg.replace(v.as_str(), &escape(v));
+    }
+    strip_csi(&msg)
+        .trim_end_matches('\n')
+        .split('\n')
+        .map(|l| scrub(l).into_owned())
+        .collect()
+}
+
+/// `s` without its CSI sequences (`ESC [` parameters, then one final byte in `@`..`~`): the
+/// colours clap puts around parts of its messages.
+fn strip_csi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for f in chars.by_ref() {
+                if ('@'..='~').contains(&f) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The readable `status` block for one lock: one line per field, each value escaped on its own
+/// (lease fields with [`text::escape`], the command shell-quoted, the verdict's reason with
+/// [`text::scrub`]), so that no value can start a line of its own.
 pub fn status_block(v: &Verdict) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{}: {}", v.path.display(), v.state);
+    let _ = writeln!(s, "{}: {}", escape_path(&v.path), v.state);
+    // `scrub` here is a second line of defence: every value below is escaped already.
     let field = |s: &mut String, name: &str, value: &str| {
-        let _ = writeln!(s, "  {:<13}{value}", format!("{name}:"));
+        let _ = writeln!(s, "  {:<13}{}", format!("{name}:"), scrub(value));
     };
     let Some(l) = &v.lease else {
         field(&mut s, "reason", &v.reason);
         return s;
     };
     let h = &l.holder;
-    let cmd = h.command.join(" ");
-    let who = format!("{}@{} pid {}", h.user, h.host, h.pid);
+    let cmd = text::quote_argv(&h.command);
+    let who = format!("{}@{} pid {}", escape(&h.user), escape(&h.host), h.pid);
     if v.state == State::Free {
         field(&mut s, "last holder", &who);
         if !cmd.is_empty() {
@@ -92,9 +279,10 @@ pub fn status_block(v: &Verdict) -> String {
             Some(e) => {
                 let by =
                     e.by.as_ref()
-                        .map(|b| format!(" by {b}"))
+                        .map(|b| format!(" by {}", escape(b)))
                         .unwrap_or_default();
-                field(&mut s, "ended", &format!("{}{by} at {}", e.how, e.at));
+                let (how, at) = (escape(&e.how), escape(&e.at));
+                field(&mut s, "ended", &format!("{how}{by} at {at}"));
             }
             None => field(&mut s, "reason", &v.reason),
         }
@@ -111,12 +299,16 @@ pub fn status_block(v: &Verdict) -> String {
             field(&mut s, "command", &cmd);
         }
         field(&mut s, "token", &l.token.to_string());
-        field(&mut s, "lease id", &l.lease_id);
+        field(&mut s, "lease id", &escape(&l.lease_id));
         let held = v
             .held_for()
             .map(|d| format!(" (held {})", human_duration(d)))
             .unwrap_or_default();
-        field(&mut s, "acquired", &format!("{}{held}", l.acquired_at));
+        field(
+            &mut s,
+            "acquired",
+            &format!("{}{held}", escape(&l.acquired_at)),
+        );
         let age = v
             .heartbeat_age
             .map(|a| format!("{} ago", human_duration(a)))
@@ -127,13 +319,13 @@ pub fn status_block(v: &Verdict) -> String {
             &format!(
                 "{age} (TTL {}, last written {})",
                 human_duration(std::time::Duration::from_millis(l.ttl_ms)),
-                l.heartbeat_at
+                escape(&l.heartbeat_at)
             ),
         );
         field(&mut s, "reason", &v.reason);
     }
     if let Some(n) = &h.note {
-        field(&mut s, "note", n);
+        field(&mut s, "note", &escape(n));
     }
     if !v.queue.is_empty() {
         field(&mut s, "waiting", &v.queue.len().to_string());
@@ -141,11 +333,11 @@ pub fn status_block(v: &Verdict) -> String {
             let _ = writeln!(
                 s,
                 "    {}@{} pid {} since {} ({})",
-                w.user,
-                w.host,
+                escape(&w.user),
+                escape(&w.host),
                 w.pid,
-                w.since,
-                w.command.join(" ")
+                escape(&w.since),
+                text::quote_argv(&w.command)
             );
         }
     }

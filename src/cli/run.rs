@@ -34,7 +34,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     let job = match Job::new(&argv) {
         Ok(j) => j,
         Err(n) => {
-            say!("leasehold: {}", n.why);
+            say!("{}", report::not_started_line(&n.why));
             return n.code;
         }
     };
@@ -92,15 +92,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     }
     let lock = guard.path().to_path_buf();
     if a.verbose {
-        say!(
-            "leasehold: acquired {} (token {}, lease id {}, TTL {}, heartbeat {}, grace {})",
-            lock.display(),
-            guard.token(),
-            guard.lease_id(),
-            crate::human_duration(guard.timing().ttl),
-            crate::human_duration(guard.timing().heartbeat),
-            crate::human_duration(guard.timing().grace),
-        );
+        say!("{}", report::acquired_line(&guard));
     }
     let outcome = match sup.run(&guard, &job) {
         Ok(o) => o,
@@ -120,21 +112,16 @@ pub(super) fn run(a: &RunArgs) -> i32 {
                 report::fenced_line(&job.display(), reason, &lock, *survivors)
             );
         }
-        Outcome::NotStarted(n) => say!("leasehold: {}", n.why),
+        Outcome::NotStarted(n) => say!("{}", report::not_started_line(&n.why)),
         Outcome::Exited(_) | Outcome::Signaled(_) => {
             let left = sup.leftovers_stopped();
             if left > 0 && !a.quiet {
-                say!(
-                    "leasehold: {} ended but left {left} process(es) running in its process group; stopped them before releasing {}",
-                    job.display(),
-                    lock.display()
-                );
+                say!("{}", report::leftovers_line(&job.display(), left, &lock));
             }
             if let Some(r) = lost {
                 say!(
-                    "leasehold: warning: the lease on {} was lost ({r}) as {} ended",
-                    lock.display(),
-                    job.display()
+                    "{}",
+                    report::lost_at_end_line(&lock, &r.to_string(), &job.display())
                 );
             }
         }
@@ -142,7 +129,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     if let Err(e) = released {
         say!("{}", report::error_line(&e));
     } else if a.verbose {
-        say!("leasehold: released {} ({how})", lock.display());
+        say!("{}", report::released_line(&lock, &how));
     }
     outcome.exit_code()
 }

@@ -339,14 +339,19 @@ pub fn stray_files(dir: &Path, lock_name: &str) -> Vec<String> {
     let allowed = [
         lock_name.to_string(),
         format!(".{lock_name}.leasehold-mutex"),
+        // A crashed writer's temp file: recycled by the next writer, so at most one.
         format!(".{lock_name}.leasehold-tmp"),
-        format!(".{lock_name}.leasehold-seen"),
         format!(".{lock_name}.leasehold-queue"),
     ];
+    // Observation files are per uid: `.NAME.leasehold-seen-<uid>`.
+    let seen = format!(".{lock_name}.leasehold-seen-");
     let mut stray = Vec::new();
     for e in fs::read_dir(dir).expect("read lock dir").flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if !allowed.contains(&n) {
+        let is_seen = n
+            .strip_prefix(&seen)
+            .is_some_and(|uid| !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit()));
+        if !allowed.contains(&n) && !is_seen {
             stray.push(n);
         }
     }

@@ -1,0 +1,462 @@
+//! LOCK's directory, opened once: every file leasehold touches beside LOCK (and LOCK itself) is
+//! reached through this one descriptor.
+//!
+//! Owns: the directory descriptor and the `*at` calls made through it (open, stat, rename,
+//! unlink, mkdir, list) — none of which follows a symbolic link at the name it is given —,
+//! exclusive creation (under unpredictable names for temp files), the modes new helper files get
+//! in a group-shared directory, and the trust rule every existing helper file is checked against
+//! after opening: a regular file with one link, owned by someone the directory lets share it.
+//! Must never: follow a link at a name in the directory; open an existing name with `O_CREAT`
+//! or `O_TRUNC`; create a file except with `O_EXCL`; unlink a name it did not check just before.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+use crate::error::{Error, Result};
+
+/// The sticky bit (`S_ISVTX`).
+const STICKY: u32 = 0o1000;
+/// Group write permission.
+const GROUP_WRITE: u32 = 0o020;
+
+/// What `stat` says of a file, as far as leasehold needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub dev: u64,
+    pub ino: u64,
+    /// The whole `st_mode`: type and permission bits.
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl Meta {
+    pub(crate) fn of(m: &std::fs::Metadata) -> Meta {
+        Meta {
+            dev: m.dev(),
+            ino: m.ino(),
+            mode: m.mode(),
+            nlink: m.nlink(),
+            uid: m.uid(),
+            gid: m.gid(),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+
+    // The field types of `struct stat` differ between architectures.
+    #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+    fn of_stat(s: &rustix::fs::Stat) -> Meta {
+        Meta {
+            dev: s.st_dev as u64,
+            ino: s.st_ino as u64,
+            mode: s.st_mode as u32,
+            nlink: s.st_nlink as u64,
+            uid: s.st_uid as u32,
+            gid: s.st_gid as u32,
+            size: s.st_size.max(0) as u64,
+            mtime: (s.st_mtime as i64, s.st_mtime_nsec as i64),
+            ctime: (s.st_ctime as i64, s.st_ctime_nsec as i64),
+        }
+    }
+
+    /// Device and inode.
+    pub(crate) fn id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    pub(crate) fn is_file(&self) -> bool {
+        self.mode & 0o170000 == 0o100000
+    }
+
+    pub(crate) fn is_dir(&self) -> bool {
+        self.mode & 0o170000 == 0o040000
+    }
+
+    /// What kind of file this is, in words.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self.mode & 0o170000 {
+            0o100000 => "a regular file",
+            0o040000 => "a directory",
+            0o120000 => "a symbolic link",
+            0o010000 => "a FIFO",
+            0o140000 => "a socket",
+            0o020000 => "a character device",
+            0o060000 => "a block device",
+            _ => "a special file",
+        }
+    }
+}
+
+/// The name of the user `uid`, or `uid N` when it has none.
+pub(crate) fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => u.name,
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// LOCK's directory, open.
+#[derive(Debug)]
+pub(crate) struct LockDir {
+    fd: OwnedFd,
+    path: PathBuf,
+    /// The directory's owner, group and mode when it was opened.
+    pub meta: Meta,
+    /// Our effective uid.
+    euid: u32,
+}
+
+impl LockDir {
+    /// Opens the directory at `path` (already canonical: no symlink is followed on the way).
+    pub(crate) fn open(path: &Path) -> Result<LockDir> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::io(path, "open the lock's directory", e.into()))?;
+        let meta = rustix::fs::fstat(&fd)
+            .map(|s| Meta::of_stat(&s))
+            .map_err(|e| Error::io(path, "stat the lock's directory", e.into()))?;
+        Ok(LockDir {
+            fd,
+            path: path.to_path_buf(),
+            meta,
+            euid: rustix::process::geteuid().as_raw(),
+        })
+    }
+
+    /// The directory's path (for messages).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path of `name` in this directory (for messages only: never opened by path).
+    pub(crate) fn join(&self, name: &OsStr) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// A path that names this very directory through our descriptor (for inotify, which takes
+    /// a path: the kernel resolves it to the directory we opened, whatever its name leads to now).
+    pub(crate) fn proc_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+
+    /// Group-shared: writable by its group and not sticky (a sticky directory lets only a
+    /// file's owner rename or remove it, so another member could not take over).
+    pub(crate) fn group_shared(&self) -> bool {
+        self.meta.mode & GROUP_WRITE != 0 && self.meta.mode & STICKY == 0
+    }
+
+    /// Sticky (like `/tmp` and `/run/lock`).
+    pub(crate) fn sticky(&self) -> bool {
+        self.meta.mode & STICKY != 0
+    }
+
+    /// The mode a new shared helper file (mutex, ticket) or directory gets: `base`, plus the
+    /// group write bit in a group-shared directory, so that every member can use it whatever
+    /// the creator's umask (as git's `core.sharedRepository=group` does).
+    pub(crate) fn shared_mode(&self, base: u32) -> u32 {
+        if self.group_shared() {
+            base | GROUP_WRITE
+        } else {
+            base
+        }
+    }
+
+    /// Opens an existing `name`, read-only or read-write, never following a symlink, never
+    /// blocking on a FIFO, never becoming a controlling terminal; never creates it.
+    pub(crate) fn open_existing(&self, name: &OsStr, write: bool) -> io::Result<File> {
+        let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// An `O_PATH` descriptor on `name` (never following a symlink): it names the file without
+    /// opening it for reading or writing.
+    pub(crate) fn open_path(&self, name: &OsStr) -> io::Result<OwnedFd> {
+        Ok(rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    /// Creates `name` exclusively (read-write), never through a symlink, with exactly `mode`
+    /// whatever the umask.
+    pub(crate) fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDWR
+                | OFlags::CREATE
+                | OFlags::EXCL
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::NOCTTY
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )?;
+        let file = File::from(fd);
+        if let Err(e) = rustix::fs::fchmod(&file, Mode::from_raw_mode(mode)) {
+            let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
+            return Err(e.into());
+        }
+        Ok(file)
+    }
+
+    /// Creates a new file exclusively under an unpredictable name: `template` with its last 16
+    /// bytes (which must be ASCII) replaced by random hex digits. Returns the file and its name.
+    pub(crate) fn create_temp(&self, template: &OsStr, mode: u32) -> io::Result<(File, OsString)> {
+        let bytes = template.as_bytes();
+        let keep = bytes.len().saturating_sub(16);
+        let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+        for _ in 0..16 {
+            let mut name = bytes[..keep].to_vec();
+            name.extend_from_slice(random_hex16().as_bytes());
+            let name = OsStr::from_bytes(&name).to_os_string();
+            match self.create_new(&name, mode) {
+                Ok(f) => return Ok((f, name)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    /// `lstat` of `name` (never following a symlink); `None` when there is no such name.
+    pub(crate) fn stat(&self, name: &OsStr) -> io::Result<Option<Meta>> {
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(s) => Ok(Some(Meta::of_stat(&s))),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Renames `from` over `to`, both in this directory.
+    pub(crate) fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        Ok(rustix::fs::renameat(&self.fd, from, &self.fd, to)?)
+    }
+
+    /// Renames `from` in this directory over `to` in `dest`.
+    pub(crate) fn rename_to(&self, from: &OsStr, dest: &LockDir, to: &OsStr) -> io::Result<()> {
+        Ok(rustix::fs::renameat(&self.fd, from, &dest.fd, to)?)
+    }
+
+    /// Unlinks `name` if it is still the file `id` (device, inode) and has no other link.
+    /// Returns whether it did.
+    pub(crate) fn unlink_if(&self, name: &OsStr, id: (u64, u64)) -> bool {
+        match self.stat(name) {
+            Ok(Some(m)) if m.id() == id && m.is_file() && m.nlink <= 1 => {
+                rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()).is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    /// Unlinks `name` if it is a regular file with one link whose owner we trust (see
+    /// [`LockDir::check`]): leftovers of leasehold's own, never anybody else's file.
+    pub(crate) fn unlink_leftover(&self, name: &OsStr) -> bool {
+        match self.stat(name) {
+            Ok(Some(m)) if self.check(name, &m, "leftover").is_ok() => self.unlink_if(name, m.id()),
+            _ => false,
+        }
+    }
+
+    /// Creates the directory `name` with exactly `mode` (whatever the umask), if it is missing.
+    pub(crate) fn mkdir(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
+            Ok(()) => {
+                if let Ok(Some(sub)) = self.open_subdir(name) {
+                    let _ = rustix::fs::fchmod(&sub.fd, Mode::from_raw_mode(mode));
+                }
+                Ok(())
+            }
+            Err(rustix::io::Errno::EXIST) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Opens the subdirectory `name` without following a symlink at it. `Ok(None)` when there is
+    /// no such name; an error when the name is a symlink or not a directory.
+    pub(crate) fn open_subdir(&self, name: &OsStr) -> io::Result<Option<LockDir>> {
+        let fd = match rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let meta = Meta::of_stat(&rustix::fs::fstat(&fd)?);
+        Ok(Some(LockDir {
+            fd,
+            path: self.path.join(name),
+            meta,
+            euid: self.euid,
+        }))
+    }
+
+    /// The names in the directory (without `.` and `..`).
+    pub(crate) fn names(&self) -> io::Result<Vec<OsString>> {
+        let mut out = Vec::new();
+        for e in rustix::fs::Dir::read_from(&self.fd)? {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                out.push(OsStr::from_bytes(n).to_os_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// fsync the directory, so that a rename in it is durable. Some file systems refuse fsync
+    /// on directories; the rename is then as durable as it gets.
+    pub(crate) fn sync(&self) -> Result<()> {
+        match rustix::fs::fsync(&self.fd) {
+            Ok(()) | Err(rustix::io::Errno::INVAL) => Ok(()),
+            Err(e) => Err(Error::io(&self.path, "fsync the directory", e.into())),
+        }
+    }
+
+    /// The trust rule for an existing helper file `name` (`role` says which, for messages), as
+    /// `meta` (from `fstat` of the descriptor just opened, or `lstat`) shows it:
+    /// - a regular file (a directory, FIFO, socket or device squatting the name: refused, 65);
+    /// - with exactly one link (a hard link planted to some other file: refused, 65);
+    /// - owned by us, or by root, or we are root, or — in a group-shared directory — its group
+    ///   is the directory's group (refused otherwise, 77: we do not use another user's file).
+    ///
+    /// In a sticky directory a file of another user is refused too unless we are root: there
+    /// only its owner may rename over it or remove it, so we could not take the lock over.
+    pub(crate) fn check(&self, name: &OsStr, meta: &Meta, role: &str) -> Result<()> {
+        let path = self.join(name);
+        let owner = user_name(meta.uid);
+        if !meta.is_file() {
+            return Err(Error::Squatted {
+                path,
+                why: format!(
+                    "{} owned by {owner} has the name of leasehold's {role}; leasehold uses \
+                     only its own regular files there and left it untouched: remove it",
+                    meta.kind()
+                ),
+            });
+        }
+        if meta.nlink != 1 {
+            return Err(Error::Squatted {
+                path,
+                why: format!(
+                    "the {role} has {} hard links (owner {owner}): a link planted to another \
+                     file; leasehold left it untouched: remove this name",
+                    meta.nlink
+                ),
+            });
+        }
+        self.check_owner(name, meta, role)
+    }
+
+    /// The ownership half of [`LockDir::check`].
+    pub(crate) fn check_owner(&self, name: &OsStr, meta: &Meta, role: &str) -> Result<()> {
+        if meta.uid == self.euid || self.euid == 0 {
+            return Ok(());
+        }
+        let path = self.join(name);
+        let owner = user_name(meta.uid);
+        let me = user_name(self.euid);
+        let dir = self.path.display();
+        if self.sticky() {
+            return Err(Error::Untrusted {
+                path,
+                why: format!(
+                    "the {role} belongs to {owner}, and {dir} is sticky (mode {:o}): only \
+                     {owner} or root can replace it there, so {me} cannot share this lock. To \
+                     share a lock between users, keep it in a group-shared directory (`install \
+                     -d -m 2775 -g GROUP DIR`; README: \"Sharing a lock between users\")",
+                    self.meta.mode & 0o7777
+                ),
+            });
+        }
+        if meta.uid == 0 || (self.group_shared() && meta.gid == self.meta.gid) {
+            return Ok(());
+        }
+        Err(Error::Untrusted {
+            path,
+            why: format!(
+                "the {role} belongs to {owner}, not to {me}, and {dir} is not shared with \
+                 {owner} through its group: leasehold will not use another user's file. Make \
+                 {dir} group-shared (`chgrp GROUP {dir}; chmod 2775 {dir}`) or remove the file"
+            ),
+        })
+    }
+}
+
+/// 16 random hex digits (getrandom; falls back to std's randomly keyed hasher).
+fn random_hex16() -> String {
+    let mut buf = [0u8; 8];
+    if rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty()).is_err() {
+        use std::hash::BuildHasher;
+        let s = std::collections::hash_map::RandomState::new();
+        buf = s
+            .hash_one((std::process::id(), std::time::Instant::now()))
+            .to_le_bytes();
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_names_are_unpredictable_and_keep_the_template_length() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(&std::fs::canonicalize(d.path()).unwrap()).unwrap();
+        let t = OsStr::new(".x.leasehold-tmp-0000000000000000");
+        let (_a, na) = dir.create_temp(t, 0o644).unwrap();
+        let (_b, nb) = dir.create_temp(t, 0o644).unwrap();
+        assert_ne!(na, nb);
+        assert_eq!(na.len(), t.len());
+        assert!(na.as_bytes().starts_with(b".x.leasehold-tmp-"));
+    }
+
+    #[test]
+    fn a_hard_link_or_a_directory_at_a_helper_name_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(&std::fs::canonicalize(d.path()).unwrap()).unwrap();
+        std::fs::write(d.path().join("victim"), "x").unwrap();
+        std::fs::hard_link(d.path().join("victim"), d.path().join("m")).unwrap();
+        std::fs::create_dir(d.path().join("q")).unwrap();
+        let m = dir.stat(OsStr::new("m")).unwrap().unwrap();
+        let e = dir.check(OsStr::new("m"), &m, "mutex").unwrap_err();
+        assert_eq!(e.exit_code(), 65, "{e}");
+        let q = dir.stat(OsStr::new("q")).unwrap().unwrap();
+        assert_eq!(
+            dir.check(OsStr::new("q"), &q, "mutex")
+                .unwrap_err()
+                .exit_code(),
+            65
+        );
+        assert!(!dir.unlink_leftover(OsStr::new("m")));
+        assert!(d.path().join("m").exists());
+    }
+}
