@@ -137,6 +137,21 @@ fn names_path(text: &str, path: &Path) -> bool {
     text.contains(s(path)) || text.contains(&*path.file_name().unwrap().to_string_lossy())
 }
 
+/// The exit status and the last line leasehold printed, for the test's log.
+fn first_line(o: &Outcome) -> String {
+    format!(
+        "exit {} ({:?})",
+        o.code,
+        o.stderr
+            .lines()
+            .last()
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect::<String>()
+    )
+}
+
 fn describe(o: &Outcome) -> String {
     let mut e = o.stderr.clone();
     if e.len() > 800 {
@@ -311,6 +326,7 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
     let mut f = Failures::default();
     let started = Instant::now();
     let (mut ran, mut refused, mut killed_inside, mut runs) = (0, 0, 0, 0);
+    let mut reasons: Vec<String> = Vec::new();
     for creator_umask in [0o022u32, 0o002] {
         let dir = w.dir(&format!("alt-{creator_umask:o}"), 0o2775, Who::Root);
         let lock = dir.join("job.lock");
@@ -325,7 +341,6 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
         f.check(o.code == 0, || {
             format!("creating the lock: {}", describe(&o))
         });
-        let mut rounds_without_a_run = 0;
         for round in 0..25 {
             let users = if round % 2 == 0 {
                 [&w.a, &w.b]
@@ -346,7 +361,7 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                     umask,
                     &args(&cs.run_args(&pre, &lock, &id, 10)),
                 );
-                procs.push((id, p, u.name.clone(), umask));
+                procs.push((id, p, u.name.clone(), umask, pre[0]));
             }
             runs += 2;
             let mut killed = None;
@@ -371,9 +386,11 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                     killed = Some(k);
                 }
             }
-            let mut any_ran = false;
-            for (k, (id, p, who, umask)) in procs.iter_mut().enumerate() {
+            let mut summary = Vec::new();
+            let mut stalled = false;
+            for (k, (id, p, who, umask, mode)) in procs.iter_mut().enumerate() {
                 let o = p.finish(LONG);
+                summary.push(format!("{id}({who} {mode} {umask:03o})={}", o.code));
                 if killed == Some(k) {
                     if !cs.ended(id) && o.code == 137 {
                         killed_inside += 1;
@@ -386,12 +403,19 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                 match o.code {
                     0 => {
                         ran += 1;
-                        any_ran = true;
                         f.check(cs.ended(id), || {
                             format!("round {round}: run {id} exited 0 but its job did not end")
                         });
                     }
-                    75 => refused += 1,
+                    75 => {
+                        refused += 1;
+                        let first = o.stderr.lines().last().unwrap_or("").to_string();
+                        if *mode == "-w" && reasons.len() < 6 && !reasons.contains(&first) {
+                            reasons.push(first);
+                        }
+                        // A waiter that waited out its whole -w: the lock did not recover.
+                        stalled |= *mode == "-w" && o.took >= Duration::from_secs(19);
+                    }
                     _ => f.check(false, || {
                         format!(
                             "round {round}: run {id} of {who} (umask {umask:03o}): {}",
@@ -400,12 +424,18 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                     }),
                 }
             }
-            rounds_without_a_run = if any_ran { 0 } else { rounds_without_a_run + 1 };
-            if rounds_without_a_run >= 2 {
+            eprintln!(
+                "{test}: round {round}{}: {}",
+                killed
+                    .map(|k| format!(" (killed {})", procs[k].0))
+                    .unwrap_or_default(),
+                summary.join(" ")
+            );
+            if stalled {
                 f.check(false, || {
                     format!(
-                        "lock created under umask {creator_umask:03o}: two rounds in a row ran \
-                         nothing (round {round}); the lock did not recover, stopping this phase"
+                        "lock created under umask {creator_umask:03o}: round {round}: a waiter \
+                         waited out -w 20: the lock did not recover; stopping this phase"
                     )
                 });
                 break;
@@ -435,6 +465,7 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
          critical section; {:?}",
         started.elapsed()
     );
+    eprintln!("{test}: why waiters (-w) got 75: {reasons:#?}");
     f.check(killed_inside > 0, || {
         "no holder was killed inside its critical section".into()
     });
@@ -474,7 +505,16 @@ fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
         0o022,
         &args(&cs.run_args(&["-w", "30"], &lock, "b", 1)),
     );
-    match b.wait_within(decide) {
+    let decided = b.wait_within(decide);
+    eprintln!(
+        "{test}: B against A's held lock: {}",
+        if decided.is_some() {
+            "refused at once"
+        } else {
+            "waits"
+        }
+    );
+    match decided {
         Some(_) => {
             let o = b.finish(LONG);
             f.check(
@@ -558,31 +598,117 @@ fn victims(w: &World, n: usize) -> Vec<(&'static str, PathBuf)> {
     vec![("root's file", root_victim), ("B's file", b_victim)]
 }
 
-/// Root's `run LOCK -- true`, `status LOCK` and `break LOCK`, each judged by `judge`.
-fn root_commands(w: &World, lock: &Path, mut judge: impl FnMut(&str, &Outcome)) {
+/// The foreign host a test's library holder plays.
+fn foreign_identity() -> leasehold::Identity {
+    let mut id = leasehold::Identity::current();
+    id.host = format!("elsewhere-{}", std::process::id());
+    id.boot_id = "00000000-0000-4000-8000-000000000000".into();
+    id
+}
+
+/// Root's commands against `lock`, each judged by `judge(what, codes a success may have, how it
+/// ended)`, in three situations that between them use every helper file:
+/// - the lock is free: `run LOCK -- true`, `status`, `break`;
+/// - a live holder on another host (the library, renewing) holds it, so root observes it and
+///   writes its observation file: `run -n`, `status`, `break`;
+/// - root holds it and another root `run -w` queues behind (a ticket, a prepared lease), then
+///   takes it.
+fn root_scenarios(w: &World, cs: &Cs, lock: &Path, mut judge: impl FnMut(&str, &[i32], &Outcome)) {
+    let limit = Duration::from_secs(30);
     for (what, a) in [
-        ("run", vec!["run", s(lock), "--", "true"]),
-        ("status", vec!["status", s(lock)]),
-        ("break", vec!["break", s(lock)]),
+        ("run, free", vec!["run", s(lock), "--", "true"]),
+        ("status, free", vec!["status", s(lock)]),
+        ("break, free", vec!["break", s(lock)]),
     ] {
-        let o = w.run(Who::Root, 0o022, &a, Duration::from_secs(30));
-        judge(what, &o);
+        let o = w.run(Who::Root, 0o022, &a, limit);
+        judge(
+            what,
+            if what.starts_with("break") {
+                &[0, 75]
+            } else {
+                &[0]
+            },
+            &o,
+        );
+    }
+    match leasehold::LeaseBuilder::new(lock)
+        .ttl(Duration::from_secs(2))
+        .identity(foreign_identity())
+        .try_acquire()
+    {
+        Ok(guard) => {
+            for (what, a) in [
+                (
+                    "run -n, foreign holder",
+                    vec!["run", "-n", s(lock), "--", "true"],
+                ),
+                ("status, foreign holder", vec!["status", s(lock)]),
+                ("break, foreign holder", vec!["break", s(lock)]),
+            ] {
+                let o = w.run(Who::Root, 0o022, &a, limit);
+                judge(
+                    what,
+                    if what.starts_with("status") {
+                        &[0]
+                    } else {
+                        &[75]
+                    },
+                    &o,
+                );
+            }
+            drop(guard);
+        }
+        Err(e) => eprintln!("(no foreign holder: the library refused to take the lock: {e})"),
+    }
+    static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let id = format!(
+        "h{}",
+        HOLDERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let mut holder = w.spawn(
+        Who::Root,
+        0o022,
+        &args(&cs.hold_args(&["--ttl", "2s"], lock, &id)),
+    );
+    let held = harness::wait_until(limit, || {
+        cs.entered(&id) || holder.child.try_wait().unwrap().is_some()
+    }) && cs.entered(&id);
+    if held {
+        let mut waiter = w.spawn(
+            Who::Root,
+            0o022,
+            &["run", "-w", "10", s(lock), "--", "true"],
+        );
+        waiter.wait_line(limit, |l| l.contains("aiting"));
+        cs.release(&id);
+        let o = holder.finish(LONG);
+        judge("holder, contended", &[0], &o);
+        let o = waiter.finish(LONG);
+        judge("waiter, contended", &[0], &o);
+    } else {
+        let o = holder.finish(LONG);
+        judge("holder, contended", &[0], &o);
     }
 }
 
 /// Judges one command against a planted file: never 70; a refusal (65 or 77) names the file;
-/// otherwise the command did its work (`run` and `status` exit 0; `break` may also refuse with
-/// 75 when there is nothing to break).
-fn judge_planted(f: &mut Failures, case: &str, what: &str, planted: &Path, o: &Outcome) {
+/// otherwise it ended as one of `codes` (it worked around the planted file).
+fn judge_planted(
+    f: &mut Failures,
+    case: &str,
+    what: &str,
+    codes: &[i32],
+    planted: &Path,
+    o: &Outcome,
+) {
+    eprintln!("{case}: root's {what}: {}", first_line(o));
     let ok = match o.code {
         65 | 77 => names_path(&o.stderr, planted),
-        0 => true,
-        75 => what == "break",
-        _ => false,
+        c => codes.contains(&c),
     };
     f.check(ok, || {
         format!(
-            "{case}: root's {what}: expected 0 (worked around) or 65/77 naming {}: {}",
+            "{case}: root's {what}: expected {codes:?} (worked around) or 65/77 naming {}: {}",
             planted.display(),
             describe(o)
         )
@@ -590,9 +716,10 @@ fn judge_planted(f: &mut Failures, case: &str, what: &str, planted: &Path, o: &O
 }
 
 /// With `protected_hardlinks=0`, user A hard-links a victim (root's file, B's file) at each
-/// helper name beside LOCK in A's directory: root's `run`, `status` and `break` leave the victim
-/// unchanged — bytes, mode, owner, mtime and link count as planted — and either work around it
-/// or refuse with 65/77 naming the file, never exit 70.
+/// helper name beside LOCK in A's directory: root's `run`, `status` and `break` — on a free lock,
+/// against a live foreign holder (so root writes its observation file), and contended (so root
+/// queues) — leave the victim unchanged (bytes, mode, owner, mtime and link count as planted)
+/// and either work around it or refuse with 65/77 naming the file, never exit 70.
 #[test]
 fn hard_links_at_helper_names_never_touch_the_victim() {
     let test = "hard_links_at_helper_names_never_touch_the_victim";
@@ -603,6 +730,7 @@ fn hard_links_at_helper_names_never_touch_the_victim() {
     let w = World::new();
     let mut by = Bystanders::start(&w);
     let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
     let mut n = 0;
     for v in 0..2 {
         let probe = w.base.join("probe.lock");
@@ -628,8 +756,8 @@ fn hard_links_at_helper_names_never_touch_the_victim() {
             );
             let before = Snapshot::of(&victim);
             let case = format!("{vname} hard-linked at the {label}");
-            root_commands(&w, &lock, |what, o| {
-                judge_planted(&mut f, &case, what, &planted, o);
+            root_scenarios(&w, &cs, &lock, |what, codes, o| {
+                judge_planted(&mut f, &case, what, codes, &planted, o);
                 let now = Snapshot::of(&victim);
                 f.check(now == before, || {
                     format!(
@@ -642,6 +770,7 @@ fn hard_links_at_helper_names_never_touch_the_victim() {
             });
         }
     }
+    cs.verify();
     by.assert_untouched();
     f.done(test);
 }
@@ -649,7 +778,8 @@ fn hard_links_at_helper_names_never_touch_the_victim() {
 /// With `protected_symlinks=0`, user A plants a symlink at the queue directory's name pointing
 /// at a directory holding ticket-like and other files: root's contended run (which queues) and
 /// its `-n` run never list and delete there. Symlinks at the mutex, temp and observation names
-/// pointing at victim files leave the victims unchanged; never exit 70.
+/// pointing at victim files leave the victims unchanged whatever root does (free, against a
+/// foreign holder, contended); never exit 70.
 #[test]
 fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
     let test = "symlinks_at_helper_names_and_queue_directory_are_never_followed";
@@ -768,8 +898,8 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
             );
             let before = Snapshot::of(&victim);
             let case = format!("symlink at the {label} to {vname}");
-            root_commands(&w, &lock, |what, o| {
-                judge_planted(&mut f, &case, what, &planted, o);
+            root_scenarios(&w, &cs, &lock, |what, codes, o| {
+                judge_planted(&mut f, &case, what, codes, &planted, o);
                 let now = Snapshot::of(&victim);
                 f.check(now == before, || {
                     format!(
@@ -904,7 +1034,9 @@ fn forged_observation_file_does_not_get_a_healthy_holder_killed() {
 /// A live holder on another host (played by the library with a foreign identity, renewing
 /// normally) is not broken by contenders of this host reading a forged observation file that
 /// claims they saw its heartbeat stand still since boot: over 1.5 of its TTLs every `-n` of root
-/// and of B is refused, a `-w` runs out, `break` refuses, and the holder never loses its lease.
+/// and of member A is refused, a `-w` runs out, `break` refuses, and the holder never loses its
+/// lease. (B's own contenders are not asked: B forging B's own observations only fools B, who
+/// could as well `break --force`.)
 #[test]
 fn forged_observation_file_does_not_break_a_live_foreign_holder() {
     let test = "forged_observation_file_does_not_break_a_live_foreign_holder";
@@ -941,7 +1073,7 @@ fn forged_observation_file_does_not_break_a_live_foreign_holder() {
     let mut attempts = 0;
     let mut broken = false;
     while !broken && start.elapsed() < ttl * 3 / 2 {
-        for who in [Who::Root, Who::User(&w.b)] {
+        for who in [Who::Root, Who::User(&w.a)] {
             forge_seen(&w, &lock, &cs);
             let o = w.run(
                 who,
@@ -1051,6 +1183,7 @@ fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
 
     let mut waiter = w.spawn(Who::User(&w.a), 0o002, &["run", s(&lock), "--", "true"]);
     let line = waiter.wait_line(Duration::from_secs(5), names);
+    eprintln!("{test}: A's wait line: {line:?}");
     f.check(
         line.as_ref()
             .is_some_and(|(_, t)| *t < Duration::from_millis(2500)),
@@ -1176,6 +1309,7 @@ done"#;
         &["run", "-w", "3", s(&lock), "--", "touch", s(&marker)],
     );
     let line = a.wait_line(Duration::from_secs(5), names);
+    eprintln!("{test}: A's wait line: {line:?}");
     let o = a.finish(Duration::from_secs(20));
     f.check(line.is_some(), || {
         format!(
@@ -1270,6 +1404,7 @@ fn squatted_helper_names_are_refused_clearly() {
             let refused = matches!(o.code, 65 | 77)
                 && names_path(&o.stderr, &squat)
                 && (o.stderr.contains(&w.b.name) || o.stderr.contains(&w.b.uid.to_string()));
+            eprintln!("{case}: A's run: {}", first_line(&o));
             let ok = refused || (o.code == 0 && cs.ended(&id) && label != "mutex");
             f.check(ok, || {
                 format!(
@@ -1360,6 +1495,7 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
         a.extend(&pre);
         a.extend([s(&lock), "--", "sh", "-c", job, s(&saw), &r]);
         let o = w.run(Who::User(&w.b), 0o002, &a, Duration::from_secs(30));
+        eprintln!("{test}: B's {label}: {}", first_line(&o));
         let said = fs::read_to_string(&saw).unwrap_or_default();
         let msg = o.stderr.to_lowercase();
         let explains = (o.stderr.contains(&r)
