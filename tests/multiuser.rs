@@ -1498,10 +1498,12 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
         eprintln!("{test}: B's {label}: {}", first_line(&o));
         let said = fs::read_to_string(&saw).unwrap_or_default();
         let msg = o.stderr.to_lowercase();
-        let explains = (o.stderr.contains(&r)
-            || o.stderr.contains(&format!("group {r}"))
-            || o.stderr.contains(&format!("process group")))
-            && ["kill", "root", "break", "stop"]
+        // Names the process, says it cannot be checked (or stopped), and what to do.
+        let explains = o.stderr.contains(&r)
+            && ["cannot", "can't", "not permitted"]
+                .iter()
+                .any(|k| msg.contains(k))
+            && ["as root", "kill", "break", "stop"]
                 .iter()
                 .any(|k| msg.contains(k));
         f.check(
@@ -1540,4 +1542,41 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
     });
     by.assert_untouched();
     f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker itself
+// ---------------------------------------------------------------------------------------------
+
+/// The critical-section checker fails when two jobs are inside at once — whether the first is an
+/// ordinary job or one declared killed whose shell is still alive — so the suite's "no overlap"
+/// can fail. Runs the jobs directly, without leasehold (needs no root).
+#[test]
+fn critical_section_checker_reports_two_jobs_inside_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    for declare_killed in [false, true] {
+        let cs = Cs::new(tmp.path(), &format!("cs-{declare_killed}"));
+        let start = |a: Vec<String>| {
+            std::process::Command::new(&a[0])
+                .args(&a[1..])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let first = cs.hold_args(&[], Path::new("unused"), "first");
+        let mut x = start(first[first.iter().position(|a| a == "--").unwrap() + 1..].to_vec());
+        cs.wait_entered("first", Duration::from_secs(20));
+        if declare_killed {
+            cs.declare_killed("first");
+        }
+        let mut y = start(cs.job("second", 1, "0.01"));
+        assert!(y.wait().unwrap().success());
+        cs.release("first");
+        assert!(x.wait().unwrap().success());
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cs.verify()));
+        assert!(
+            caught.is_err(),
+            "the checker missed two jobs inside at once (first declared killed: {declare_killed})"
+        );
+    }
 }
