@@ -1049,9 +1049,7 @@ fn forged_observation_file_does_not_break_a_live_foreign_holder() {
     let cs = Cs::new(&w.base, "cs");
     let dir = w.dir("shared", 0o2775, Who::Root);
     let lock = dir.join("job.lock");
-    let mut foreign = leasehold::Identity::current();
-    foreign.host = format!("elsewhere-{}", std::process::id());
-    foreign.boot_id = "00000000-0000-4000-8000-000000000000".into();
+    let foreign = foreign_identity();
     // A member makes the lock, so the helper files are what the group's own use makes them.
     let o = w.run(
         Who::User(&w.b),
@@ -1126,6 +1124,110 @@ fn forged_observation_file_does_not_break_a_live_foreign_holder() {
         start.elapsed()
     );
     drop(guard);
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// A silent holder on another host (a lease whose heartbeat never moves) with a forged
+/// observation file claiming this host has seen it stand still since boot: root's one-shot
+/// `run -n` calls are refused until root itself has watched it for a full TTL, and then one of
+/// them takes it over (within the TTL plus 3 s) — the forgery neither shortens the TTL nor, by
+/// squatting root's observation file, keeps the dead lease from ever going stale.
+#[test]
+fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
+    let test = "forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let o = w.run(
+        Who::User(&w.b),
+        0o002,
+        &["run", s(&lock), "--", "true"],
+        LONG,
+    );
+    f.check(o.code == 0, || {
+        format!("B creating the lock: {}", describe(&o))
+    });
+    let far = foreign_identity();
+    let now = leasehold::format_rfc3339(std::time::SystemTime::now());
+    let ttl = Duration::from_millis(1500);
+    let bytes = leasehold::Lease {
+        state: leasehold::LeaseState::Held,
+        heartbeat_seq: 1,
+        heartbeat_at: now.clone(),
+        lease_id: "0123456789abcdef0123456789abcdef".into(),
+        token: 5,
+        ttl_ms: ttl.as_millis() as u64,
+        acquired_at: now,
+        holder: leasehold::Holder {
+            pid: 4242,
+            pid_start: 1,
+            child_pid: None,
+            child_start: None,
+            pgid: None,
+            host: far.host.clone(),
+            boot_id: far.boot_id.clone(),
+            pid_ns: 1,
+            uid: 0,
+            user: "root".into(),
+            command: vec!["far away".into()],
+            note: None,
+        },
+        ended: None,
+        damaged: false,
+    }
+    .to_bytes();
+    let staged = dir.join("staged-lease");
+    fs::write(&staged, &bytes).unwrap();
+    fs::rename(&staged, &lock).unwrap();
+    forge_seen(&w, &lock, &cs);
+    let start = Instant::now();
+    let mut tries = Vec::new();
+    let taken = loop {
+        let o = w.run(
+            Who::Root,
+            0o022,
+            &["run", "-n", s(&lock), "--", "true"],
+            Duration::from_secs(30),
+        );
+        let at = start.elapsed();
+        tries.push((at, o.code));
+        if o.code != 75 || at > ttl + Duration::from_secs(3) {
+            break Some((at, o));
+        }
+        // Pacing of a one-shot caller (cron-like), not synchronisation.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!(
+        "{test}: {} one-shot tries; first {:?}, last {:?}",
+        tries.len(),
+        tries.first(),
+        tries.last()
+    );
+    match taken {
+        Some((at, o)) if o.code == 0 => {
+            eprintln!("{test}: taken over after {at:?}: {}", first_line(&o));
+            f.check(at >= ttl, || {
+                format!(
+                    "the dead foreign lease was taken over after {at:?}, before its TTL {ttl:?}"
+                )
+            });
+        }
+        Some((at, o)) => f.check(false, || {
+            format!(
+                "the dead foreign lease was not taken over by root's one-shot calls within its \
+                 TTL {ttl:?} + 3 s (last after {at:?}): {}",
+                describe(&o)
+            )
+        }),
+        None => unreachable!(),
+    }
     by.assert_untouched();
     f.done(test);
 }
