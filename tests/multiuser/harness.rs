@@ -139,7 +139,9 @@ pub struct World {
 impl World {
     pub fn new() -> World {
         let n = SERIAL.fetch_add(1, Ordering::SeqCst);
-        let tag = format!("lh{}{}", std::process::id(), n);
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_stale_accounts);
+        let tag = format!("lh{}x{}", std::process::id(), n);
         let tmp = tempfile::Builder::new()
             .prefix("leasehold-multiuser-")
             .tempdir_in("/tmp")
@@ -318,6 +320,55 @@ impl Drop for World {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+/// Removes accounts a killed earlier run of this suite left behind (its Drop guards never ran):
+/// names `lh<PID>x<N>` + `a|b|c|g` whose PID no longer runs. Their processes are SIGKILLed by pid
+/// first. Accounts of a suite that is still running are left alone.
+fn sweep_stale_accounts() {
+    let stale = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix("lh") else {
+            return false;
+        };
+        let Some((pid, tail)) = rest.split_once('x') else {
+            return false;
+        };
+        let (n, kind) = tail.split_at(tail.len().saturating_sub(1));
+        pid.parse::<i32>().is_ok()
+            && !pid.is_empty()
+            && !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && matches!(kind, "a" | "b" | "c" | "g")
+            && is_dead(pid.parse().unwrap())
+    };
+    let names = |file: &str| -> Vec<(String, u32)> {
+        fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split(':');
+                let name = it.next()?.to_string();
+                let id = it.nth(1)?.parse().ok()?;
+                Some((name, id))
+            })
+            .filter(|(n, _)| stale(n))
+            .collect()
+    };
+    let users = names("/etc/passwd");
+    let uids: Vec<u32> = users.iter().map(|u| u.1).collect();
+    for p in processes_of(&uids) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    for (u, _) in users {
+        eprintln!("removing user {u} left by a killed earlier run");
+        let _ = Command::new("userdel").args(["-f", &u]).status();
+    }
+    for (g, _) in names("/etc/group") {
+        let _ = Command::new("groupdel").arg(&g).status();
     }
 }
 
