@@ -319,7 +319,6 @@ impl LeaseBuilder {
                     if deadline.is_some_and(|d| Instant::now() >= d) =>
                 {
                     let mut v = self.peek(&ctx, &mut mem);
-                    v.reason = format!("{}; the lease mutex is held by {holder}", v.reason);
                     v.behind = Some(format!("the lease mutex, held by {holder}"));
                     return Err(Error::Timeout {
                         path: ctx.paths.lock,
@@ -419,11 +418,6 @@ impl LeaseBuilder {
                     };
                     let content = fsio::read_lock(&ctx.paths).unwrap_or(fsio::LockContent::Missing);
                     let mut v = judge.judge(&content, &mut Memory::default());
-                    v.reason = format!(
-                        "the lease mutex {} is held by {who}",
-                        ctx.paths.mutex.display()
-                    );
-                    v.state = State::Held;
                     v.behind = Some(format!("the lease mutex, held by {who}"));
                     cb(&v);
                 }
@@ -513,6 +507,7 @@ impl LeaseBuilder {
         } else if v.state == State::Free || v.state == State::Stale {
             v.reason = format!("{}, but {waiting_ahead} waiter(s) queued ahead", v.reason);
             v.state = State::Held;
+            v.behind = Some(format!("{waiting_ahead} queued waiter(s)"));
         }
         if let Some(q) = queued.as_deref_mut() {
             if ctx.local {

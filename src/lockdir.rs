@@ -25,6 +25,8 @@ use crate::error::{Error, Result};
 const STICKY: u32 = 0o1000;
 /// Group write permission.
 const GROUP_WRITE: u32 = 0o020;
+/// Write permission for others.
+const OTHER_WRITE: u32 = 0o002;
 
 /// What `stat` says of a file, as far as leasehold needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,16 +163,24 @@ impl LockDir {
         self.meta.mode & GROUP_WRITE != 0 && self.meta.mode & STICKY == 0
     }
 
+    /// Writable by everyone and not sticky.
+    pub(crate) fn world_shared(&self) -> bool {
+        self.meta.mode & OTHER_WRITE != 0 && self.meta.mode & STICKY == 0
+    }
+
     /// Sticky (like `/tmp` and `/run/lock`).
     pub(crate) fn sticky(&self) -> bool {
         self.meta.mode & STICKY != 0
     }
 
     /// The mode a new shared helper file (mutex, ticket) or directory gets: `base`, plus the
-    /// group write bit in a group-shared directory, so that every member can use it whatever
-    /// the creator's umask (as git's `core.sharedRepository=group` does).
+    /// group write bit in a group-shared directory (and the others' write bit too in a
+    /// directory everyone may write, not sticky), so that every user who shares the directory
+    /// can use it whatever the creator's umask (as git's `core.sharedRepository=group` does).
     pub(crate) fn shared_mode(&self, base: u32) -> u32 {
-        if self.group_shared() {
+        if self.world_shared() {
+            base | GROUP_WRITE | OTHER_WRITE
+        } else if self.group_shared() {
             base | GROUP_WRITE
         } else {
             base
@@ -345,7 +355,8 @@ impl LockDir {
     /// - a regular file (a directory, FIFO, socket or device squatting the name: refused, 65);
     /// - with exactly one link (a hard link planted to some other file: refused, 65);
     /// - owned by us, or by root, or we are root, or — in a group-shared directory — its group
-    ///   is the directory's group (refused otherwise, 77: we do not use another user's file).
+    ///   is the directory's group, or the directory is writable by everyone and not sticky
+    ///   (refused otherwise, 77: we do not use another user's file).
     ///
     /// In a sticky directory a file of another user is refused too unless we are root: there
     /// only its owner may rename over it or remove it, so we could not take the lock over.
@@ -396,7 +407,12 @@ impl LockDir {
                 ),
             });
         }
-        if meta.uid == 0 || (self.group_shared() && meta.gid == self.meta.gid) {
+        // In a directory anyone may write (not sticky), anyone can already replace every file:
+        // a file of any owner there is shared as far as the directory can share it.
+        if meta.uid == 0
+            || self.world_shared()
+            || (self.group_shared() && meta.gid == self.meta.gid)
+        {
             return Ok(());
         }
         Err(Error::Untrusted {

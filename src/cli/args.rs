@@ -20,11 +20,12 @@ Exit status of `run`:
   75       the lock could not be had (--no-wait, or --wait ran out); see -E
   74       the lease was lost (taken, or could not be renewed) and the command was fenced
   64       usage error (bad flag, DURATION, or timing that cannot fit)
-  65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO)
+  65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO),
+           or something not leasehold's own sits at a helper name (.LOCK.leasehold-*)
   66       cannot open LOCK or its directory
   70       internal error
   73       cannot create a file, or no space
-  77       permission denied
+  77       permission denied, or a helper file of another user it may not share
   78       LOCK's file system cannot make the lock safe (NFS with host-local locks)
   126/127  the command could not be run / was not found
 `status` exits 0 when every LOCK could be read; `break` exits 75 when it refuses.";
