@@ -1449,9 +1449,11 @@ done"#;
 // 8. Squatted helper names
 // ---------------------------------------------------------------------------------------------
 
-/// A directory, a FIFO or a UNIX socket of user B at a helper name: user A's run is refused with
-/// 65 or 77 naming the path and its owner (or, for a name this run never needed, runs), never
-/// exits 70, never hangs; the squatter is unchanged. At the mutex name a refusal is required.
+/// A directory, a FIFO or a UNIX socket of user B at a helper name: user A's runs — on a free
+/// lock, against a live foreign holder (A observes it), and queued behind user C — are refused
+/// with 65 or 77 naming the path and its owner (or, where a run can do without that name, end as
+/// they would have), never exit 70, never hang; the squatter is unchanged. At the mutex name a
+/// refusal is required.
 #[test]
 fn squatted_helper_names_are_refused_clearly() {
     let test = "squatted_helper_names_are_refused_clearly";
@@ -1496,31 +1498,82 @@ fn squatted_helper_names_are_refused_clearly() {
             }
             let before = Snapshot::of(&squat);
             let case = format!("{kind} of B at the {label}");
+            // Refused with the path and its owner — or, where the run could do without the
+            // name, it ended as it would have anyway (`codes`), never 70.
+            let judge = |f: &mut Failures, what: &str, codes: &[i32], o: &Outcome, ran: bool| {
+                eprintln!("{case}: A's {what}: {}", first_line(o));
+                let refused = matches!(o.code, 65 | 77)
+                    && names_path(&o.stderr, &squat)
+                    && (o.stderr.contains(&w.b.name) || o.stderr.contains(&w.b.uid.to_string()));
+                let worked = codes.contains(&o.code) && ran && label != "mutex";
+                f.check(refused || worked, || {
+                    format!(
+                        "{case}: A's {what}: expected 65/77 naming {} and {}{}: {}",
+                        squat.display(),
+                        w.b.name,
+                        if label == "mutex" {
+                            String::new()
+                        } else {
+                            format!(" (or {codes:?}, working around it)")
+                        },
+                        describe(o)
+                    )
+                });
+            };
+            let limit = Duration::from_secs(30);
+            // Free.
             let id = format!("j{n}");
             let o = w.run(
                 Who::User(&w.a),
                 0o002,
                 &args(&cs.run_args(&["-n"], &lock, &id, 1)),
-                Duration::from_secs(30),
+                limit,
             );
-            let refused = matches!(o.code, 65 | 77)
-                && names_path(&o.stderr, &squat)
-                && (o.stderr.contains(&w.b.name) || o.stderr.contains(&w.b.uid.to_string()));
-            eprintln!("{case}: A's run: {}", first_line(&o));
-            let ok = refused || (o.code == 0 && cs.ended(&id) && label != "mutex");
-            f.check(ok, || {
-                format!(
-                    "{case}: A's run: expected 65/77 naming {} and {} {}: {}",
-                    squat.display(),
-                    w.b.name,
-                    if label == "mutex" {
-                        ""
-                    } else {
-                        "(or a run that never needed it)"
-                    },
-                    describe(&o)
-                )
-            });
+            judge(&mut f, "run -n, free", &[0], &o, cs.ended(&id));
+            // A live holder on another host: A observes it (its observation file).
+            if let Ok(guard) = leasehold::LeaseBuilder::new(&lock)
+                .ttl(Duration::from_secs(2))
+                .identity(foreign_identity())
+                .try_acquire()
+            {
+                let o = w.run(
+                    Who::User(&w.a),
+                    0o002,
+                    &["run", "-n", s(&lock), "--", "true"],
+                    limit,
+                );
+                judge(&mut f, "run -n, foreign holder", &[75], &o, true);
+                drop(guard);
+            }
+            // Contended: C holds, A queues behind (a ticket, a prepared lease).
+            let hid = format!("h{n}");
+            let mut holder = w.spawn(
+                Who::User(&w.c),
+                0o002,
+                &args(&cs.hold_args(&["--ttl", "2s"], &lock, &hid)),
+            );
+            if harness::wait_until(limit, || {
+                cs.entered(&hid) || holder.child.try_wait().unwrap().is_some()
+            }) && cs.entered(&hid)
+            {
+                let wid = format!("w{n}");
+                let mut waiter = w.spawn(
+                    Who::User(&w.a),
+                    0o002,
+                    &args(&cs.run_args(&["-w", "10", "--ttl", "2s"], &lock, &wid, 1)),
+                );
+                waiter.wait_line(limit, |l| l.contains("aiting"));
+                cs.release(&hid);
+                let ho = holder.finish(LONG);
+                f.check(ho.code == 0, || {
+                    format!("{case}: C's holder: {}", describe(&ho))
+                });
+                let o = waiter.finish(LONG);
+                judge(&mut f, "run -w 10, contended", &[0], &o, cs.ended(&wid));
+            } else {
+                let o = holder.finish(LONG);
+                eprintln!("{case}: C could not hold: {}", first_line(&o));
+            }
             let now = Snapshot::of(&squat);
             f.check(now == before, || {
                 format!(
