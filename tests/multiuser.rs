@@ -517,6 +517,7 @@ fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
     match decided {
         Some(_) => {
             let o = b.finish(LONG);
+            eprintln!("{test}: B while A holds: {}", first_line(&o));
             f.check(
                 (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name),
                 || {
@@ -562,6 +563,7 @@ fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
         &args(&cs.run_args(&["-w", "30"], &lock, "b2", 1)),
         LONG,
     );
+    eprintln!("{test}: B after A released: {}", first_line(&o));
     f.check(
         o.code == 0 && cs.ended("b2")
             || (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name) && o.took < decide,
