@@ -1201,7 +1201,7 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
         let at = start.elapsed();
         tries.push((at, o.code));
         if o.code != 75 || at > ttl + Duration::from_secs(3) {
-            break Some((at, o));
+            break (at, o);
         }
         // Pacing of a one-shot caller (cron-like), not synchronisation.
         std::thread::sleep(Duration::from_millis(50));
@@ -1213,7 +1213,7 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
         tries.last()
     );
     match taken {
-        Some((at, o)) if o.code == 0 => {
+        (at, o) if o.code == 0 => {
             eprintln!("{test}: taken over after {at:?}: {}", first_line(&o));
             f.check(at >= ttl, || {
                 format!(
@@ -1221,14 +1221,13 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
                 )
             });
         }
-        Some((at, o)) => f.check(false, || {
+        (at, o) => f.check(false, || {
             format!(
                 "the dead foreign lease was not taken over by root's one-shot calls within its \
                  TTL {ttl:?} + 3 s (last after {at:?}): {}",
                 describe(&o)
             )
         }),
-        None => unreachable!(),
     }
     by.assert_untouched();
     f.done(test);
