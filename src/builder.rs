@@ -492,12 +492,21 @@ impl LeaseBuilder {
                 State::Free => Some(None),
                 State::Held => None,
                 State::Hung if !self.take_over_hung => None,
-                State::Stale | State::Hung => {
-                    stop_old_job(&v, &ctx.paths).map_err(|why| refused(ctx, &v, &why))?;
-                    // A writer that died mid-write left at most a temp file: remove it now.
-                    fsio::remove_leftover_temps(&ctx.paths);
-                    Some(Some(v.clone()))
-                }
+                State::Stale | State::Hung => match stop_old_job(&v, &ctx.paths) {
+                    Ok(_) => {
+                        // A writer that died mid-write left at most a temp file: remove it now.
+                        fsio::remove_leftover_temps(&ctx.paths);
+                        Some(Some(v.clone()))
+                    }
+                    // A blocking acquirer waits (saying why) for what it may not stop — e.g. an
+                    // old job's process it cannot check — to go, within its deadline; a
+                    // one-shot caller is refused at once.
+                    Err(why) if queued.is_some() => {
+                        v.reason = format!("{}; not taking over: {why}", v.reason);
+                        None
+                    }
+                    Err(why) => return Err(refused(ctx, &v, &why)),
+                },
             };
             if let Some(broke) = take_over {
                 let c = carry(queued, replaced);

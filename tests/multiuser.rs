@@ -1678,6 +1678,42 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
         harness::start_time(remnant) == rstart && !harness::is_dead(remnant),
         || "B (without permission) cannot have killed the remnant; it is gone unexpectedly".into(),
     );
+    // A blocking B waits, saying why, while the remnant lives — and runs once it is gone
+    // (here: stopped by its owner's admin), within its -w.
+    let saw = cs.dir.join("b-saw-waited");
+    let mut waiter = w.spawn(
+        Who::User(&w.b),
+        0o002,
+        &[
+            "run",
+            "-w",
+            "20",
+            s(&lock),
+            "--",
+            "sh",
+            "-c",
+            job,
+            s(&saw),
+            &r,
+        ],
+    );
+    let line = waiter.wait_line(Duration::from_secs(10), |l| l.contains("cannot be checked"));
+    f.check(line.is_some() && !saw.exists(), || {
+        format!(
+            "B's -w 20 should wait, naming the remnant it cannot check: {}",
+            waiter.stderr()
+        )
+    });
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(remnant), Signal::SIGKILL);
+    let o = waiter.finish(Duration::from_secs(30));
+    let said = fs::read_to_string(&saw).unwrap_or_default();
+    f.check(o.code == 0 && said.trim() == "dead", || {
+        format!(
+            "B's -w 20 once the remnant is gone: job saw {:?}: {}",
+            said.trim(),
+            describe(&o)
+        )
+    });
     let saw = cs.dir.join("root-saw");
     let o = w.run(
         Who::Root,
