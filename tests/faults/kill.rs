@@ -1,43 +1,89 @@
-#![allow(dead_code)]
-//! Kill trials shared by faults_kill.rs (library holders) and faults_kill_cli.rs (`leasehold run`).
+//! Kills at every step: SIGKILLed holders and waiters, through the library and through
+//! `leasehold run`.
 //!
 //! Each trial starts a holder and, in most trials, a waiter that queues behind it, both on one
-//! LOCK on a tmpfs with TTL 200 ms and a 20 ms heartbeat; SIGKILLs the holder, the waiter or both
-//! at a random point (during start-up and acquisition, mid-hold and mid-renew, around release);
-//! reaps everyone; then checks: LOCK parses (serde_json and the library's status; with the CLI
-//! also `leasehold status` exit 0), nothing but documented helpers lies beside LOCK, the next
-//! run gets the lock within TTL + 1 s (a same-host dead holder should be immediate) with a token
-//! greater than every token seen, and no two critical sections overlapped.
+//! LOCK in /dev/shm with TTL 200 ms and a 20 ms heartbeat; SIGKILLs the holder, the waiter or
+//! both at a random point (during start-up and acquisition, mid-hold and mid-renew, around
+//! release); reaps everyone; then checks: LOCK parses (serde_json and the library's status; with
+//! the CLI also `leasehold status` exit 0), nothing but documented helpers lies beside LOCK or
+//! in its queue directory, the next run gets the lock within TTL + 1 s (a same-host dead holder
+//! should be immediate) with a token greater than every token seen, and no two critical
+//! sections overlapped (the shared checker, `support::cs`: every kill is declared to it first).
+//! The run must count: at least one trial (`LEASEHOLD_TRIALS`, default 1,000), and holders
+//! killed inside their critical section in at least one trial in 20.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Kid, Rng};
+use crate::support::{self, Cs, Proc, Rng};
 
 pub const TTL: Duration = Duration::from_millis(200);
 pub const BOUND: Duration = Duration::from_millis(1200); // TTL + 1 s
 
-pub use crate::common::Mode;
+pub use crate::support::Mode;
+
+/// Role `kill-cli-trials`: the `leasehold run` kill trials, in a process of their own (they
+/// make it a child subreaper and reap orphans with waitpid(-1), which must not race other
+/// tests' children); prints the figures, panics (exit 101) on any failed check.
+pub fn cli_trials_role() -> i32 {
+    let f = run_trials(Mode::Cli, support::base_trials());
+    print("leasehold run", &f);
+    0
+}
+
+#[test]
+fn kill_library_holders_and_waiters_at_random_points() {
+    let f = run_trials(Mode::Library, support::base_trials());
+    print("library", &f);
+}
+
+#[test]
+fn kill_cli_holders_and_waiters_at_random_points() {
+    let mut c = support::worker::cmd("kill-cli-trials");
+    c.stdin(std::process::Stdio::null());
+    let mut w = Proc::spawn_piped(c, "leasehold run kill trials");
+    let figures = w.line("faults: kill trials", Duration::from_secs(1800));
+    let st = w.wait_timeout(Duration::from_secs(60));
+    println!("faults: kill trials {figures}");
+    assert!(
+        st.success(),
+        "the kill trials failed: {st} (see their output)"
+    );
+}
 
 pub struct Figures {
     pub trials: usize,
     pub violations: usize,
     pub worst_takeover: Duration,
     pub slow_takeovers: usize,
+    /// SIGKILLs that landed on a live holder / waiter (not on one that had already exited).
     pub killed_holders: usize,
     pub killed_waiters: usize,
+    /// Holders killed after they said they held the lease.
     pub killed_after_ready: usize,
+    /// Critical sections that a SIGKILL ended (entered, never left).
+    pub killed_inside: usize,
 }
 
-fn spawn(mode: Mode, lock: &Path, work: &Path, name: &str, hold_ms: u64) -> Kid {
+fn spawn(mode: Mode, lock: &Path, work: &Path, trial: usize, name: &str, hold_ms: u64) -> Proc {
     let ready = work.join(format!("{name}.ready"));
     let _ = fs::remove_file(&ready);
     let wait = Duration::from_secs(3);
-    let mut c = common::contender(mode, lock, TTL, wait, hold_ms, &work.join("cs"));
+    let id = format!("t{trial}-{name}");
+    let mut c = support::contender(mode, &id, lock, TTL, wait, hold_ms, &work.join("cs"));
     c.env("FAULTS_READY", &ready);
-    Kid::spawn(&mut c, name)
+    Proc::spawn(&mut c, name)
+}
+
+/// SIGKILLs `p` after declaring it killed to the checker; whether the kill landed (it had not
+/// exited by itself before).
+fn kill(cs: &Cs, p: &mut Proc, id: &str) -> bool {
+    cs.declare_killed(id);
+    let landed = p.try_wait().is_none();
+    let st = p.kill();
+    landed && std::os::unix::process::ExitStatusExt::signal(&st) == Some(9)
 }
 
 fn max_token(lock: &Path, seen: &mut u64) {
@@ -70,7 +116,12 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
     let lockdir = base.path().join("locks");
     let work = base.path().join("work");
     fs::create_dir_all(&lockdir).unwrap();
-    fs::create_dir_all(work.join("cs")).unwrap();
+    fs::create_dir_all(&work).unwrap();
+    let cs = Cs::new(&work, "cs");
+    assert!(
+        trials >= 1,
+        "LEASEHOLD_TRIALS={trials}: no trial, nothing proved"
+    );
     let lock: PathBuf = lockdir.join("job.lock");
     if mode == Mode::Cli {
         nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
@@ -83,14 +134,16 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
         killed_holders: 0,
         killed_waiters: 0,
         killed_after_ready: 0,
+        killed_inside: 0,
     };
     let mut top_token = 0u64;
     let mut problems: Vec<String> = Vec::new();
     for trial in 0..trials {
         let hold = rng.below(30);
-        let mut holder = spawn(mode, &lock, &work, "holder", hold);
+        let mut holder = spawn(mode, &lock, &work, trial, "holder", hold);
         let with_waiter = rng.chance(70);
-        let mut waiter = with_waiter.then(|| spawn(mode, &lock, &work, "waiter", rng.below(15)));
+        let mut waiter =
+            with_waiter.then(|| spawn(mode, &lock, &work, trial, "waiter", rng.below(15)));
         // Kill the holder (50 %), the waiter (25 %) or both (25 %), at a random point: either a
         // random delay after start (start-up, mid-acquire, early hold), or a random delay after
         // the holder said it holds (mid-hold, mid-renew, around release).
@@ -101,42 +154,39 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
             _ => (true, true),
         };
         let after_ready = rng.chance(50);
+        let ready = work.join("holder.ready");
         if after_ready {
-            let ready = work.join("holder.ready");
-            common::wait_for(Duration::from_secs(3), || {
+            support::wait_until(Duration::from_secs(3), || {
                 ready.exists() || holder.try_wait().is_some()
             });
-            f.killed_after_ready += 1;
             std::thread::sleep(Duration::from_micros(rng.below((hold + 5) * 1000)));
         } else {
             std::thread::sleep(Duration::from_micros(rng.below(25_000)));
         }
         if kill_h {
-            holder.kill();
-            f.killed_holders += 1;
+            let was_ready = ready.exists();
+            if kill(&cs, &mut holder, &format!("t{trial}-holder")) {
+                f.killed_holders += 1;
+                f.killed_after_ready += usize::from(was_ready);
+            }
         }
         if kill_w && let Some(w) = waiter.as_mut() {
-            w.kill();
-            f.killed_waiters += 1;
+            f.killed_waiters += usize::from(kill(&cs, w, &format!("t{trial}-waiter")));
         }
         // Survivors finish by themselves (a waiter takes over a dead holder, holds, releases).
-        let mut kids: Vec<&mut Kid> = vec![&mut holder];
+        let mut kids: Vec<&mut Proc> = vec![&mut holder];
         if let Some(w) = waiter.as_mut() {
             kids.push(w);
         }
         for k in kids {
             let st = k.wait_timeout(Duration::from_secs(10));
-            let c = common::code(st);
+            let c = support::code(st);
             // 0 = done, 137 = our SIGKILL, 75 = could not get it in time (should not happen).
             if c != 0 && c != 137 {
-                let mut err = String::new();
-                if let Some(mut e) = k.child.stderr.take() {
-                    use std::io::Read;
-                    let _ = e.read_to_string(&mut err);
-                }
+                let err = k.stderr();
                 problems.push(format!(
                     "trial {trial}: {} exited {c}: {}",
-                    k.what,
+                    k.name,
                     err.trim()
                 ));
             }
@@ -146,9 +196,9 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
         }
         // The checks.
         max_token(&lock, &mut top_token);
-        common::assert_lock_parses(&lock);
+        support::assert_lock_parses(&lock);
         if mode == Mode::Cli {
-            let out = Command::new(common::bin())
+            let out = Command::new(support::bin())
                 .args(["status", "--json"])
                 .arg(&lock)
                 .stdin(Stdio::null())
@@ -163,7 +213,7 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
             serde_json::from_slice::<serde_json::Value>(&out.stdout)
                 .expect("status --json prints JSON");
         }
-        let stray = common::stray_files(&lockdir, "job.lock");
+        let stray = support::stray_files(&lockdir, "job.lock");
         assert!(
             stray.is_empty(),
             "trial {trial}: stray files beside LOCK: {stray:?}"
@@ -191,27 +241,33 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
         );
         top_token = g.token();
         g.release().expect("release");
-        let v = common::violations(&work);
+        let v = cs.violations();
         if v.len() != f.violations {
-            problems.push(format!(
-                "trial {trial}: overlap: {}",
-                v[f.violations..].join("; ")
-            ));
+            problems.push(format!("trial {trial}: overlap: {}", v.join("; ")));
             f.violations = v.len();
         }
     }
+    let sections = cs.verify();
+    f.killed_inside = sections.iter().filter(|s| !s.ended).count();
     assert!(
         problems.is_empty(),
         "{} problem(s):\n{}",
         problems.len(),
         problems.join("\n")
     );
+    let need = trials.div_ceil(20);
+    assert!(
+        f.killed_inside >= need,
+        "only {} of {trials} trials killed a holder inside its critical section (need {need}): \
+         the kills did not test what they claim",
+        f.killed_inside
+    );
     f
 }
 
 pub fn print(label: &str, f: &Figures) {
     println!(
-        "faults: kill trials ({label}): trials={} violations={} worst_takeover_ms={} takeovers_over_100ms={} killed_holders={} killed_waiters={} killed_after_ready={} ttl_ms={} bound_ms={}",
+        "faults: kill trials ({label}): trials={} violations={} worst_takeover_ms={} takeovers_over_100ms={} killed_holders={} killed_waiters={} killed_after_ready={} killed_inside_critical_section={} ttl_ms={} bound_ms={}",
         f.trials,
         f.violations,
         f.worst_takeover.as_millis(),
@@ -219,6 +275,7 @@ pub fn print(label: &str, f: &Figures) {
         f.killed_holders,
         f.killed_waiters,
         f.killed_after_ready,
+        f.killed_inside,
         TTL.as_millis(),
         BOUND.as_millis()
     );

@@ -1,13 +1,12 @@
 //! "Other hosts": a holder in its own UTS + PID + mount namespaces (`unshare --kill-child`),
 //! with its own host name, its own /dev/shm and /proc, sharing the lock directory, running the
-//! real `leasehold run` (or, before the CLI exists and outside CI, a library holder).
-#![allow(dead_code)]
+//! real `leasehold run`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{self, Kid};
+use crate::support::{self, Proc};
 
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -24,11 +23,10 @@ pub fn libfaketime() -> Option<PathBuf> {
 }
 
 pub struct Foreign {
-    pub kid: Kid,
+    pub kid: Proc,
     /// The PID the holder has inside its namespace.
     pub inner_pid: i32,
     pub host: String,
-    pub ready: PathBuf,
 }
 
 /// What the foreign holder runs.
@@ -45,51 +43,26 @@ pub struct Spec<'a> {
     pub faketime: Option<&'a str>,
 }
 
-/// Whether the real CLI is used (otherwise the library helper; only outside CI).
-pub fn holder_is_cli() -> bool {
-    if common::cli_ready() {
-        return true;
-    }
-    assert!(
-        !common::ci(),
-        "faults: the CLI is required in CI for foreign-host holders"
-    );
-    eprintln!("faults: NOTE: the CLI is not built yet; foreign holders use the library instead");
-    false
-}
-
 pub fn spawn(spec: &Spec) -> Foreign {
     let ready = spec.work.join(format!("{}.ready", spec.host));
     let _ = std::fs::remove_file(&ready);
-    let exe = std::env::current_exe().unwrap();
     // The holder command: `leasehold run` whose job says "ready" and then runs for hold_ms.
-    let holder: Vec<String> = if holder_is_cli() {
-        vec![
-            common::bin().display().to_string(),
-            "run".into(),
-            "-q".into(),
-            "--ttl".into(),
-            format!("{}ms", spec.ttl_ms),
-            spec.lock.display().to_string(),
-            "--".into(),
-            "sh".into(),
-            "-c".into(),
-            format!(
-                "echo $LEASEHOLD_TOKEN > {r}.part && mv {r}.part {r} && sleep {s}",
-                r = ready.display(),
-                s = spec.hold_ms as f64 / 1000.0
-            ),
-        ]
-    } else {
-        vec![
-            exe.display().to_string(),
-            "helper".into(),
-            "--exact".into(),
-            "--nocapture".into(),
-            "--test-threads=1".into(),
-            "-q".into(),
-        ]
-    };
+    let holder: Vec<String> = vec![
+        support::bin().display().to_string(),
+        "run".into(),
+        "-q".into(),
+        "--ttl".into(),
+        format!("{}ms", spec.ttl_ms),
+        spec.lock.display().to_string(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo $LEASEHOLD_TOKEN > {r}.part && mv {r}.part {r} && sleep {s}",
+            r = ready.display(),
+            s = spec.hold_ms as f64 / 1000.0
+        ),
+    ];
     let mut preload = String::new();
     if let Some(ft) = spec.faketime {
         let lib = libfaketime().expect("libfaketime");
@@ -120,32 +93,22 @@ pub fn spawn(spec: &Spec) -> Foreign {
         "sh",
     ])
     .args(&holder)
-    .env("FAULTS_HELPER", "hold")
-    .env("FAULTS_LOCK", spec.lock)
-    .env("FAULTS_TTL_MS", spec.ttl_ms.to_string())
-    .env("FAULTS_HOLD_MS", spec.hold_ms.to_string())
-    .env("FAULTS_READY", &ready)
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
-    let mut kid = Kid::spawn(&mut c, &format!("foreign holder {}", spec.host));
-    let ok = common::wait_for(Duration::from_secs(10), || {
+    let mut kid = Proc::spawn(&mut c, &format!("foreign holder {}", spec.host));
+    let ok = support::wait_until(Duration::from_secs(10), || {
         ready.exists() || kid.try_wait().is_some()
     });
-    if !ok || kid.status.is_some() {
-        let mut err = String::new();
-        kid.kill_and_reap();
-        if let Some(mut e) = kid.child.stderr.take() {
-            use std::io::Read;
-            let _ = e.read_to_string(&mut err);
-        }
+    if !ok || kid.try_wait().is_some() {
+        kid.kill();
+        let err = kid.stderr();
         panic!("foreign holder {} never got the lock: {err}", spec.host);
     }
     Foreign {
         kid,
         inner_pid: spec.inner_pid,
         host: spec.host.to_string(),
-        ready,
     }
 }
 
@@ -155,7 +118,7 @@ pub fn unused_pid() -> i32 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(32768);
-    let mut rng = common::Rng::new("unused pid");
+    let mut rng = support::Rng::new("unused pid");
     loop {
         let p = (max / 2) + rng.below((max / 2 - 10) as u64) as i32;
         if !Path::new(&format!("/proc/{p}")).exists() {
@@ -177,12 +140,4 @@ pub fn check_lease_is_foreign(lock: &Path, f: &Foreign) -> serde_json::Value {
     let me = leasehold::Identity::current();
     assert_ne!(v["holder"]["pid_ns"].as_u64(), Some(me.pid_ns), "{v}");
     v
-}
-
-/// Figures of one contention run against a foreign holder.
-#[derive(Debug, Default)]
-pub struct Watch {
-    pub attempts: u64,
-    pub early: u64,
-    pub last_change: Option<std::time::Instant>,
 }

@@ -1,0 +1,148 @@
+//! The command sees the terminal as it would without leasehold: through a real pseudo-terminal
+//! (leasehold as a session leader with the pty as its controlling terminal, like a login shell's
+//! job), an interactive prompt gets its answer, Ctrl-C reaches the command (exit 130), and
+//! Ctrl-Z stops the job — the wrapper stops too, and once continued the command gets the
+//! terminal back and still reads its answer.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::support::*;
+use nix::sys::signal::Signal;
+
+/// A `leasehold` process on a fresh pty; the test holds the master side.
+struct OnPty {
+    kid: Proc,
+    master: std::fs::File,
+    seen: Arc<Mutex<String>>,
+}
+
+impl OnPty {
+    fn start(args: &[&str]) -> OnPty {
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let slave: OwnedFd = pty.slave;
+        let mut c = Command::new(bin());
+        c.args(args)
+            .stdin(Stdio::from(slave.try_clone().expect("dup")))
+            .stdout(Stdio::from(slave.try_clone().expect("dup")))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid and ioctl are async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY as _, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let kid = Proc::spawn(&mut c, "leasehold on a pty");
+        drop(c);
+        let master = std::fs::File::from(pty.master);
+        let seen = Arc::new(Mutex::new(String::new()));
+        let mut reader = master.try_clone().expect("dup master");
+        let sink = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let _ = master.as_raw_fd();
+        OnPty { kid, master, seen }
+    }
+
+    #[track_caller]
+    fn expect(&self, text: &str) {
+        ensure_within(
+            &format!("{text:?} on the terminal"),
+            Duration::from_secs(10),
+            || self.seen.lock().unwrap().contains(text),
+        );
+    }
+
+    fn type_(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).expect("write to the pty");
+    }
+
+    fn transcript(&self) -> String {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+const PROMPT: &str = "printf 'Apply? '; read a; echo \"got:$a\"";
+
+#[test]
+fn an_interactive_prompt_gets_its_answer() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("tty.lock");
+    let mut t = OnPty::start(&["run", "--ttl", "2s", lock.to_str().unwrap(), "-c", PROMPT]);
+    t.expect("Apply? ");
+    t.type_(b"yes\n");
+    t.expect("got:yes");
+    let st = t.kid.wait_timeout(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", t.transcript());
+}
+
+#[test]
+fn ctrl_c_reaches_the_command() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("int.lock");
+    let mut t = OnPty::start(&[
+        "run",
+        "--ttl",
+        "2s",
+        lock.to_str().unwrap(),
+        "-c",
+        "echo ready; exec sleep 100",
+    ]);
+    t.expect("ready");
+    ensure_within("the command to run sleep", Duration::from_secs(10), || {
+        lease(&lock)
+            .and_then(|l| l["holder"]["child_pid"].as_i64())
+            .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+            .is_some_and(|c| c.trim() == "sleep")
+    });
+    t.type_(b"\x03");
+    let st = t.kid.wait_timeout(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(130), "{}", t.transcript());
+}
+
+#[test]
+fn ctrl_z_stops_the_job_and_fg_resumes_it() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("tstp.lock");
+    // A TTL long enough that the suspension does not cost the lease.
+    let mut t = OnPty::start(&["run", "--ttl", "30s", lock.to_str().unwrap(), "-c", PROMPT]);
+    t.expect("Apply? ");
+    let (_, child, _) = wait_for_child(&lock);
+    t.type_(b"\x1a");
+    ensure_within("the command to stop", Duration::from_secs(10), || {
+        proc_state(child) == Some('T')
+    });
+    ensure_within(
+        "the wrapper to stop itself",
+        Duration::from_secs(10),
+        || proc_state(t.kid.pid()) == Some('T'),
+    );
+    // `fg`: continue the wrapper; it gives the terminal back to the command and continues it.
+    t.kid.signal(Signal::SIGCONT);
+    ensure_within(
+        "the command to run again",
+        Duration::from_secs(10),
+        || matches!(proc_state(child), Some(s) if s != 'T'),
+    );
+    t.type_(b"yes\n");
+    t.expect("got:yes");
+    let st = t.kid.wait_timeout(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", t.transcript());
+}

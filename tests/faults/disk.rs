@@ -1,0 +1,405 @@
+//! Issue 5, storage faults, on a private tmpfs (root only):
+//! - full disk: a holder keeps its lease (renewals in place) for ≥ 3 TTLs on a 100 % full file
+//!   system and still leaves a lease every contender judges free; a new acquisition fails with
+//!   a clear "no space" error (exit 73) and leaves no LOCK and no temp file behind;
+//! - storage turns read-only mid-hold (remount ro; lazy unmount when the kernel says EBUSY): the
+//!   holder is lost, and `leasehold run` fences its command and exits 74, before the TTL counted
+//!   from the last heartbeat anyone could have seen;
+//! - storage vanishes mid-hold (lazy unmount): the same.
+//!
+//! Each runs through the library and through `leasehold run`.
+
+use crate::support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{Proc, Tmpfs};
+
+fn work() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Reads the lease key (id, heartbeat sequence, state) through an open descriptor: it keeps
+/// working after a lazy unmount, when the path no longer leads to the file.
+fn key_fd(f: &fs::File) -> Option<(String, u64, String)> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 65536];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&buf[..n]).ok()?;
+    Some((
+        v["lease_id"].as_str()?.to_string(),
+        v["heartbeat_seq"].as_u64()?,
+        v["state"].as_str()?.to_string(),
+    ))
+}
+
+/// Watches LOCK's heartbeat sequence every millisecond for `dur`; returns how many times it
+/// moved, when it was last seen to move, and the last key seen.
+fn watch_heartbeats(lock: &Path, dur: Duration) -> (u64, Instant) {
+    let end = Instant::now() + dur;
+    let mut last = support::lease_key(lock);
+    let mut moved = 0;
+    let mut at = Instant::now();
+    while Instant::now() < end {
+        let k = support::lease_key(lock);
+        if k.is_some() && k != last {
+            moved += 1;
+            at = Instant::now();
+            last = k;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (moved, at)
+}
+
+type Key = Option<(String, u64, String)>;
+
+fn watch_fd(f: &fs::File, dur: Duration) -> (u64, Instant, Key) {
+    let end = Instant::now() + dur;
+    let mut last = key_fd(f);
+    let mut moved = 0;
+    let mut at = Instant::now();
+    while Instant::now() < end {
+        let k = key_fd(f);
+        if k.is_some() && k != last {
+            moved += 1;
+            at = Instant::now();
+            last = k;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (moved, at, last)
+}
+
+/// After the storage was pulled: if a heartbeat landed between the end of watching and the
+/// pull, count it as seen right at the end of watching (the strictest plausible time).
+fn last_heartbeat(f: &fs::File, at: Instant, key: &Key, watch_end: Instant) -> Instant {
+    let now = key_fd(f);
+    if now.is_some() && now != *key {
+        watch_end
+    } else {
+        at
+    }
+}
+
+#[test]
+fn full_disk_library_holder_keeps_lease_and_new_acquire_fails_cleanly() {
+    if support::need_root() || support::need_tools(&["mount", "umount", "dd"]) {
+        return;
+    }
+    let ttl = Duration::from_millis(300);
+    let fs_ = Tmpfs::new("512k");
+    let lock = fs_.dir.join("job.lock");
+    let g = leasehold::LeaseBuilder::new(&lock)
+        .ttl(ttl)
+        .try_acquire()
+        .expect("acquire before the disk is full");
+    fs_.fill("fill");
+    let (moved, _) = watch_heartbeats(&lock, ttl * 4);
+    assert!(!g.is_lost(), "lost on a full disk: {:?}", g.loss());
+    assert!(
+        moved >= 6,
+        "only {moved} heartbeats in 4 TTLs on a full disk"
+    );
+    let v = leasehold::status(&lock).expect("status on a full disk");
+    assert_eq!(v.state, leasehold::State::Held, "{v}");
+    // Release on a full disk: the released record cannot be written, but ours is marked
+    // released in place, so the next contender judges it free at once.
+    let r = g.release();
+    let v = leasehold::status(&lock).expect("status");
+    assert_eq!(
+        v.state,
+        leasehold::State::Free,
+        "after release on a full disk ({r:?}): {v}"
+    );
+    println!(
+        "faults: full disk (library): heartbeats_in_4_ttls={moved} release={}",
+        match &r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("marked in place ({e})"),
+        }
+    );
+
+    // A new acquisition on a full disk (a different LOCK in the same full directory).
+    let lock2 = fs_.dir.join("new.lock");
+    let before: Vec<_> = listing(&fs_.dir);
+    let err = leasehold::LeaseBuilder::new(&lock2)
+        .ttl(ttl)
+        .try_acquire()
+        .expect_err("acquired on a full disk");
+    assert!(err.is_no_space(), "not a no-space error: {err}");
+    assert_eq!(err.exit_code(), 73, "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("no space"),
+        "unclear error: {err}"
+    );
+    check_nothing_left(&fs_.dir, "new.lock", &before);
+    println!("faults: full disk (library): new acquisition -> {err}");
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// No LOCK and no temp file appeared; an (empty) mutex file is the only thing tolerated, and is
+/// reported.
+fn check_nothing_left(dir: &Path, name: &str, before: &[String]) {
+    let after = listing(dir);
+    let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
+    assert!(!dir.join(name).exists(), "LOCK was created on a full disk");
+    let tmp = format!(".{name}.leasehold-tmp");
+    assert!(
+        !after.iter().any(|n| n.starts_with(&tmp)),
+        "temp file left behind on a full disk: {after:?}"
+    );
+    let mutex = format!(".{name}.leasehold-mutex");
+    for n in &new {
+        assert_eq!(**n, mutex, "left behind on a full disk: {n}");
+    }
+    if !new.is_empty() {
+        let len = fs::metadata(dir.join(&mutex)).map(|m| m.len()).unwrap_or(0);
+        println!("faults: full disk: note: the failed acquisition left {mutex} ({len} bytes)");
+    }
+}
+
+fn run_cmd(lock: &Path, ttl: &str, extra: &[&str], cmd: &[&str]) -> Command {
+    let mut c = Command::new(support::bin());
+    c.arg("run")
+        .args(["--ttl", ttl])
+        .args(extra)
+        .arg(lock)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn stderr_of(k: &mut Proc) -> String {
+    k.stderr()
+}
+
+#[test]
+fn full_disk_cli_run_keeps_lease_and_new_run_exits_73() {
+    if support::need_root() || support::need_tools(&["mount", "umount", "dd", "sh"]) {
+        return;
+    }
+    let ttl = Duration::from_millis(400);
+    let w = work();
+    let ready = w.path().join("ready");
+    let go = w.path().join("go");
+    let fs_ = Tmpfs::new("512k");
+    let lock = fs_.dir.join("job.lock");
+    // The command says it runs, then waits (bounded) for the test to let it finish.
+    let script = format!(
+        "echo $LEASEHOLD_TOKEN > {r}; i=0; while [ ! -e {g} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done",
+        r = ready.display(),
+        g = go.display()
+    );
+    let mut holder = Proc::spawn(
+        &mut run_cmd(&lock, "400ms", &[], &["sh", "-c", &script]),
+        "holder",
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(5), || ready.exists()),
+        "holder never ran"
+    );
+    fs_.fill("fill");
+    let (moved, _) = watch_heartbeats(&lock, ttl * 4);
+    assert!(
+        holder.try_wait().is_none(),
+        "holder exited on a full disk: {}",
+        stderr_of(&mut holder)
+    );
+    assert!(
+        moved >= 6,
+        "only {moved} heartbeats in 4 TTLs on a full disk"
+    );
+    fs::write(&go, "").unwrap();
+    let st = holder.wait_timeout(Duration::from_secs(10));
+    let err = stderr_of(&mut holder);
+    assert_eq!(support::code(st), 0, "holder on a full disk: {err}");
+    let v = leasehold::status(&lock).expect("status");
+    assert_eq!(
+        v.state,
+        leasehold::State::Free,
+        "after the run ended on a full disk: {v}"
+    );
+    println!(
+        "faults: full disk (leasehold run): held 4 TTLs, heartbeats={moved}, exit 0, then free"
+    );
+
+    let before = listing(&fs_.dir);
+    let marker = w.path().join("ran");
+    let mut k = Proc::spawn(
+        &mut run_cmd(
+            &fs_.dir.join("new.lock"),
+            "400ms",
+            &["-n"],
+            &["touch", marker.to_str().unwrap()],
+        ),
+        "new run",
+    );
+    let st = k.wait_timeout(Duration::from_secs(10));
+    let err = stderr_of(&mut k);
+    assert_eq!(support::code(st), 73, "new run on a full disk: {err}");
+    assert!(
+        err.to_lowercase().contains("no space"),
+        "unclear error: {err}"
+    );
+    assert!(!marker.exists(), "the command ran without a lease");
+    check_nothing_left(&fs_.dir, "new.lock", &before);
+    println!(
+        "faults: full disk (leasehold run): new run -> exit 73: {}",
+        err.trim()
+    );
+}
+
+/// Makes the storage go away under a holder: remount read-only (retrying while the kernel says
+/// EBUSY, then falling back to a lazy unmount), or a lazy unmount outright.
+fn pull_storage(fs_: &Tmpfs, read_only: bool) -> &'static str {
+    if read_only {
+        for _ in 0..50 {
+            if fs_.remount_ro() {
+                return "remounted read-only";
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    assert!(fs_.lazy_unmount(), "lazy unmount failed");
+    if read_only {
+        "lazily unmounted (remount refused: EBUSY)"
+    } else {
+        "lazily unmounted"
+    }
+}
+
+fn storage_fails_library(read_only: bool) -> (Duration, &'static str) {
+    let ttl = Duration::from_millis(600);
+    let fs_ = Tmpfs::new("4m");
+    let lock = fs_.dir.join("job.lock");
+    let g = leasehold::LeaseBuilder::new(&lock)
+        .ttl(ttl)
+        .try_acquire()
+        .expect("acquire");
+    // Let a few heartbeats pass and note when the last one was seen.
+    let f = fs::File::open(&lock).expect("open LOCK");
+    let (_, at, key) = watch_fd(&f, ttl);
+    let watch_end = Instant::now();
+    let how = pull_storage(&fs_, read_only);
+    // A holder keeps nothing open for writing, so the file system can go read-only under it.
+    assert!(
+        !read_only || how == "remounted read-only",
+        "the holder kept the file system from going read-only: {how}"
+    );
+    let last_seen = last_heartbeat(&f, at, &key, watch_end);
+    let reason = g.wait_lost(ttl * 2);
+    let lost_at = Instant::now();
+    assert!(reason.is_some(), "{how}: guard not lost within 2 TTLs");
+    let before_ttl = (last_seen + ttl).saturating_duration_since(lost_at);
+    assert!(
+        lost_at < last_seen + ttl,
+        "{how}: guard lost {:?} after the last heartbeat, not before the TTL {ttl:?}",
+        lost_at - last_seen
+    );
+    drop(g);
+    (before_ttl, how)
+}
+
+#[test]
+fn storage_read_only_or_vanished_library_guard_is_lost_before_ttl() {
+    if support::need_root() || support::need_tools(&["mount", "umount"]) {
+        return;
+    }
+    for ro in [true, false] {
+        let (margin, how) = storage_fails_library(ro);
+        println!(
+            "faults: storage {how} (library): guard lost {} ms before the TTL (ttl_ms=600)",
+            margin.as_millis()
+        );
+    }
+}
+
+fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
+    let ttl = Duration::from_millis(800);
+    let w = work();
+    let ready = w.path().join("ready");
+    let fs_ = Tmpfs::new("4m");
+    let lock = fs_.dir.join("job.lock");
+    // A command with grandchildren that ignore nothing: fencing must reach the whole group.
+    let script = format!(
+        "echo $$ > {r}.pid; sleep 60 & sleep 60 & echo x > {r}; wait",
+        r = ready.display()
+    );
+    let mut holder = Proc::spawn(
+        &mut run_cmd(&lock, "800ms", &[], &["sh", "-c", &script]),
+        "holder",
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(5), || ready.exists()),
+        "holder never ran"
+    );
+    let cmd_pid: i32 = fs::read_to_string(PathBuf::from(format!("{}.pid", ready.display())))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pgid = leasehold::process::stat(cmd_pid).unwrap().unwrap().pgrp;
+    // The wrapper records its command in the lease (a rename): watch the record that has it.
+    let recorded = support::wait_until(Duration::from_secs(2), || {
+        fs::read(&lock)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
+    });
+    assert!(recorded, "the lease never named the command (child_pid)");
+    let f = fs::File::open(&lock).expect("open LOCK");
+    let (_, at, key) = watch_fd(&f, ttl / 2);
+    let watch_end = Instant::now();
+    let how = pull_storage(&fs_, read_only);
+    // A holder keeps nothing open for writing, so the file system can go read-only under it.
+    assert!(
+        !read_only || how == "remounted read-only",
+        "the holder kept the file system from going read-only: {how}"
+    );
+    let last_seen = last_heartbeat(&f, at, &key, watch_end);
+    let st = holder.wait_timeout(ttl * 4);
+    let exited = Instant::now();
+    let err = stderr_of(&mut holder);
+    assert_eq!(support::code(st), 74, "{how}: leasehold run: {err}");
+    let left = leasehold::process::group_members(pgid);
+    assert!(
+        left.is_empty(),
+        "{how}: fenced command's group still has {left:?}"
+    );
+    assert!(
+        exited < last_seen + ttl,
+        "{how}: fenced {:?} after the last heartbeat, not before the TTL {ttl:?}",
+        exited - last_seen
+    );
+    ((last_seen + ttl) - exited, how)
+}
+
+#[test]
+fn storage_read_only_or_vanished_cli_fences_before_ttl_exit_74() {
+    if support::need_root() || support::need_tools(&["mount", "umount", "sh", "sleep"]) {
+        return;
+    }
+    for ro in [true, false] {
+        let (margin, how) = storage_fails_cli(ro);
+        println!(
+            "faults: storage {how} (leasehold run): command fenced, exit 74, {} ms before the TTL (ttl_ms=800)",
+            margin.as_millis()
+        );
+    }
+}

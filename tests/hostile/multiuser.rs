@@ -1,0 +1,1771 @@
+//! Several users on one lock, and users attacking root's or each other's use of it.
+//!
+//! Root only (CI runs as root): each test makes a throwaway group and users, runs leasehold as
+//! them with `setpriv` and a chosen umask, and removes them at the end. Every test checks that
+//! planted targets are unchanged (bytes, mode, owner, mtime, link count), that no process outside
+//! the jobs received a signal (bystanders of root and of each user trap every catchable signal),
+//! and, where jobs run, that no two jobs overlapped (an O_EXCL critical-section checker, see
+//! `multiuser/cs.rs`).
+//!
+//! - Group-shared (setgid 2775) directory: members share a lock under umask 022 and 002, take
+//!   over from each other's SIGKILLed holders, and 100 alternating runs with random SIGKILLs
+//!   inside the critical section never overlap and always recover.
+//! - Sticky (1777) directory: another user's lock is either usable or refused at once, naming
+//!   its owner — never after waiting through the job.
+//! - Hard links and symlinks planted at the helper names, and a symlinked queue directory: root's
+//!   `run`, `status` and `break` leave the victims alone and never fail with exit 70.
+//! - A forged observation file does not get a healthy holder killed or a live foreign one broken.
+//! - The mutex or a queue ticket held by another user's process: the waiter names that process
+//!   and user, and keeps its `-w`.
+//! - Directories, FIFOs and sockets squatting the helper names: a clear refusal, never 70 or a
+//!   hang.
+//! - Another user's job left a process behind: a takeover does not run beside it.
+
+use super::harness;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::support::Cs;
+use harness::{Bystanders, LinkProtectionsOff, Outcome, Snapshot, Who, World};
+use nix::sys::signal::Signal;
+
+const LONG: Duration = Duration::from_secs(40);
+
+/// Failures collected over a test's cases, reported together at its end.
+#[derive(Default)]
+struct Failures(Vec<String>);
+
+impl Failures {
+    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            let m = msg();
+            eprintln!("FAIL: {m}");
+            self.0.push(m);
+        }
+    }
+    #[track_caller]
+    fn done(self, test: &str) {
+        assert!(
+            self.0.is_empty(),
+            "{test}: {} failure(s):\n- {}",
+            self.0.len(),
+            self.0.join("\n- ")
+        );
+    }
+}
+
+/// A small xorshift PRNG; the seed is printed so a run can be replayed with `MULTIUSER_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn new(test: &str) -> Rng {
+        let seed = std::env::var("MULTIUSER_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        eprintln!("{test}: seed {seed} (replay with MULTIUSER_SEED={seed})");
+        Rng(seed | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The helper names beside `lock` that an attacker can plant something at, with a label: the
+/// mutex, the fixed temp name and a random-form one, the shared observation file and the one of
+/// each uid in `seen_uids`, and the first queue ticket with its prepared lease.
+fn helper_names(lock: &Path, seen_uids: &[u32]) -> Vec<(String, PathBuf)> {
+    let dir = lock.parent().unwrap();
+    let name = lock.file_name().unwrap().to_str().unwrap();
+    let h = |suffix: &str| dir.join(format!(".{name}.leasehold-{suffix}"));
+    let queue = h("queue");
+    let mut v = vec![
+        ("mutex".to_string(), h("mutex")),
+        ("temp file".to_string(), h("tmp")),
+        (
+            "random temp file name".to_string(),
+            h("tmp-0123456789abcdef"),
+        ),
+        ("shared observation file".to_string(), h("seen")),
+    ];
+    for uid in seen_uids {
+        v.push((
+            format!("observation file of uid {uid}"),
+            h(&format!("seen-{uid}")),
+        ));
+    }
+    v.push(("queue ticket".into(), queue.join("q-00000000000000000001")));
+    v.push((
+        "prepared lease".into(),
+        queue.join("q-00000000000000000001.lease"),
+    ));
+    v
+}
+
+/// The queue directory's name beside `lock`.
+fn queue_dir(lock: &Path) -> PathBuf {
+    let name = lock.file_name().unwrap().to_str().unwrap();
+    lock.parent()
+        .unwrap()
+        .join(format!(".{name}.leasehold-queue"))
+}
+
+/// Whether a refusal's message names `path` (by its full path or at least its file name).
+fn names_path(text: &str, path: &Path) -> bool {
+    text.contains(s(path)) || text.contains(&*path.file_name().unwrap().to_string_lossy())
+}
+
+/// The exit status and the last line leasehold printed, for the test's log.
+fn first_line(o: &Outcome) -> String {
+    format!(
+        "exit {} ({:?})",
+        o.code,
+        o.stderr
+            .lines()
+            .last()
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect::<String>()
+    )
+}
+
+fn describe(o: &Outcome) -> String {
+    let mut e = o.stderr.clone();
+    if e.len() > 800 {
+        let mut cut = 800;
+        while !e.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.truncate(cut);
+        e.push_str("...");
+    }
+    format!("exit {} after {:?}; stderr: {e:?}", o.code, o.took)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Group-shared directory
+// ---------------------------------------------------------------------------------------------
+
+/// Members of a group share a lock in a setgid, group-writable directory with no extra flag,
+/// whatever umask each has and whichever of them created the lock: alone, waiting for each
+/// other (the waiter queues), and with `-n`; no two jobs overlap.
+#[test]
+fn group_members_share_a_lock_under_umask_022_and_002() {
+    if harness::skip("group_members_share_a_lock_under_umask_022_and_002") {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let mut case = 0;
+    for (first, second) in [(&w.a, &w.b), (&w.b, &w.a)] {
+        for (u1, u2) in [
+            (0o022, 0o022),
+            (0o022, 0o002),
+            (0o002, 0o022),
+            (0o002, 0o002),
+        ] {
+            case += 1;
+            let label = format!(
+                "{} (umask {u1:03o}) created, {} (umask {u2:03o}) joined",
+                first.name, second.name
+            );
+            let dir = w.dir(&format!("shared-{case}"), 0o2775, Who::Root);
+            let lock = dir.join("job.lock");
+            let cs = Cs::new(&w.base, &format!("cs-{case}"));
+            let (x, y) = (Who::User(first), Who::User(second));
+            let ttl = ["-w", "20", "--ttl", "2s"];
+            // 1. The creator runs alone.
+            let o = w.run(x, u1, &args(&cs.run_args(&ttl, &lock, "1", 2)), LONG);
+            f.check(o.code == 0, || {
+                format!("{label}: creator's first run: {}", describe(&o))
+            });
+            // 2 and 3. Each holds while the other waits for it.
+            for (step, (h, hu, c, cu)) in [(x, u1, y, u2), (y, u2, x, u1)].into_iter().enumerate() {
+                let hid = format!("hold{step}");
+                let cid = format!("wait{step}");
+                let mut holder = w.spawn(h, hu, &args(&cs.hold_args(&ttl, &lock, &hid)));
+                if !harness::wait_until(Duration::from_secs(20), || {
+                    cs.entered(&hid) || holder.child.try_wait().unwrap().is_some()
+                }) || !cs.entered(&hid)
+                {
+                    let o = holder.finish(LONG);
+                    f.check(false, || {
+                        format!("{label}: {} could not hold: {}", h.name(), describe(&o))
+                    });
+                    continue;
+                }
+                let mut waiter = w.spawn(c, cu, &args(&cs.run_args(&ttl, &lock, &cid, 2)));
+                let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+                f.check(line.is_some(), || {
+                    format!(
+                        "{label}: {} printed no wait line while {} held: {:?}",
+                        c.name(),
+                        h.name(),
+                        waiter.stderr_so_far()
+                    )
+                });
+                cs.release(&hid);
+                let ho = holder.finish(LONG);
+                let wo = waiter.finish(LONG);
+                f.check(ho.code == 0, || {
+                    format!("{label}: holder {}: {}", h.name(), describe(&ho))
+                });
+                f.check(wo.code == 0 && cs.ended(&cid), || {
+                    format!("{label}: waiter {}: {}", c.name(), describe(&wo))
+                });
+            }
+            // 4. The joiner alone with -n.
+            let o = w.run(y, u2, &args(&cs.run_args(&["-n"], &lock, "4", 1)), LONG);
+            f.check(o.code == 0, || {
+                format!("{label}: joiner's -n run: {}", describe(&o))
+            });
+            cs.verify();
+        }
+    }
+    by.assert_untouched();
+    f.done("group_members_share_a_lock_under_umask_022_and_002");
+}
+
+/// A member whose holder was SIGKILLed mid-job (its job inside the critical section) is taken
+/// over by another member waiting on the same lock, under umask 022 and 002; the killed job is
+/// dead before the new one enters, and the first member can use the lock again afterwards.
+#[test]
+fn group_member_takes_over_from_another_members_killed_holder() {
+    if harness::skip("group_member_takes_over_from_another_members_killed_holder") {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    for umask in [0o022, 0o002] {
+        let dir = w.dir(&format!("takeover-{umask:o}"), 0o2775, Who::Root);
+        let lock = dir.join("job.lock");
+        let cs = Cs::new(&w.base, &format!("cs-takeover-{umask:o}"));
+        let ttl = ["-w", "20", "--ttl", "2s"];
+        let mut holder = w.spawn(
+            Who::User(&w.a),
+            umask,
+            &args(&cs.hold_args(&ttl, &lock, "a")),
+        );
+        cs.wait_entered("a", Duration::from_secs(20));
+        let mut waiter = w.spawn(
+            Who::User(&w.b),
+            umask,
+            &args(&cs.run_args(&ttl, &lock, "b", 3)),
+        );
+        let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+        f.check(line.is_some(), || {
+            format!(
+                "umask {umask:03o}: B printed no wait line: {:?}",
+                waiter.stderr_so_far()
+            )
+        });
+        cs.declare_killed("a");
+        holder.signal(Signal::SIGKILL);
+        let ho = holder.finish(LONG);
+        assert_eq!(ho.code, 137, "the holder was SIGKILLed");
+        f.check(!cs.ended("a"), || {
+            "the kill did not land inside the section".into()
+        });
+        let wo = waiter.finish(LONG);
+        f.check(wo.code == 0 && cs.ended("b"), || {
+            format!("umask {umask:03o}: B's takeover: {}", describe(&wo))
+        });
+        let o = w.run(
+            Who::User(&w.a),
+            umask,
+            &args(&cs.run_args(&["-n"], &lock, "a2", 1)),
+            LONG,
+        );
+        f.check(o.code == 0, || {
+            format!("umask {umask:03o}: A after B's takeover: {}", describe(&o))
+        });
+        cs.verify();
+    }
+    by.assert_untouched();
+    f.done("group_member_takes_over_from_another_members_killed_holder");
+}
+
+/// Two members alternate 100 runs (`-w 20 --ttl 2s`, some `-n`, two at a time), and holders are
+/// SIGKILLed at random inside the critical section: every run exits 0 or 75 or is the killed one,
+/// no two jobs overlap, the lock always recovers by itself and the final run succeeds. Half the
+/// runs on a lock created under umask 022, half under 002, each run with a random umask.
+#[test]
+fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
+    let test = "group_members_alternating_with_random_sigkills_never_overlap_and_recover";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut rng = Rng::new(test);
+    let mut f = Failures::default();
+    let started = Instant::now();
+    let (mut ran, mut refused, mut killed_inside, mut runs) = (0, 0, 0, 0);
+    let mut reasons: Vec<String> = Vec::new();
+    for creator_umask in [0o022u32, 0o002] {
+        let dir = w.dir(&format!("alt-{creator_umask:o}"), 0o2775, Who::Root);
+        let lock = dir.join("job.lock");
+        let cs = Cs::new(&w.base, &format!("cs-alt-{creator_umask:o}"));
+        let o = w.run(
+            Who::User(&w.a),
+            creator_umask,
+            &args(&cs.run_args(&["-n", "--ttl", "2s"], &lock, "create", 1)),
+            LONG,
+        );
+        runs += 1;
+        f.check(o.code == 0, || {
+            format!("creating the lock: {}", describe(&o))
+        });
+        for round in 0..25 {
+            let users = if round % 2 == 0 {
+                [&w.a, &w.b]
+            } else {
+                [&w.b, &w.a]
+            };
+            let mut procs = Vec::new();
+            for (i, u) in users.into_iter().enumerate() {
+                let id = format!("{round}{}", ["x", "y"][i]);
+                let umask = [0o022, 0o002][rng.below(2) as usize];
+                let pre: Vec<&str> = if i == 1 && rng.below(10) < 3 {
+                    vec!["-n", "--ttl", "2s"]
+                } else {
+                    vec!["-w", "20", "--ttl", "2s"]
+                };
+                let p = w.spawn(
+                    Who::User(u),
+                    umask,
+                    &args(&cs.run_args(&pre, &lock, &id, 10)),
+                );
+                procs.push((id, p, u.name.clone(), umask, pre[0]));
+            }
+            runs += 2;
+            let mut killed = None;
+            if rng.below(100) < 40 {
+                // Kill whichever job enters first, after 0-3 of its ticks.
+                let mut first = None;
+                harness::wait_until(Duration::from_secs(25), || {
+                    first = procs.iter().position(|(id, ..)| cs.entered(id));
+                    first.is_some()
+                        || procs
+                            .iter_mut()
+                            .all(|(_, p, ..)| p.child.try_wait().unwrap().is_some())
+                });
+                if let Some(k) = first {
+                    let id = procs[k].0.clone();
+                    let ticks = rng.below(4) as usize;
+                    harness::wait_until(Duration::from_secs(5), || {
+                        cs.ticks(&id) >= ticks || cs.ended(&id)
+                    });
+                    cs.declare_killed(&id);
+                    procs[k].1.signal(Signal::SIGKILL);
+                    killed = Some(k);
+                }
+            }
+            let mut summary = Vec::new();
+            let mut stalled = false;
+            for (k, (id, p, who, umask, mode)) in procs.iter_mut().enumerate() {
+                let o = p.finish(LONG);
+                summary.push(format!("{id}({who} {mode} {umask:03o})={}", o.code));
+                if killed == Some(k) {
+                    if !cs.ended(id) && o.code == 137 {
+                        killed_inside += 1;
+                    }
+                    f.check(o.code == 137 || o.code == 0, || {
+                        format!("round {round}: killed run {id} of {who}: {}", describe(&o))
+                    });
+                    continue;
+                }
+                match o.code {
+                    0 => {
+                        ran += 1;
+                        f.check(cs.ended(id), || {
+                            format!("round {round}: run {id} exited 0 but its job did not end")
+                        });
+                    }
+                    75 => {
+                        refused += 1;
+                        let first = o.stderr.lines().last().unwrap_or("").to_string();
+                        if *mode == "-w" && reasons.len() < 6 && !reasons.contains(&first) {
+                            reasons.push(first);
+                        }
+                        // A waiter that waited out its whole -w: the lock did not recover.
+                        stalled |= *mode == "-w" && o.took >= Duration::from_secs(19);
+                    }
+                    _ => f.check(false, || {
+                        format!(
+                            "round {round}: run {id} of {who} (umask {umask:03o}): {}",
+                            describe(&o)
+                        )
+                    }),
+                }
+            }
+            eprintln!(
+                "{test}: round {round}{}: {}",
+                killed
+                    .map(|k| format!(" (killed {})", procs[k].0))
+                    .unwrap_or_default(),
+                summary.join(" ")
+            );
+            if stalled {
+                f.check(false, || {
+                    format!(
+                        "lock created under umask {creator_umask:03o}: round {round}: a waiter \
+                         waited out -w 20: the lock did not recover; stopping this phase"
+                    )
+                });
+                break;
+            }
+        }
+        let o = w.run(
+            Who::User(&w.b),
+            0o022,
+            &args(&cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "final", 1)),
+            LONG,
+        );
+        runs += 1;
+        f.check(o.code == 0, || {
+            format!(
+                "lock created under umask {creator_umask:03o}: the final run: {}",
+                describe(&o)
+            )
+        });
+        let iv = cs.verify();
+        eprintln!(
+            "{test}: creator umask {creator_umask:03o}: {} jobs entered, none overlapped",
+            iv.len()
+        );
+    }
+    eprintln!(
+        "{test}: {runs} runs: {ran} ran, {refused} got 75, {killed_inside} SIGKILLed inside the \
+         critical section; {:?}",
+        started.elapsed()
+    );
+    eprintln!("{test}: why waiters (-w) got 75: {reasons:#?}");
+    f.check(killed_inside > 0, || {
+        "no holder was killed inside its critical section".into()
+    });
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Sticky directory
+// ---------------------------------------------------------------------------------------------
+
+/// In a sticky directory (1777, like /tmp) user B's `run -w 30` on user A's lock either works
+/// (after A's job) or is refused at once — exit 65 or 77, naming A — never after waiting
+/// through A's job; the same when A's lease is released.
+#[test]
+fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
+    let test = "sticky_directory_other_users_lock_works_or_is_refused_at_once";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let decide = Duration::from_secs(5);
+    // Held by A.
+    let dir = w.dir("sticky-held", 0o1777, Who::Root);
+    let lock = dir.join("job.lock");
+    let mut holder = w.spawn(
+        Who::User(&w.a),
+        0o022,
+        &args(&cs.hold_args(&[], &lock, "a")),
+    );
+    cs.wait_entered("a", Duration::from_secs(20));
+    let mut b = w.spawn(
+        Who::User(&w.b),
+        0o022,
+        &args(&cs.run_args(&["-w", "30"], &lock, "b", 1)),
+    );
+    let decided = b.wait_within(decide);
+    eprintln!(
+        "{test}: B against A's held lock: {}",
+        if decided.is_some() {
+            "refused at once"
+        } else {
+            "waits"
+        }
+    );
+    match decided {
+        Some(_) => {
+            let o = b.finish(LONG);
+            eprintln!("{test}: B while A holds: {}", first_line(&o));
+            f.check(
+                (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name),
+                || {
+                    format!(
+                        "held: B refused but not with 65/77 naming {}: {}",
+                        w.a.name,
+                        describe(&o)
+                    )
+                },
+            );
+            f.check(!cs.ended("a"), || {
+                "A's job ended before B was refused".into()
+            });
+            cs.release("a");
+        }
+        None => {
+            // B waits: it must get the lock once A's job ends.
+            cs.release("a");
+            let o = b.finish(LONG);
+            f.check(o.code == 0 && cs.ended("b"), || {
+                format!("held: B waited through A's job and then: {}", describe(&o))
+            });
+        }
+    }
+    let o = holder.finish(LONG);
+    f.check(o.code == 0, || format!("A's holder: {}", describe(&o)));
+
+    // Released by A.
+    let dir = w.dir("sticky-free", 0o1777, Who::Root);
+    let lock = dir.join("job.lock");
+    let o = w.run(
+        Who::User(&w.a),
+        0o022,
+        &args(&cs.run_args(&[], &lock, "a2", 1)),
+        LONG,
+    );
+    f.check(o.code == 0, || {
+        format!("A creating the lock: {}", describe(&o))
+    });
+    let o = w.run(
+        Who::User(&w.b),
+        0o022,
+        &args(&cs.run_args(&["-w", "30"], &lock, "b2", 1)),
+        LONG,
+    );
+    eprintln!("{test}: B after A released: {}", first_line(&o));
+    f.check(
+        o.code == 0 && cs.ended("b2")
+            || (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name) && o.took < decide,
+        || {
+            format!(
+                "released: B neither ran nor was refused at once naming A: {}",
+                describe(&o)
+            )
+        },
+    );
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3 and 4. Hard links and symlinks at helper names
+// ---------------------------------------------------------------------------------------------
+
+/// The victims of the link attacks: a root-owned copy of /etc/passwd (0644) and a file of user
+/// B (0600 in B's 0711 directory), both reachable by path by user A.
+fn victims(w: &World, n: usize) -> Vec<(&'static str, PathBuf)> {
+    let vd = w.dir(&format!("victims-{n}"), 0o755, Who::Root);
+    fs::set_permissions(&vd, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&vd, Some(0), Some(0)).unwrap();
+    let root_victim = vd.join("passwd-copy");
+    fs::copy("/etc/passwd", &root_victim).unwrap();
+    harness::chmod(&root_victim, 0o644);
+    let bd = w.dir(&format!("b-home-{n}"), 0o711, Who::User(&w.b));
+    let b_victim = bd.join("secret");
+    fs::write(&b_victim, "B's private data\n").unwrap();
+    std::os::unix::fs::chown(&b_victim, Some(w.b.uid), Some(w.gid)).unwrap();
+    harness::chmod(&b_victim, 0o600);
+    vec![("root's file", root_victim), ("B's file", b_victim)]
+}
+
+/// The foreign host a test's library holder plays.
+fn foreign_identity() -> leasehold::Identity {
+    let mut id = leasehold::Identity::current();
+    id.host = format!("elsewhere-{}", std::process::id());
+    id.boot_id = "00000000-0000-4000-8000-000000000000".into();
+    id
+}
+
+/// Root's commands against `lock`, each judged by `judge(what, codes a success may have, how it
+/// ended)`, in three situations that between them use every helper file:
+/// - the lock is free: `run LOCK -- true`, `status`, `break`;
+/// - a live holder on another host (the library, renewing) holds it, so root observes it and
+///   writes its observation file: `run -n`, `status`, `break`;
+/// - root holds it and another root `run -w` queues behind (a ticket, a prepared lease), then
+///   takes it.
+fn root_scenarios(w: &World, cs: &Cs, lock: &Path, mut judge: impl FnMut(&str, &[i32], &Outcome)) {
+    let limit = Duration::from_secs(30);
+    for (what, a) in [
+        ("run, free", vec!["run", s(lock), "--", "true"]),
+        ("status, free", vec!["status", s(lock)]),
+        ("break, free", vec!["break", s(lock)]),
+    ] {
+        let o = w.run(Who::Root, 0o022, &a, limit);
+        judge(
+            what,
+            if what.starts_with("break") {
+                &[0, 75]
+            } else {
+                &[0]
+            },
+            &o,
+        );
+    }
+    match leasehold::LeaseBuilder::new(lock)
+        .ttl(Duration::from_secs(2))
+        .identity(foreign_identity())
+        .try_acquire()
+    {
+        Ok(guard) => {
+            for (what, a) in [
+                (
+                    "run -n, foreign holder",
+                    vec!["run", "-n", s(lock), "--", "true"],
+                ),
+                ("status, foreign holder", vec!["status", s(lock)]),
+                ("break, foreign holder", vec!["break", s(lock)]),
+            ] {
+                let o = w.run(Who::Root, 0o022, &a, limit);
+                judge(
+                    what,
+                    if what.starts_with("status") {
+                        &[0]
+                    } else {
+                        &[75]
+                    },
+                    &o,
+                );
+            }
+            drop(guard);
+        }
+        Err(e) => eprintln!("(no foreign holder: the library refused to take the lock: {e})"),
+    }
+    static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let id = format!(
+        "h{}",
+        HOLDERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let mut holder = w.spawn(
+        Who::Root,
+        0o022,
+        &args(&cs.hold_args(&["--ttl", "2s"], lock, &id)),
+    );
+    let held = harness::wait_until(limit, || {
+        cs.entered(&id) || holder.child.try_wait().unwrap().is_some()
+    }) && cs.entered(&id);
+    if held {
+        let mut waiter = w.spawn(
+            Who::Root,
+            0o022,
+            &["run", "-w", "10", s(lock), "--", "true"],
+        );
+        waiter.wait_line(limit, |l| l.contains("aiting"));
+        cs.release(&id);
+        let o = holder.finish(LONG);
+        judge("holder, contended", &[0], &o);
+        let o = waiter.finish(LONG);
+        judge("waiter, contended", &[0], &o);
+    } else {
+        let o = holder.finish(LONG);
+        judge("holder, contended", &[0], &o);
+    }
+}
+
+/// Judges one command against a planted file: never 70; a refusal (65 or 77) names the file;
+/// otherwise it ended as one of `codes` (it worked around the planted file).
+fn judge_planted(
+    f: &mut Failures,
+    case: &str,
+    what: &str,
+    codes: &[i32],
+    planted: &Path,
+    o: &Outcome,
+) {
+    eprintln!("{case}: root's {what}: {}", first_line(o));
+    let ok = match o.code {
+        65 | 77 => names_path(&o.stderr, planted),
+        c => codes.contains(&c),
+    };
+    f.check(ok, || {
+        format!(
+            "{case}: root's {what}: expected {codes:?} (worked around) or 65/77 naming {}: {}",
+            planted.display(),
+            describe(o)
+        )
+    });
+}
+
+/// With `protected_hardlinks=0`, user A hard-links a victim (root's file, B's file) at each
+/// helper name beside LOCK in A's directory: root's `run`, `status` and `break` — on a free lock,
+/// against a live foreign holder (so root writes its observation file), and contended (so root
+/// queues) — leave the victim unchanged (bytes, mode, owner, mtime and link count as planted)
+/// and either work around it or refuse with 65/77 naming the file, never exit 70.
+#[test]
+fn hard_links_at_helper_names_never_touch_the_victim() {
+    let test = "hard_links_at_helper_names_never_touch_the_victim";
+    if harness::skip(test) {
+        return;
+    }
+    let _p = LinkProtectionsOff::new();
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let mut n = 0;
+    for v in 0..2 {
+        let probe = w.base.join("probe.lock");
+        let mut names = helper_names(&probe, &[0])
+            .into_iter()
+            .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
+            .collect::<Vec<_>>();
+        names.push(("LOCK itself".into(), PathBuf::from("probe.lock")));
+        for (label, rel) in names {
+            n += 1;
+            let (vname, victim) = victims(&w, n).swap_remove(v);
+            let dir = w.dir(&format!("hl-{n}"), 0o755, Who::User(&w.a));
+            let lock = dir.join("probe.lock");
+            let planted = dir.join(&rel);
+            if let Some(parent) = planted.parent().filter(|p| *p != dir) {
+                w.sh(Who::User(&w.a), 0o022, "mkdir \"$1\"", &[s(parent)]);
+            }
+            w.sh(
+                Who::User(&w.a),
+                0o022,
+                "ln \"$1\" \"$2\"",
+                &[s(&victim), s(&planted)],
+            );
+            let before = Snapshot::of(&victim);
+            let case = format!("{vname} hard-linked at the {label}");
+            root_scenarios(&w, &cs, &lock, |what, codes, o| {
+                judge_planted(&mut f, &case, what, codes, &planted, o);
+                let now = Snapshot::of(&victim);
+                f.check(now == before, || {
+                    format!(
+                        "{case}: root's {what} changed the victim: before {:?}, after {:?} ({})",
+                        before.entries,
+                        now.entries,
+                        describe(o)
+                    )
+                });
+            });
+        }
+    }
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// With `protected_symlinks=0`, user A plants a symlink at the queue directory's name pointing
+/// at a directory holding ticket-like and other files: root's contended run (which queues) and
+/// its `-n` run never list and delete there. Symlinks at the mutex, temp and observation names
+/// pointing at victim files leave the victims unchanged whatever root does (free, against a
+/// foreign holder, contended); never exit 70.
+#[test]
+fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
+    let test = "symlinks_at_helper_names_and_queue_directory_are_never_followed";
+    if harness::skip(test) {
+        return;
+    }
+    let _p = LinkProtectionsOff::new();
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+
+    // The queue directory's name is a symlink to a directory of ticket-like files.
+    let precious = w.dir("precious", 0o755, Who::Root);
+    for (name, body) in [
+        ("q-00000000000000000001", "not a ticket\n"),
+        ("q-00000000000000000002", "{}\n"),
+        ("q-00000000000000000001.lease", "not a lease\n"),
+        ("notes.txt", "keep me\n"),
+    ] {
+        fs::write(precious.join(name), body).unwrap();
+    }
+    let before = Snapshot::of(&precious);
+    let dir = w.dir("sl-queue", 0o755, Who::User(&w.a));
+    let lock = dir.join("job.lock");
+    let queue = queue_dir(&lock);
+    w.sh(
+        Who::User(&w.a),
+        0o022,
+        "ln -s \"$1\" \"$2\"",
+        &[s(&precious), s(&queue)],
+    );
+    let mut holder = w.spawn(
+        Who::Root,
+        0o022,
+        &args(&cs.hold_args(&["--ttl", "2s"], &lock, "h")),
+    );
+    if harness::wait_until(Duration::from_secs(20), || {
+        cs.entered("h") || holder.child.try_wait().unwrap().is_some()
+    }) && cs.entered("h")
+    {
+        let mut waiter = w.spawn(
+            Who::Root,
+            0o022,
+            &args(&cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "w", 1)),
+        );
+        let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+        let o = w.run(
+            Who::Root,
+            0o022,
+            &["run", "-n", s(&lock), "--", "true"],
+            Duration::from_secs(30),
+        );
+        f.check(matches!(o.code, 75 | 65 | 77), || {
+            format!("symlinked queue: -n while held: {}", describe(&o))
+        });
+        cs.release("h");
+        let ho = holder.finish(LONG);
+        let wo = waiter.finish(LONG);
+        f.check(ho.code == 0, || {
+            format!("symlinked queue: holder: {}", describe(&ho))
+        });
+        f.check(
+            wo.code == 0 && line.is_some()
+                || matches!(wo.code, 65 | 77) && names_path(&wo.stderr, &queue),
+            || format!("symlinked queue: contended waiter: {}", describe(&wo)),
+        );
+    } else {
+        let o = holder.finish(LONG);
+        f.check(
+            matches!(o.code, 65 | 77) && names_path(&o.stderr, &queue),
+            || {
+                format!(
+                    "symlinked queue: root's holder could not start: {}",
+                    describe(&o)
+                )
+            },
+        );
+    }
+    let o = w.run(
+        Who::Root,
+        0o022,
+        &["run", "-n", s(&lock), "--", "true"],
+        Duration::from_secs(30),
+    );
+    f.check(
+        o.code == 0 || matches!(o.code, 65 | 77) && names_path(&o.stderr, &queue),
+        || format!("symlinked queue: -n when free: {}", describe(&o)),
+    );
+    let now = Snapshot::of(&precious);
+    f.check(now == before, || {
+        format!(
+            "the directory the queue symlink points at changed: before {:?}, after {:?}",
+            before.entries, now.entries
+        )
+    });
+
+    // Symlinks at the file helper names.
+    let mut n = 0;
+    for v in 0..2 {
+        let probe = w.base.join("probe.lock");
+        let beside = helper_names(&probe, &[0])
+            .into_iter()
+            .filter(|(_, p)| p.parent() == Some(w.base.as_path()));
+        for (label, path) in beside {
+            n += 1;
+            let (vname, victim) = victims(&w, n).swap_remove(v);
+            let dir = w.dir(&format!("sl-{n}"), 0o755, Who::User(&w.a));
+            let lock = dir.join("probe.lock");
+            let planted = dir.join(path.file_name().unwrap());
+            w.sh(
+                Who::User(&w.a),
+                0o022,
+                "ln -s \"$1\" \"$2\"",
+                &[s(&victim), s(&planted)],
+            );
+            let before = Snapshot::of(&victim);
+            let case = format!("symlink at the {label} to {vname}");
+            root_scenarios(&w, &cs, &lock, |what, codes, o| {
+                judge_planted(&mut f, &case, what, codes, &planted, o);
+                let now = Snapshot::of(&victim);
+                f.check(now == before, || {
+                    format!(
+                        "{case}: root's {what} changed the victim: before {:?}, after {:?}",
+                        before.entries, now.entries
+                    )
+                });
+            });
+        }
+    }
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Forged observation file
+// ---------------------------------------------------------------------------------------------
+
+fn read_lease(lock: &Path) -> serde_json::Value {
+    let bytes = fs::read(lock).unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "LOCK is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&bytes)
+        )
+    })
+}
+
+/// The observation files a forger writes: the shared name (older versions) and the per-user
+/// files of root and both members, whether or not they exist yet.
+fn seen_names(w: &World, lock: &Path) -> Vec<PathBuf> {
+    helper_names(lock, &[0, w.a.uid, w.b.uid])
+        .into_iter()
+        .filter(|(l, _)| l.contains("observation"))
+        .map(|(_, p)| p)
+        .collect()
+}
+
+/// User B writes an observation file claiming this host first saw the current lease (and its
+/// next 200 heartbeats) at boot.
+fn forge_seen(w: &World, lock: &Path, cs: &Cs) {
+    let lease = read_lease(lock);
+    let id = lease["lease_id"].as_str().unwrap().to_string();
+    let seq = lease["heartbeat_seq"].as_u64().unwrap();
+    let me = leasehold::Identity::current();
+    let entries: Vec<serde_json::Value> = (seq..seq + 200)
+        .map(|k| {
+            serde_json::json!({
+                "host": me.host, "boot_id": me.boot_id, "lease_id": id, "key": k,
+                "since_boottime_ms": 1
+            })
+        })
+        .collect();
+    let body = serde_json::json!({"leasehold_seen": 1, "entries": entries});
+    let src = cs.dir.join("forged-seen");
+    fs::write(&src, serde_json::to_vec_pretty(&body).unwrap()).unwrap();
+    harness::chmod(&src, 0o644);
+    for target in seen_names(w, lock) {
+        w.sh(
+            Who::User(&w.b),
+            0o002,
+            "cp \"$1\" \"$2.forged\" && mv -f \"$2.forged\" \"$2\"",
+            &[s(&src), s(&target)],
+        );
+    }
+}
+
+/// A forged observation file (written by group member B, claiming this host has seen the current
+/// heartbeat since boot) does not get member A's healthy same-host holder judged hung: root's
+/// and B's contenders (`-n`, `-w 2`, `break`) are refused, A's job keeps running and A keeps its
+/// lease.
+#[test]
+fn forged_observation_file_does_not_get_a_healthy_holder_killed() {
+    let test = "forged_observation_file_does_not_get_a_healthy_holder_killed";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let mut holder = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &args(&cs.hold_args(&["--ttl", "1s"], &lock, "a")),
+    );
+    cs.wait_entered("a", Duration::from_secs(20));
+    let job = cs.job_pid("a").unwrap();
+    let lease_id = read_lease(&lock)["lease_id"].clone();
+    for (who, a) in [
+        (Who::Root, vec!["run", "-n", s(&lock), "--", "true"]),
+        (Who::User(&w.b), vec!["run", "-n", s(&lock), "--", "true"]),
+        (Who::Root, vec!["run", "-w", "2", s(&lock), "--", "true"]),
+        (
+            Who::User(&w.b),
+            vec!["run", "-w", "2", s(&lock), "--", "true"],
+        ),
+        (Who::Root, vec!["break", s(&lock)]),
+    ] {
+        forge_seen(&w, &lock, &cs);
+        let o = w.run(who, 0o002, &a, Duration::from_secs(30));
+        f.check(o.code == 75, || {
+            format!(
+                "{} {a:?} with a forged observation: {}",
+                who.name(),
+                describe(&o)
+            )
+        });
+        f.check(
+            !harness::is_dead(job) && holder.child.try_wait().unwrap().is_none(),
+            || format!("{} {a:?}: A's holder or job was killed", who.name()),
+        );
+    }
+    let st = w.run(Who::Root, 0o022, &["status", "--json", s(&lock)], LONG);
+    f.check(st.stdout.contains("\"held\""), || {
+        format!("status with a forged observation: {}", st.stdout)
+    });
+    f.check(read_lease(&lock)["lease_id"] == lease_id, || {
+        "A's lease was replaced".into()
+    });
+    cs.release("a");
+    let o = holder.finish(LONG);
+    f.check(o.code == 0, || format!("A's holder: {}", describe(&o)));
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// A live holder on another host (played by the library with a foreign identity, renewing
+/// normally) is not broken by contenders of this host reading a forged observation file that
+/// claims they saw its heartbeat stand still since boot: over 1.5 of its TTLs every `-n` of root
+/// and of member A is refused, a `-w` runs out, `break` refuses, and the holder never loses its
+/// lease. (B's own contenders are not asked: B forging B's own observations only fools B, who
+/// could as well `break --force`.)
+#[test]
+fn forged_observation_file_does_not_break_a_live_foreign_holder() {
+    let test = "forged_observation_file_does_not_break_a_live_foreign_holder";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let foreign = foreign_identity();
+    // A member makes the lock, so the helper files are what the group's own use makes them.
+    let o = w.run(
+        Who::User(&w.b),
+        0o002,
+        &["run", s(&lock), "--", "true"],
+        LONG,
+    );
+    f.check(o.code == 0, || {
+        format!("B creating the lock: {}", describe(&o))
+    });
+    let ttl = Duration::from_secs(2);
+    let guard = leasehold::LeaseBuilder::new(&lock)
+        .ttl(ttl)
+        .identity(foreign)
+        .try_acquire()
+        .expect("the foreign holder takes the free lock");
+    let lease_id = read_lease(&lock)["lease_id"].clone();
+    let start = Instant::now();
+    let mut attempts = 0;
+    let mut broken = false;
+    while !broken && start.elapsed() < ttl * 3 / 2 {
+        for who in [Who::Root, Who::User(&w.a)] {
+            forge_seen(&w, &lock, &cs);
+            let o = w.run(
+                who,
+                0o002,
+                &["run", "-n", s(&lock), "--", "true"],
+                Duration::from_secs(30),
+            );
+            attempts += 1;
+            if o.code == 0 {
+                f.check(false, || {
+                    format!(
+                        "{}'s -n at {:?} broke the live foreign holder: {}",
+                        who.name(),
+                        start.elapsed(),
+                        describe(&o)
+                    )
+                });
+                broken = true;
+                break;
+            }
+            f.check(o.code == 75, || {
+                format!(
+                    "{}'s -n at {:?} against a live foreign holder: {}",
+                    who.name(),
+                    start.elapsed(),
+                    describe(&o)
+                )
+            });
+        }
+    }
+    forge_seen(&w, &lock, &cs);
+    let o = w.run(
+        Who::Root,
+        0o002,
+        &["run", "-w", "3", s(&lock), "--", "true"],
+        LONG,
+    );
+    f.check(o.code == 75, || format!("root's -w 3: {}", describe(&o)));
+    forge_seen(&w, &lock, &cs);
+    let o = w.run(Who::Root, 0o002, &["break", s(&lock)], LONG);
+    f.check(o.code == 75, || format!("root's break: {}", describe(&o)));
+    f.check(!guard.is_lost(), || {
+        "the foreign holder lost its lease".into()
+    });
+    f.check(read_lease(&lock)["lease_id"] == lease_id, || {
+        "the foreign holder's lease was replaced".into()
+    });
+    eprintln!(
+        "{test}: {attempts} one-shot attempts over {:?}",
+        start.elapsed()
+    );
+    drop(guard);
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// A silent holder on another host (a lease whose heartbeat never moves) with a forged
+/// observation file claiming this host has seen it stand still since boot: root's one-shot
+/// `run -n` calls are refused until root itself has watched it for a full TTL, and then one of
+/// them takes it over (within the TTL plus 3 s) — the forgery neither shortens the TTL nor, by
+/// squatting root's observation file, keeps the dead lease from ever going stale.
+#[test]
+fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
+    let test = "forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let o = w.run(
+        Who::User(&w.b),
+        0o002,
+        &["run", s(&lock), "--", "true"],
+        LONG,
+    );
+    f.check(o.code == 0, || {
+        format!("B creating the lock: {}", describe(&o))
+    });
+    let far = foreign_identity();
+    let now = leasehold::format_rfc3339(std::time::SystemTime::now());
+    let ttl = Duration::from_millis(1500);
+    let bytes = leasehold::Lease {
+        state: leasehold::LeaseState::Held,
+        heartbeat_seq: 1,
+        heartbeat_at: now.clone(),
+        lease_id: "0123456789abcdef0123456789abcdef".into(),
+        token: 5,
+        ttl_ms: ttl.as_millis() as u64,
+        acquired_at: now,
+        holder: leasehold::Holder {
+            pid: 4242,
+            pid_start: 1,
+            child_pid: None,
+            child_start: None,
+            pgid: None,
+            host: far.host.clone(),
+            boot_id: far.boot_id.clone(),
+            pid_ns: 1,
+            uid: 0,
+            user: "root".into(),
+            command: vec!["far away".into()],
+            note: None,
+        },
+        ended: None,
+        damaged: false,
+    }
+    .to_bytes();
+    let staged = dir.join("staged-lease");
+    fs::write(&staged, &bytes).unwrap();
+    fs::rename(&staged, &lock).unwrap();
+    forge_seen(&w, &lock, &cs);
+    let start = Instant::now();
+    let mut tries = Vec::new();
+    let taken = loop {
+        let o = w.run(
+            Who::Root,
+            0o022,
+            &["run", "-n", s(&lock), "--", "true"],
+            Duration::from_secs(30),
+        );
+        let at = start.elapsed();
+        tries.push((at, o.code));
+        if o.code != 75 || at > ttl + Duration::from_secs(3) {
+            break (at, o);
+        }
+        // Pacing of a one-shot caller (cron-like), not synchronisation.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!(
+        "{test}: {} one-shot tries; first {:?}, last {:?}",
+        tries.len(),
+        tries.first(),
+        tries.last()
+    );
+    match taken {
+        (at, o) if o.code == 0 => {
+            eprintln!("{test}: taken over after {at:?}: {}", first_line(&o));
+            f.check(at >= ttl, || {
+                format!(
+                    "the dead foreign lease was taken over after {at:?}, before its TTL {ttl:?}"
+                )
+            });
+        }
+        (at, o) => f.check(false, || {
+            format!(
+                "the dead foreign lease was not taken over by root's one-shot calls within its \
+                 TTL {ttl:?} + 3 s (last after {at:?}): {}",
+                describe(&o)
+            )
+        }),
+    }
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6 and 7. The mutex or a ticket held by another user's process
+// ---------------------------------------------------------------------------------------------
+
+/// While user B's process holds the flock of the mutex file (`flock MUTEX sleep`), user A's
+/// `run` prints a wait line within about a second naming B's process and user, and `run -w 1`
+/// exits 75 after about a second naming them.
+#[test]
+fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
+    let test = "mutex_held_by_another_users_process_is_named_and_w_is_kept";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let o = w.run(
+        Who::User(&w.a),
+        0o002,
+        &["run", s(&lock), "--", "true"],
+        LONG,
+    );
+    assert_eq!(o.code, 0, "A creates the lock: {}", describe(&o));
+    let mutex = helper_names(&lock, &[])[0].1.clone();
+    let scratch = w.dir("scratch", 0o777, Who::Root);
+    let ready = scratch.join("flock-ready");
+    let mut sq = harness::Proc::spawn(
+        w.cmd(
+            Who::User(&w.b),
+            0o002,
+            Path::new("flock"),
+            &[
+                s(&mutex),
+                "sh",
+                "-c",
+                "touch \"$0\"; exec sleep 120",
+                s(&ready),
+            ],
+        ),
+        "B's flock on the mutex",
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(10), || ready.exists()),
+        "B's flock did not take the mutex: {}",
+        sq.stderr_so_far()
+    );
+    let pid = sq.pid().to_string();
+    let names = |l: &str| l.contains(&pid) && l.contains(&w.b.name);
+
+    let mut waiter = w.spawn(Who::User(&w.a), 0o002, &["run", s(&lock), "--", "true"]);
+    let line = waiter.wait_line(Duration::from_secs(5), names);
+    eprintln!("{test}: A's wait line: {line:?}");
+    f.check(
+        line.as_ref()
+            .is_some_and(|(_, t)| *t < Duration::from_millis(2500)),
+        || {
+            format!(
+                "A's run printed no line naming B's pid {pid} and user {} within about a second: \
+             {line:?}, stderr: {:?}",
+                w.b.name,
+                waiter.stderr_so_far()
+            )
+        },
+    );
+    f.check(waiter.child.try_wait().unwrap().is_none(), || {
+        format!(
+            "A's run (no -w) did not keep waiting: {:?}",
+            waiter.stderr_so_far()
+        )
+    });
+    waiter.kill();
+
+    let o = w.run(
+        Who::User(&w.a),
+        0o002,
+        &["run", "-w", "1", s(&lock), "--", "true"],
+        Duration::from_secs(20),
+    );
+    f.check(
+        o.code == 75
+            && o.took >= Duration::from_millis(900)
+            && o.took < Duration::from_secs(4)
+            && names(&o.stderr),
+        || {
+            format!(
+                "A's run -w 1 against B's mutex holder (pid {pid}): {}",
+                describe(&o)
+            )
+        },
+    );
+    sq.kill();
+    by.assert_untouched();
+    f.done(test);
+}
+
+/// User B plants a ticket in the queue directory and keeps it alive (holds its flock and
+/// rewrites its beat): user A's waiter names that pid and user in its wait line and gives up at
+/// its `-w` with 75, its command not run; A's `-n` is refused.
+#[test]
+fn beating_ticket_of_another_user_is_named_and_w_is_kept() {
+    let test = "beating_ticket_of_another_user_is_named_and_w_is_kept";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    // Let leasehold make its queue directory: A holds, A waits.
+    let mut h = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &args(&cs.hold_args(&[], &lock, "h")),
+    );
+    cs.wait_entered("h", Duration::from_secs(20));
+    let mut q = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &args(&cs.run_args(&["-w", "20"], &lock, "q", 1)),
+    );
+    let line = q.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+    assert!(
+        line.is_some(),
+        "A's second run did not wait: {}",
+        q.stderr_so_far()
+    );
+    cs.release("h");
+    assert_eq!(h.finish(LONG).code, 0);
+    assert_eq!(q.finish(LONG).code, 0);
+    let queue = queue_dir(&lock);
+    let ticket = queue.join("q-00000000000000000001");
+    let host = leasehold::Identity::current().host;
+    let ready = cs.dir.join("ticket-ready");
+    let script = r#"f=$0 ready=$1 host=$2 user=$3
+n=0
+while :; do
+  n=$((n+1))
+  printf '{"seq":1,"pid":%d,"host":"%s","user":"%s","since":"2026-01-01T00:00:00.000000Z","command":["planted"],"beat":%20d}\n' "$PPID" "$host" "$user" "$n" 1<>"$f"
+  [ -e "$ready" ] || touch "$ready"
+  sleep 0.1
+done"#;
+    let mut b = harness::Proc::spawn(
+        w.cmd(
+            Who::User(&w.b),
+            0o002,
+            Path::new("flock"),
+            &[
+                s(&ticket),
+                "sh",
+                "-c",
+                script,
+                s(&ticket),
+                s(&ready),
+                &host,
+                &w.b.name,
+            ],
+        ),
+        "B's beating ticket",
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(10), || ready.exists()),
+        "B could not plant a ticket in {} (mode {:o}): {}",
+        queue.display(),
+        fs::metadata(&queue).map(|m| m.mode()).unwrap_or(0),
+        b.stderr_so_far()
+    );
+    let pid = b.pid().to_string();
+    let names = |l: &str| l.contains(&pid) && l.contains(&w.b.name);
+    let marker = cs.dir.join("a-ran");
+    let mut a = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &["run", "-w", "3", s(&lock), "--", "touch", s(&marker)],
+    );
+    let line = a.wait_line(Duration::from_secs(5), names);
+    eprintln!("{test}: A's wait line: {line:?}");
+    let o = a.finish(Duration::from_secs(20));
+    f.check(line.is_some(), || {
+        format!(
+            "A's waiter did not name B's ticket (pid {pid}, user {}): {}",
+            w.b.name,
+            describe(&o)
+        )
+    });
+    f.check(
+        o.code == 75
+            && o.took >= Duration::from_millis(2500)
+            && o.took < Duration::from_secs(8)
+            && !marker.exists(),
+        || format!("A's -w 3 behind B's live ticket: {}", describe(&o)),
+    );
+    let o = w.run(
+        Who::User(&w.a),
+        0o002,
+        &["run", "-n", s(&lock), "--", "touch", s(&marker)],
+        Duration::from_secs(20),
+    );
+    f.check(o.code == 75 && !marker.exists(), || {
+        format!("A's -n with B's live ticket queued: {}", describe(&o))
+    });
+    f.check(b.child.try_wait().unwrap().is_none(), || {
+        "B's ticket holder died".into()
+    });
+    b.kill();
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Squatted helper names
+// ---------------------------------------------------------------------------------------------
+
+/// A directory, a FIFO or a UNIX socket of user B at a helper name: user A's runs — on a free
+/// lock, against a live foreign holder (A observes it), and queued behind user C — are refused
+/// with 65 or 77 naming the path and its owner (or, where a run can do without that name, end as
+/// they would have), never exit 70, never hang; the squatter is unchanged. At the mutex name a
+/// refusal is required.
+#[test]
+fn squatted_helper_names_are_refused_clearly() {
+    let test = "squatted_helper_names_are_refused_clearly";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let probe = w.base.join("job.lock");
+    let mut n = 0;
+    let mut names: Vec<(String, PathBuf)> = helper_names(&probe, &[w.a.uid])
+        .into_iter()
+        .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
+        .collect();
+    let qrel = queue_dir(&probe)
+        .strip_prefix(&w.base)
+        .unwrap()
+        .to_path_buf();
+    names.push(("queue directory".into(), qrel));
+    for (label, rel) in names {
+        for kind in ["directory", "FIFO", "socket"] {
+            if label == "queue directory" && kind == "directory" {
+                continue;
+            }
+            n += 1;
+            let dir = w.dir(&format!("sq-{n}"), 0o2775, Who::Root);
+            let lock = dir.join("job.lock");
+            let squat = dir.join(&rel);
+            if let Some(parent) = squat.parent().filter(|p| *p != dir) {
+                w.sh(Who::User(&w.b), 0o002, "mkdir \"$1\"", &[s(parent)]);
+            }
+            match kind {
+                "directory" => w.sh(Who::User(&w.b), 0o002, "mkdir \"$1\"", &[s(&squat)]),
+                "FIFO" => w.sh(Who::User(&w.b), 0o002, "mkfifo \"$1\"", &[s(&squat)]),
+                _ => {
+                    let l = std::os::unix::net::UnixListener::bind(&squat).unwrap();
+                    std::mem::forget(l);
+                    std::os::unix::fs::lchown(&squat, Some(w.b.uid), Some(w.gid)).unwrap();
+                }
+            }
+            let before = Snapshot::of(&squat);
+            let case = format!("{kind} of B at the {label}");
+            // Refused with the path and its owner — or, where the run could do without the
+            // name, it ended as it would have anyway (`codes`), never 70.
+            let judge = |f: &mut Failures, what: &str, codes: &[i32], o: &Outcome, ran: bool| {
+                eprintln!("{case}: A's {what}: {}", first_line(o));
+                let refused = matches!(o.code, 65 | 77)
+                    && names_path(&o.stderr, &squat)
+                    && (o.stderr.contains(&w.b.name) || o.stderr.contains(&w.b.uid.to_string()));
+                let worked = codes.contains(&o.code) && ran && label != "mutex";
+                f.check(refused || worked, || {
+                    format!(
+                        "{case}: A's {what}: expected 65/77 naming {} and {}{}: {}",
+                        squat.display(),
+                        w.b.name,
+                        if label == "mutex" {
+                            String::new()
+                        } else {
+                            format!(" (or {codes:?}, working around it)")
+                        },
+                        describe(o)
+                    )
+                });
+            };
+            let limit = Duration::from_secs(30);
+            // Free.
+            let id = format!("j{n}");
+            let o = w.run(
+                Who::User(&w.a),
+                0o002,
+                &args(&cs.run_args(&["-n"], &lock, &id, 1)),
+                limit,
+            );
+            judge(&mut f, "run -n, free", &[0], &o, cs.ended(&id));
+            // A live holder on another host: A observes it (its observation file).
+            if let Ok(guard) = leasehold::LeaseBuilder::new(&lock)
+                .ttl(Duration::from_secs(2))
+                .identity(foreign_identity())
+                .try_acquire()
+            {
+                let o = w.run(
+                    Who::User(&w.a),
+                    0o002,
+                    &["run", "-n", s(&lock), "--", "true"],
+                    limit,
+                );
+                judge(&mut f, "run -n, foreign holder", &[75], &o, true);
+                drop(guard);
+            }
+            // Contended: C holds, A queues behind (a ticket, a prepared lease).
+            let hid = format!("h{n}");
+            let mut holder = w.spawn(
+                Who::User(&w.c),
+                0o002,
+                &args(&cs.hold_args(&["--ttl", "2s"], &lock, &hid)),
+            );
+            if harness::wait_until(limit, || {
+                cs.entered(&hid) || holder.child.try_wait().unwrap().is_some()
+            }) && cs.entered(&hid)
+            {
+                let wid = format!("w{n}");
+                let mut waiter = w.spawn(
+                    Who::User(&w.a),
+                    0o002,
+                    &args(&cs.run_args(&["-w", "10", "--ttl", "2s"], &lock, &wid, 1)),
+                );
+                waiter.wait_line(limit, |l| l.contains("aiting"));
+                cs.release(&hid);
+                let ho = holder.finish(LONG);
+                f.check(ho.code == 0, || {
+                    format!("{case}: C's holder: {}", describe(&ho))
+                });
+                let o = waiter.finish(LONG);
+                judge(&mut f, "run -w 10, contended", &[0], &o, cs.ended(&wid));
+            } else {
+                let o = holder.finish(LONG);
+                eprintln!("{case}: C could not hold: {}", first_line(&o));
+            }
+            let now = Snapshot::of(&squat);
+            f.check(now == before, || {
+                format!(
+                    "{case}: the squatter changed: {:?} -> {:?}",
+                    before.entries, now.entries
+                )
+            });
+        }
+    }
+    cs.verify();
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Another user's remnant
+// ---------------------------------------------------------------------------------------------
+
+/// User A's job leaves a process in its process group when A's holder is SIGKILLed. User B's
+/// takeover does not run its job beside it: B is refused (75) with a message naming the process
+/// it cannot check or stop and what to do. Root's takeover kills the remnant (verified dead
+/// before root's job starts) and runs.
+#[test]
+fn other_users_remnant_is_never_left_running_beside_a_new_job() {
+    let test = "other_users_remnant_is_never_left_running_beside_a_new_job";
+    if harness::skip(test) {
+        return;
+    }
+    let w = World::new();
+    let mut by = Bystanders::start(&w);
+    let mut f = Failures::default();
+    let cs = Cs::new(&w.base, "cs");
+    let dir = w.dir("shared", 0o2775, Who::Root);
+    let lock = dir.join("job.lock");
+    let rfile = cs.dir.join("remnant");
+    let entered = cs.dir.join("a-entered");
+    let mut holder = w.spawn(
+        Who::User(&w.a),
+        0o002,
+        &[
+            "run",
+            "--ttl",
+            "2s",
+            s(&lock),
+            "--",
+            "sh",
+            "-c",
+            "sleep 300 & echo $! > \"$0\"; touch \"$1\"; wait",
+            s(&rfile),
+            s(&entered),
+        ],
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(20), || entered.exists()),
+        "A's job did not start: {}",
+        holder.stderr_so_far()
+    );
+    let remnant: i32 = fs::read_to_string(&rfile).unwrap().trim().parse().unwrap();
+    let rstart = harness::start_time(remnant);
+    holder.signal(Signal::SIGKILL);
+    assert_eq!(holder.finish(LONG).code, 137);
+    assert!(
+        !harness::is_dead(remnant),
+        "the remnant must outlive A's holder for this test"
+    );
+
+    // The job records whether the remnant was alive when it started.
+    let job = "if [ -r /proc/$1/stat ] && ! grep -q '^[0-9]* ([^)]*) [ZX]' /proc/$1/stat; \
+               then echo alive; else echo dead; fi > \"$0\"";
+    let r = remnant.to_string();
+    for (pre, label) in [(vec!["-n"], "-n"), (vec!["-w", "2"], "-w 2")] {
+        let saw = cs.dir.join(format!("b-saw{}", label.replace(' ', "")));
+        let mut a: Vec<&str> = vec!["run"];
+        a.extend(&pre);
+        a.extend([s(&lock), "--", "sh", "-c", job, s(&saw), &r]);
+        let o = w.run(Who::User(&w.b), 0o002, &a, Duration::from_secs(30));
+        eprintln!("{test}: B's {label}: {}", first_line(&o));
+        let said = fs::read_to_string(&saw).unwrap_or_default();
+        let msg = o.stderr.to_lowercase();
+        // Names the process, says it cannot be checked (or stopped), and what to do.
+        let explains = o.stderr.contains(&r)
+            && ["cannot", "can't", "not permitted"]
+                .iter()
+                .any(|k| msg.contains(k))
+            && ["as root", "kill", "break", "stop"]
+                .iter()
+                .any(|k| msg.contains(k));
+        f.check(
+            o.code == 75 && said.is_empty() && explains || o.code == 0 && said.trim() == "dead",
+            || {
+                format!(
+                    "B's {label} takeover beside A's remnant (pid {r}): job saw {:?}; expected 75 \
+                     naming the process and what to do: {}",
+                    said.trim(),
+                    describe(&o)
+                )
+            },
+        );
+    }
+    f.check(
+        harness::start_time(remnant) == rstart && !harness::is_dead(remnant),
+        || "B (without permission) cannot have killed the remnant; it is gone unexpectedly".into(),
+    );
+    // A blocking B waits, saying why, while the remnant lives — and runs once it is gone
+    // (here: stopped by its owner's admin), within its -w.
+    let saw = cs.dir.join("b-saw-waited");
+    let mut waiter = w.spawn(
+        Who::User(&w.b),
+        0o002,
+        &[
+            "run",
+            "-w",
+            "20",
+            s(&lock),
+            "--",
+            "sh",
+            "-c",
+            job,
+            s(&saw),
+            &r,
+        ],
+    );
+    let line = waiter.wait_line(Duration::from_secs(10), |l| l.contains("cannot be checked"));
+    f.check(line.is_some() && !saw.exists(), || {
+        format!(
+            "B's -w 20 should wait, naming the remnant it cannot check: {}",
+            waiter.stderr_so_far()
+        )
+    });
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(remnant), Signal::SIGKILL);
+    let o = waiter.finish(Duration::from_secs(30));
+    let said = fs::read_to_string(&saw).unwrap_or_default();
+    f.check(o.code == 0 && said.trim() == "dead", || {
+        format!(
+            "B's -w 20 once the remnant is gone: job saw {:?}: {}",
+            said.trim(),
+            describe(&o)
+        )
+    });
+    let saw = cs.dir.join("root-saw");
+    let o = w.run(
+        Who::Root,
+        0o022,
+        &["run", "-n", s(&lock), "--", "sh", "-c", job, s(&saw), &r],
+        Duration::from_secs(30),
+    );
+    let said = fs::read_to_string(&saw).unwrap_or_default();
+    f.check(o.code == 0 && said.trim() == "dead", || {
+        format!(
+            "root's takeover: the remnant was {:?} when root's job started: {}",
+            said.trim(),
+            describe(&o)
+        )
+    });
+    f.check(harness::is_dead(remnant), || {
+        "the remnant still runs".into()
+    });
+    by.assert_untouched();
+    f.done(test);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker itself
+// ---------------------------------------------------------------------------------------------
+
+/// The critical-section checker fails when two jobs are inside at once — whether the first is an
+/// ordinary job or one declared killed whose shell is still alive — so the suite's "no overlap"
+/// can fail. Runs the jobs directly, without leasehold (needs no root).
+#[test]
+fn critical_section_checker_reports_two_jobs_inside_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    for declare_killed in [false, true] {
+        let cs = Cs::new(tmp.path(), &format!("cs-{declare_killed}"));
+        let start = |a: Vec<String>| {
+            std::process::Command::new(&a[0])
+                .args(&a[1..])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let first = cs.hold_args(&[], Path::new("unused"), "first");
+        let mut x = start(first[first.iter().position(|a| a == "--").unwrap() + 1..].to_vec());
+        cs.wait_entered("first", Duration::from_secs(20));
+        if declare_killed {
+            cs.declare_killed("first");
+        }
+        let mut y = start(cs.job("second", 1, "0.01"));
+        assert!(y.wait().unwrap().success());
+        cs.release("first");
+        assert!(x.wait().unwrap().success());
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cs.verify()));
+        assert!(
+            caught.is_err(),
+            "the checker missed two jobs inside at once (first declared killed: {declare_killed})"
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! Helpers for tests of the command line: starting the real `leasehold` binary, reading the
+//! lease it writes, and a holder whose command runs until the test lets it finish.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use super::proc::Proc;
+use super::wait::ensure_within;
+
+/// The binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leasehold"))
+}
+
+/// A `leasehold` command in its own process group (so that a developer's terminal never gets
+/// involved: without a foreground terminal leasehold runs its command in the no-terminal mode),
+/// with stdin closed.
+pub fn lh() -> Command {
+    let mut c = Command::new(bin());
+    c.process_group(0).stdin(Stdio::null());
+    c
+}
+
+/// The same, wrapped for assert_cmd assertions.
+pub fn lh_assert() -> assert_cmd::Command {
+    assert_cmd::Command::from_std(lh())
+}
+
+/// Assertions on captured stderr.
+pub trait StderrHas {
+    /// Asserts that stderr contains `needle`.
+    fn stderr_has(self, needle: &str) -> Self;
+}
+
+impl StderrHas for assert_cmd::assert::Assert {
+    #[track_caller]
+    fn stderr_has(self, needle: &str) -> Self {
+        let err = String::from_utf8_lossy(&self.get_output().stderr).into_owned();
+        assert!(err.contains(needle), "stderr lacks {needle:?}:\n{err}");
+        self
+    }
+}
+
+/// The lease in LOCK as JSON, if it parses.
+pub fn lease(lock: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&fs::read(lock).ok()?).ok()
+}
+
+/// Waits until the lease in LOCK names a running command; returns (wrapper pid, child pid, pgid).
+#[track_caller]
+pub fn wait_for_child(lock: &Path) -> (i32, i32, i32) {
+    let mut out = None;
+    ensure_within(
+        "the lease to name the command",
+        Duration::from_secs(10),
+        || {
+            let Some(l) = lease(lock) else { return false };
+            if l["state"] != "held" {
+                return false;
+            }
+            let h = &l["holder"];
+            match (
+                h["pid"].as_i64(),
+                h["child_pid"].as_i64(),
+                h["pgid"].as_i64(),
+            ) {
+                (Some(p), Some(c), Some(g)) => {
+                    out = Some((p as i32, c as i32, g as i32));
+                    true
+                }
+                _ => false,
+            }
+        },
+    );
+    out.expect("set by the poll")
+}
+
+/// A waiting `leasehold run` holder whose command runs until the test removes `release`:
+/// `touch ready; while [ -e release ]; do sleep 0.02; done`.
+pub struct Holder {
+    pub kid: Proc,
+    pub release: PathBuf,
+}
+
+impl Holder {
+    /// Starts a holder of `lock` with extra `run` flags and waits until its command runs.
+    pub fn start(lock: &Path, flags: &[&str]) -> Holder {
+        let dir = lock.parent().expect("lock has a directory");
+        let name = lock
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let ready = dir.join(format!("{name}.ready"));
+        let release = dir.join(format!("{name}.release"));
+        let _ = fs::remove_file(&ready);
+        fs::write(&release, "").expect("write release file");
+        let script = format!(
+            "touch '{}'; while [ -e '{}' ]; do sleep 0.02; done",
+            ready.display(),
+            release.display()
+        );
+        let kid = Proc::spawn(
+            lh().arg("run")
+                .args(flags)
+                .arg(lock)
+                .arg("-c")
+                .arg(script)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "holder",
+        );
+        ensure_within(
+            "the holder's command to start",
+            Duration::from_secs(10),
+            || ready.exists(),
+        );
+        Holder { kid, release }
+    }
+
+    /// Lets the command finish and returns the wrapper's exit status.
+    pub fn finish(&mut self) -> ExitStatus {
+        let _ = fs::remove_file(&self.release);
+        self.kid.wait_timeout(Duration::from_secs(10))
+    }
+}

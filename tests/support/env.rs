@@ -1,0 +1,51 @@
+//! What the environment offers: root, tools on PATH, and whether a missing one skips the test
+//! (a developer's machine) or fails it (CI, where `.ci/run` exports `CI=true`).
+
+/// True when running under CI (`CI` set to anything but empty, `0` or `false`).
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// When `missing` is true: in CI, fail; otherwise print the reason and return true (skip).
+#[track_caller]
+pub fn skip(missing: bool, why: &str) -> bool {
+    if !missing {
+        return false;
+    }
+    let at = std::panic::Location::caller();
+    if ci() {
+        panic!("required in CI but missing ({at}): {why}");
+    }
+    eprintln!("SKIP ({at}): {why}");
+    true
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Skips unless root (and fails in CI, which runs as root).
+#[track_caller]
+pub fn need_root() -> bool {
+    skip(!is_root(), "needs root (mounts, namespaces, other users)")
+}
+
+/// Whether `tool` is on PATH.
+pub fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+/// Skips (fails in CI) when one of `tools` is not on PATH.
+#[track_caller]
+pub fn need_tools(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !have(t)).collect();
+    skip(
+        !missing.is_empty(),
+        &format!(
+            "missing tools: {} (Debian: util-linux, mount, coreutils, passwd)",
+            missing.join(", ")
+        ),
+    )
+}
