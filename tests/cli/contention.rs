@@ -289,7 +289,18 @@ fn break_refuses_a_live_lease_unless_named_or_forced() {
         .arg(&lock)
         .assert()
         .code(75);
-    assert!(alive(child), "a refused break must not touch the command");
+    // A fence would show within a heartbeat: wait for the holder's next renewal, then look.
+    wait_for_renewal(&lock, Duration::from_secs(1));
+    assert!(
+        running(child),
+        "a refused break must not touch the command (state {:?})",
+        proc_state(child)
+    );
+    assert_eq!(
+        lease(&lock).expect("lease")["lease_id"].as_str(),
+        Some(id.as_str()),
+        "a refused break must leave the lease"
+    );
     // The right id: broken; the holder fences its command and exits 74.
     lh_assert()
         .args(["break", "--lease-id", &id])

@@ -61,6 +61,8 @@ fn break_stale_refuse_live_and_break_by_lease_id() {
         after.len(),
         "refused breaks must not rewrite the lease"
     );
+    // A loss would show at the holder's next renewal: wait for one, then look.
+    support::wait_for_renewal(&live, ttl);
     assert!(
         holder.try_line("LOST", Duration::from_millis(50)).is_err(),
         "holder lost without a break"

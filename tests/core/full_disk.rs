@@ -56,8 +56,7 @@ fn leftovers(dir: &Path) -> Vec<String> {
 
 #[test]
 fn lease_keeps_renewing_on_a_full_file_system() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: needs root to mount a tmpfs (run as root, as CI does)");
+    if crate::support::need_root() {
         return;
     }
     let base = tempfile::tempdir().unwrap();

@@ -51,8 +51,7 @@ fn frozen_mutex_holder(lock: &std::path::Path) -> Frozen {
 
 #[test]
 fn a_frozen_mutex_holder_is_killed_after_a_ttl() {
-    if Command::new("python3").arg("-V").output().is_err() {
-        eprintln!("skipping: needs python3");
+    if crate::support::need_tools(&["python3"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -78,8 +77,7 @@ fn a_frozen_mutex_holder_is_killed_after_a_ttl() {
 
 #[test]
 fn a_deadline_is_kept_while_the_mutex_is_stuck() {
-    if Command::new("python3").arg("-V").output().is_err() {
-        eprintln!("skipping: needs python3");
+    if crate::support::need_tools(&["python3"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -1,12 +1,12 @@
 //! Breaks that never overlap, and signals only on evidence bound to this lock:
 //! - `break --force` / `break --lease-id` of a live `leasehold run` holder revokes its lease: a
-//!   contender started right after the break runs only once the old job is gone (an `O_EXCL`
-//!   marker held by each job for its whole run), and the old run exits 74;
+//!   contender started right after the break runs only once the old job is gone (both jobs are
+//!   checked by the shared critical-section checker, `support::cs`), and the old run exits 74;
 //! - a revoked lease of a foreign holder blocks a contender for a TTL from the break;
 //! - a lease copied from another lock, and forged leases naming the contender's own process
 //!   group or its parent, get nobody signalled;
-//! - `break --force` replaces a forged lease naming pid 1 (or an unrelated process) at once,
-//!   signalling nothing;
+//! - `break --force` replaces a forged lease naming pid 1 (or an unrelated process of the
+//!   test's own, which would die of a signal or show a stop) at once, signalling nothing;
 //! - (root) a stale lease whose remnant runs as another user is refused by a non-root
 //!   contender ("cannot be checked", exit 75, remnant left alive) and stopped, verified, by root.
 
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::support::Proc;
+use crate::support::{Cs, Proc};
 use leasehold::{BreakMode, Identity, LeaseBuilder, LeaseState, State};
 
 fn lh() -> Command {
@@ -98,28 +98,7 @@ fn forged(pid: i32, start: u64, pgid: Option<i32>, ttl: Duration) -> Vec<u8> {
 }
 
 fn start_of(pid: i32) -> u64 {
-    leasehold::process::stat(pid)
-        .unwrap()
-        .expect("process exists")
-        .start
-}
-
-/// A job that holds `marker` (created O_EXCL) for as long as it runs and removes it when told
-/// to stop (SIGTERM); the job after it fails loudly if it finds the marker.
-fn marker_job(marker: &Path, ready: &Path) -> String {
-    format!(
-        "set -C; : > '{m}' || {{ echo 'OVERLAP: marker exists at start' >&2; exit 99; }}; \
-         trap 'rm -f \"{m}\"; exit 0' TERM; touch '{r}'; while :; do sleep 0.02; done",
-        m = marker.display(),
-        r = ready.display()
-    )
-}
-
-fn next_job(marker: &Path) -> String {
-    format!(
-        "set -C; : > '{m}' || {{ echo 'OVERLAP: the old job still runs' >&2; exit 99; }}; rm -f '{m}'",
-        m = marker.display()
-    )
+    support::start_time(pid).expect("process exists")
 }
 
 #[test]
@@ -127,17 +106,16 @@ fn break_force_and_lease_id_of_a_live_run_never_let_the_next_job_overlap_it() {
     for by_id in [false, true] {
         let d = tempfile::tempdir().unwrap();
         let lock = d.path().join("job.lock");
-        let (marker, ready) = (d.path().join("marker"), d.path().join("ready"));
+        let cs = Cs::new(d.path(), "cs");
         let mut old = Proc::spawn(
-            lh().args(["run", "--ttl", "3s"])
-                .arg(&lock)
-                .args(["--", "sh", "-c"])
-                .arg(marker_job(&marker, &ready))
+            lh().args(cs.hold_args(&["--ttl", "3s"], &lock, "old"))
                 .stderr(Stdio::piped()),
             "old run",
         );
         let (id, child, _) = wait_for_child(&lock);
-        assert!(support::wait_until(Duration::from_secs(10), || ready.exists()));
+        cs.wait_entered("old", Duration::from_secs(10));
+        // The break fences the old job: its `inside` may be replaced once it is dead.
+        cs.declare_killed("old");
         let mut brk = lh();
         brk.arg("break");
         if by_id {
@@ -155,10 +133,7 @@ fn break_force_and_lease_id_of_a_live_run_never_let_the_next_job_overlap_it() {
         // A contender right after the break: it must wait for the old job to be gone.
         let t = Instant::now();
         let mut next = Proc::spawn(
-            lh().args(["run", "-q", "-w", "30s"])
-                .arg(&lock)
-                .args(["--", "sh", "-c"])
-                .arg(next_job(&marker))
+            lh().args(cs.run_args(&["-q", "-w", "30s"], &lock, "next", 1))
                 .stderr(Stdio::piped()),
             "next run",
         );
@@ -168,6 +143,9 @@ fn break_force_and_lease_id_of_a_live_run_never_let_the_next_job_overlap_it() {
         let st = next.wait_timeout(Duration::from_secs(30));
         let err = next.stderr();
         assert_eq!(support::code(st), 0, "next run: {err}");
+        let jobs = cs.verify();
+        assert_eq!(jobs.len(), 2, "both jobs entered: {jobs:?}");
+        assert!(cs.ended("next"), "the next job ran to its end");
         println!(
             "next job ran after the old one ended ({:?} after the break)",
             t.elapsed()
@@ -309,18 +287,19 @@ fn break_force_replaces_a_lease_naming_pid_1_or_an_unrelated_process_signalling_
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
     let mut victim = Proc::spawn(&mut c, "victim");
     let vp = victim.pid();
-    let init = leasehold::process::stat(1).unwrap().unwrap();
     let mut cases = vec![(
         "an unrelated process of ours",
         forged(vp, start_of(vp), Some(vp), ttl),
     )];
-    if support::is_root() {
-        // Forged as root's (pid 1's uid), as the lease naming it would be.
-        cases.push(("pid 1", forged(1, init.start, None, ttl)));
-    } else {
-        eprintln!(
-            "SKIP pid 1 case: not root, pid 1's /proc is unreadable (a revoke, not a release)"
-        );
+    // Forged as root's (pid 1's uid), as the lease naming it would be. Pid 1 ignores signals it
+    // has no handler for, so it cannot witness "nothing was signalled"; the victim of our own,
+    // in its own group and running as the same user, does.
+    if !support::skip(
+        !support::is_root(),
+        "the pid 1 case needs root (pid 1's /proc is unreadable otherwise)",
+    ) {
+        let init = support::start_time(1).expect("pid 1's start time");
+        cases.push(("pid 1", forged(1, init, None, ttl)));
     }
     for (what, bytes) in cases {
         let d = tempfile::tempdir().unwrap();
@@ -345,8 +324,11 @@ fn break_force_replaces_a_lease_naming_pid_1_or_an_unrelated_process_signalling_
             c
         });
         assert_eq!(code, 0, "{what}: the lock is not usable: {said}");
-        assert!(support::alive(vp), "{what}: the victim was signalled");
-        assert!(support::alive(1));
+        assert!(
+            victim.try_wait().is_none() && support::running(vp),
+            "{what}: the victim was signalled (state {:?})",
+            support::proc_state(vp)
+        );
     }
     victim.kill();
 }
@@ -380,8 +362,7 @@ fn as_uid(uid: u32, bin: &Path) -> Command {
 
 #[test]
 fn a_remnant_of_another_users_job_is_refused_unchecked_and_stopped_by_root() {
-    if !support::is_root() {
-        eprintln!("SKIP: needs root (to run the old job as nobody and a contender as uid 4242)");
+    if support::need_root() {
         return;
     }
     if support::need_tools(&["setpriv", "sh", "sleep"]) {
@@ -423,10 +404,7 @@ fn a_remnant_of_another_users_job_is_refused_unchecked_and_stopped_by_root() {
         !support::alive(child)
     }));
     assert!(support::alive(remnant));
-    assert_eq!(
-        leasehold::process::stat(remnant).unwrap().unwrap().pgrp,
-        pgid
-    );
+    assert_eq!(support::pgrp(remnant).expect("the remnant's group"), pgid);
     // A contender of another non-root uid cannot read the remnant's /proc: refused, not blind.
     let (code, said) = out({
         let mut c = as_uid(4242, &bin);

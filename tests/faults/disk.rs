@@ -354,7 +354,7 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
         .trim()
         .parse()
         .unwrap();
-    let pgid = leasehold::process::stat(cmd_pid).unwrap().unwrap().pgrp;
+    let pgid = support::pgrp(cmd_pid).expect("the command's group");
     // The wrapper records its command in the lease (a rename): watch the record that has it.
     let recorded = support::wait_until(Duration::from_secs(2), || {
         fs::read(&lock)
@@ -377,7 +377,7 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
     let exited = Instant::now();
     let err = stderr_of(&mut holder);
     assert_eq!(support::code(st), 74, "{how}: leasehold run: {err}");
-    let left = leasehold::process::group_members(pgid);
+    let left = support::group(pgid);
     assert!(
         left.is_empty(),
         "{how}: fenced command's group still has {left:?}"

@@ -1,9 +1,12 @@
-//! Issue 5, fuzzing the lease parser under plain `cargo test` (cargo-fuzz needs nightly): the
+//! Fuzzing the lease parser under plain `cargo test` (cargo-fuzz needs nightly): the
 //! committed corpus (fuzz/corpus/lease_parse) plus a few thousand mutations of it (bit flips,
 //! truncations, splices, random insertions, digit and quote swaps) and random byte strings,
 //! each written to LOCK and judged with `leasehold::status`, the public entry point of the
 //! parser. Never a panic; only a verdict, "not a lease" or "newer format"; whitespace is free;
 //! a newer format is claimed only for JSON whose "leasehold" is above 1; LOCK never changes.
+//! Every outcome class must occur (a verdict, "free" for empty or white-space LOCK, "not a
+//! lease", "newer format"), and the mutations alone must reach all but "free": a parser that
+//! judged everything alike, or mutations that never got past it, would otherwise pass.
 
 use crate::support;
 
@@ -78,17 +81,23 @@ fn mutate(rng: &mut Rng, seeds: &[(String, Vec<u8>)]) -> Vec<u8> {
     b
 }
 
-fn check(lock: &Path, data: &[u8]) -> Result<(), String> {
+/// Outcome classes of `leasehold::status`.
+const CLASSES: [&str; 4] = ["verdict", "free", "not a lease", "newer format"];
+
+/// Judges `data` written to `lock`; returns its outcome class (an index into [`CLASSES`]).
+fn check(lock: &Path, data: &[u8]) -> Result<usize, String> {
     std::fs::write(lock, data).map_err(|e| e.to_string())?;
     let r = std::panic::catch_unwind(|| leasehold::status(lock));
     let r = r.map_err(|_| "status panicked".to_string())?;
-    match r {
+    let class = match r {
         Ok(v) => {
-            if data.iter().all(u8::is_ascii_whitespace) && v.state != leasehold::State::Free {
+            let blank = data.iter().all(u8::is_ascii_whitespace);
+            if blank && v.state != leasehold::State::Free {
                 return Err(format!("whitespace judged {v}"));
             }
+            if blank { 1 } else { 0 }
         }
-        Err(leasehold::Error::NotALease { .. }) => {}
+        Err(leasehold::Error::NotALease { .. }) => 2,
         Err(leasehold::Error::NewerFormat { found, .. }) => {
             let ok = serde_json::from_slice::<serde_json::Value>(data)
                 .ok()
@@ -97,13 +106,14 @@ fn check(lock: &Path, data: &[u8]) -> Result<(), String> {
             if !ok {
                 return Err(format!("claimed newer format {found}"));
             }
+            3
         }
         Err(e) => return Err(format!("unexpected error: {e}")),
-    }
+    };
     if std::fs::read(lock).map_err(|e| e.to_string())? != data {
         return Err("status changed LOCK".into());
     }
-    Ok(())
+    Ok(class)
 }
 
 #[test]
@@ -119,9 +129,13 @@ fn lease_parser_never_panics_on_corpus_and_mutations() {
     let next = Arc::new(Mutex::new(0usize));
     type Failures = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
     let failures: Failures = Arc::default();
+    // Per class: (corpus inputs, mutations) that fell in it.
+    let classes: Arc<Mutex<[(usize, usize); 4]>> = Arc::default();
+    let corpus_len = seeds.len();
     let threads: Vec<_> = (0..16)
         .map(|_| {
             let (inputs, next, failures) = (inputs.clone(), next.clone(), failures.clone());
+            let classes = classes.clone();
             std::thread::spawn(move || {
                 let dir = tempfile::tempdir().unwrap();
                 let lock: PathBuf = dir.path().join("job.lock");
@@ -132,8 +146,10 @@ fn lease_parser_never_panics_on_corpus_and_mutations() {
                         *n - 1
                     };
                     let Some(data) = inputs.get(i) else { break };
-                    if let Err(why) = check(&lock, data) {
-                        failures.lock().unwrap().push((why, data.clone()));
+                    match check(&lock, data) {
+                        Ok(c) if i < corpus_len => classes.lock().unwrap()[c].0 += 1,
+                        Ok(c) => classes.lock().unwrap()[c].1 += 1,
+                        Err(why) => failures.lock().unwrap().push((why, data.clone())),
                     }
                 }
             })
@@ -143,11 +159,18 @@ fn lease_parser_never_panics_on_corpus_and_mutations() {
         t.join().unwrap();
     }
     let failures = failures.lock().unwrap();
+    let classes = *classes.lock().unwrap();
+    let seen: Vec<String> = CLASSES
+        .iter()
+        .zip(classes)
+        .map(|(name, (c, m))| format!("{name}: corpus {c}, mutations {m}"))
+        .collect();
     println!(
-        "faults: fuzz smoke: inputs={} (corpus {} + {n} mutations) failures={}",
+        "faults: fuzz smoke: inputs={} (corpus {} + {n} mutations) failures={}; {}",
         inputs.len(),
         seeds.len(),
-        failures.len()
+        failures.len(),
+        seen.join("; ")
     );
     if let Some((why, data)) = failures.first() {
         let keep = std::env::temp_dir().join("leasehold-fuzz-failure");
@@ -157,6 +180,14 @@ fn lease_parser_never_panics_on_corpus_and_mutations() {
             failures.len(),
             keep.display(),
             String::from_utf8_lossy(data)
+        );
+    }
+    for (i, (name, (c, m))) in CLASSES.iter().zip(classes).enumerate() {
+        assert!(c + m > 0, "no input was judged `{name}`: {seen:?}");
+        // "free" needs an all-white-space LOCK, which random mutations do not make.
+        assert!(
+            CLASSES[i] == "free" || m > 0,
+            "no mutation was judged `{name}`: {seen:?}"
         );
     }
 }

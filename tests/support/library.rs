@@ -345,3 +345,30 @@ impl CsReport {
             .unwrap_or_default()
     }
 }
+
+/// Waits (at most `limit`) until the lease in `lock` shows a renewal its holder made after this
+/// call: its `heartbeat_seq` moves past the value read now, under the same lease id. A negative
+/// check ("the holder did not lose its lease", "the command was not touched") made after this
+/// has given the failure a heartbeat to appear.
+#[track_caller]
+pub fn wait_for_renewal(lock: &Path, limit: Duration) {
+    let key = |v: serde_json::Value| {
+        Some((
+            v["lease_id"].as_str()?.to_string(),
+            v["heartbeat_seq"].as_u64()?,
+        ))
+    };
+    let (id, seq) = raw_lease(lock)
+        .and_then(key)
+        .expect("a lease with an id and a heartbeat sequence");
+    let renewed = super::wait::wait_until(limit, || {
+        raw_lease(lock)
+            .and_then(key)
+            .is_some_and(|(i, s)| i == id && s > seq)
+    });
+    assert!(
+        renewed,
+        "the holder of {} did not renew lease {id} (seq {seq}) within {limit:?}",
+        lock.display()
+    );
+}
