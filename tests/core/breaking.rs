@@ -1,4 +1,4 @@
-//! Breaking a lease by hand (issue 2, `break`): a stale lease is broken without confirmation; a
+//! Breaking a lease by hand (`break`): a stale lease is broken without confirmation; a
 //! live one is refused without it (stale-only mode, or a wrong lease id) and left as it was; a
 //! live one named by its lease id is revoked — not free while its holder lives — and its holder,
 //! a separate process, finds its guard lost; its release then frees the lock. Every break keeps the token, records who broke it, and the next holder's token is

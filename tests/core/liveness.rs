@@ -1,4 +1,4 @@
-//! Liveness verdicts with real processes (issue 2, "Done when" 3, 4 and 5).
+//! Liveness verdicts with real processes.
 //!
 //! - PID reuse: a lease naming a live PID with another start time is stale at once; with the
 //!   right start time it is held.

@@ -1,4 +1,4 @@
-//! Refusals (issue 2, "Done when" 8): a LOCK that is not a leasehold lease — other text, binary
+//! Refusals: a LOCK that is not a leasehold lease — other text, binary
 //! data, a symlink to another file, a directory, a FIFO, a lease of a newer format — is refused
 //! by `try_acquire` (and by `status` and `break_lease`) with `NotALease`/`NewerFormat` (exit code
 //! 65) naming the path, without hanging on the FIFO, and is left byte-for-byte untouched

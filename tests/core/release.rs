@@ -1,4 +1,4 @@
-//! Releasing (issue 2, shaped by issue 4's handoff): with nobody waiting, the released record
+//! Releasing: with nobody waiting, the released record
 //! says how the job ended; with a waiter queued, the lease is released in place (its file's
 //! released bit) and the waiter takes it; a release never writes into (or marks) a LOCK whose
 //! bytes are no longer our lease, even when it was rewritten in place (same inode); and the

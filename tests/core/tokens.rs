@@ -1,4 +1,4 @@
-//! Fencing tokens survive LOCK being emptied, replaced or deleted (issue 2, tokens): acquire and
+//! Fencing tokens survive LOCK being emptied, replaced or deleted: acquire and
 //! release a few times, then truncate LOCK to 0 bytes (`truncate -s 0`), replace it with an empty
 //! file, or delete it: every next acquisition still gets a token greater than all before, across
 //! separate processes.

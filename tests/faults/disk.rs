@@ -1,4 +1,4 @@
-//! Issue 5, storage faults, on a private tmpfs (root only):
+//! Storage faults, on a private tmpfs (root only):
 //! - full disk: a holder keeps its lease (renewals in place) for ≥ 3 TTLs on a 100 % full file
 //!   system and still leaves a lease every contender judges free; a new acquisition fails with
 //!   a clear "no space" error (exit 73) and leaves no LOCK and no temp file behind;

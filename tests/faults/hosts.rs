@@ -1,4 +1,4 @@
-//! Issue 5, "other hosts" (root, unshare): holders in their own UTS + PID + mount namespaces,
+//! "Other hosts" (root, unshare): holders in their own UTS + PID + mount namespaces,
 //! with their own host names and /dev/shm, sharing the lock directory with this "host".
 //! - A live foreign holder is never broken over ≥ 5 TTLs, although its PID does not exist here
 //!   and its host name is even the same as ours (a different PID namespace is another host).

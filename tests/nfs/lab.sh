@@ -1,5 +1,5 @@
 #!/bin/bash
-# Real-NFS lab for leasehold (issue 7): nfs-ganesha on 127.0.0.1 + two QEMU (TCG) guests,
+# Real-NFS lab for leasehold: nfs-ganesha on 127.0.0.1 + two QEMU (TCG) guests,
 # "hosta" and "hostb", each a real Linux NFS client of the same export.
 #
 #   lab.sh setup                  install/download/unpack everything (idempotent, cached)
