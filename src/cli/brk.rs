@@ -5,8 +5,8 @@
 //! (the library enforces it; this file only chooses the mode).
 
 use crate::cli::args::BreakArgs;
-use crate::cli::report;
-use crate::{BreakMode, break_lease};
+use crate::cli::{exit, report};
+use leasehold::{BreakMode, break_lease};
 
 /// Runs `leasehold break` and returns the exit status (75 when refused).
 pub(super) fn brk(a: &BreakArgs) -> i32 {
@@ -24,7 +24,7 @@ pub(super) fn brk(a: &BreakArgs) -> i32 {
         }
         Err(e) => {
             say!("{}", report::error_line(&e));
-            e.exit_code()
+            exit::exit_code(&e)
         }
     }
 }

@@ -11,8 +11,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::text::{self, escape, escape_path, scrub};
-use crate::{Broken, Error, Frees, LeaseState, State, Verdict, human_duration};
+use leasehold::text::{self, escape, escape_path, scrub};
+use leasehold::{Broken, Error, Frees, LeaseState, State, Verdict, human_duration};
 
 /// `leasehold: <error>`.
 pub fn error_line(e: &Error) -> String {
@@ -156,7 +156,7 @@ pub fn fenced_line(cmd: &str, reason: &str, lock: &Path, survivors: usize) -> St
 }
 
 /// `leasehold: acquired LOCK (token N, lease id ID, TTL .., heartbeat .., grace ..)` (`-v`).
-pub fn acquired_line(g: &crate::LeaseGuard) -> String {
+pub fn acquired_line(g: &leasehold::LeaseGuard) -> String {
     let t = g.timing();
     format!(
         "leasehold: acquired {} (token {}, lease id {}, TTL {}, heartbeat {}, grace {})",
