@@ -8,6 +8,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::guard::TimingError;
 use crate::verdict::Verdict;
 
 /// Everything that can go wrong while taking, renewing, judging or releasing a lease.
@@ -90,6 +91,9 @@ pub enum Error {
     /// Settings that cannot work together.
     #[error("invalid settings: {0}")]
     Settings(String),
+    /// A TTL, heartbeat and grace that cannot work together.
+    #[error("invalid settings: {0}")]
+    Timing(TimingError),
     /// The lock path itself cannot be used (no file name, parent missing, ...).
     #[error("{path}: {why}")]
     BadPath {

@@ -62,7 +62,7 @@ mod wait;
 pub use builder::LeaseBuilder;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
 pub use error::{Error, Result};
-pub use guard::{LeaseGuard, LossReason, Timing};
+pub use guard::{LeaseGuard, LossReason, Timing, TimingError};
 pub use identity::Identity;
 pub use paths::LockPaths;
 pub use queue::Waiting;

@@ -130,7 +130,7 @@ pub struct Broken {
 ///
 /// - A stale lease is replaced by a released record at once (token kept, who broke it and why
 ///   recorded), after stopping (verified SIGKILL) what its job left in its process group.
-/// - A live lease (`--lease-id` or `--force`) is **revoked**: the record keeps its lease id,
+/// - A live lease ([`BreakMode::LeaseId`] or [`BreakMode::Force`]) is **revoked**: the record keeps its lease id,
 ///   holder and token, with state `revoked` and who revoked it. Its holder fences at its next
 ///   renewal; the lock is not free until its processes are gone (same host) or each contender's
 ///   host has seen the revoked record unchanged for its TTL (other hosts): see [`Frees`].
@@ -186,7 +186,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     match &mode {
         BreakMode::Stale if v.state != State::Stale => {
             return Err(refuse(format!(
-                "refusing to break a live lease: {v}; name it with --lease-id {} or use --force",
+                "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
                 lease.lease_id
             )));
         }

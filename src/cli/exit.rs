@@ -42,7 +42,7 @@ pub fn exit_code(e: &Error) -> i32 {
         Error::WouldBlock { .. } | Error::Timeout { .. } | Error::MutexStuck { .. } => TEMPFAIL,
         Error::Refused { .. } => TEMPFAIL,
         Error::UnsafeFileSystem { .. } => CONFIG,
-        Error::Settings(_) | Error::NameTooLong { .. } => USAGE,
+        Error::Settings(_) | Error::Timing(_) | Error::NameTooLong { .. } => USAGE,
         Error::BadPath { .. } => NOINPUT,
         Error::Lost { .. } => IOERR_FENCED,
     }
