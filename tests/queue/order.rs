@@ -111,9 +111,10 @@ pub fn waiter_role() -> i32 {
             0
         }
         Err(e) => {
-            writeln!(f, "{name} error {}", e.exit_code()).unwrap();
+            let code = leasehold_cli::exit_code(&e);
+            writeln!(f, "{name} error {code}").unwrap();
             eprintln!("queue waiter {name}: {e}");
-            e.exit_code()
+            code
         }
     }
 }

@@ -367,7 +367,7 @@ pub fn hold_role() -> i32 {
         Ok(g) => g,
         Err(e) => {
             eprintln!("leasehold helper: {e}");
-            return e.exit_code();
+            return leasehold_cli::exit_code(&e);
         }
     };
     let section = cs_enter(g.token());
@@ -387,7 +387,7 @@ pub fn hold_role() -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("leasehold helper: release: {e}");
-            e.exit_code()
+            leasehold_cli::exit_code(&e)
         }
     }
 }

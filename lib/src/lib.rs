@@ -37,10 +37,9 @@
 #![deny(missing_docs)]
 
 mod builder;
-pub mod cli;
 mod clock;
 mod error;
-pub mod fsinfo;
+mod fsinfo;
 mod fsio;
 mod grave;
 mod guard;
@@ -49,19 +48,21 @@ mod lockdir;
 mod mutex;
 mod observe;
 mod paths;
+// Reading /proc: public for the `leasehold` command's supervisor and this workspace's tests;
+// not a stable API.
+#[doc(hidden)]
 pub mod process;
 mod queue;
 mod record;
 mod status;
-pub mod supervise;
 pub mod text;
 mod verdict;
 mod wait;
 
 pub use builder::LeaseBuilder;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
-pub use error::{Error, Result, exit};
-pub use guard::{LeaseGuard, LossReason, Timing};
+pub use error::{Error, Result};
+pub use guard::{LeaseGuard, LossReason, Timing, TimingError};
 pub use identity::Identity;
 pub use paths::LockPaths;
 pub use queue::Waiting;

@@ -83,9 +83,76 @@ pub struct Timing {
     pub margin: Duration,
 }
 
+/// Why a TTL, heartbeat and grace cannot work together ([`Error::Timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimingError {
+    /// The TTL is zero.
+    ZeroTtl,
+    /// The heartbeat interval is zero.
+    ZeroHeartbeat,
+    /// Heartbeat + grace + safety margin is not less than the TTL.
+    DoesNotFit {
+        /// The TTL.
+        ttl: Duration,
+        /// The heartbeat interval (given or defaulted).
+        heartbeat: Duration,
+        /// The grace (given or defaulted).
+        grace: Duration,
+        /// The safety margin (derived from the TTL).
+        margin: Duration,
+        /// Whether the heartbeat was given explicitly.
+        heartbeat_set: bool,
+        /// Whether the grace was given explicitly.
+        grace_set: bool,
+    },
+}
+
+impl TimingError {
+    /// The setting to change, by its neutral name: "the TTL", "the heartbeat", "the grace",
+    /// or "the heartbeat and the grace". A caller with its own names for the settings (the
+    /// `leasehold` command's flags) matches on the variant instead.
+    pub fn culprit(&self) -> &'static str {
+        match self {
+            TimingError::ZeroTtl => "the TTL",
+            TimingError::ZeroHeartbeat => "the heartbeat",
+            TimingError::DoesNotFit {
+                heartbeat_set,
+                grace_set,
+                ..
+            } => match (heartbeat_set, grace_set) {
+                (true, false) => "the heartbeat",
+                (false, true) => "the grace",
+                (true, true) => "the heartbeat and the grace",
+                (false, false) => "the TTL",
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for TimingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            TimingError::ZeroTtl | TimingError::ZeroHeartbeat => {
+                write!(f, "{} must be greater than zero", self.culprit())
+            }
+            TimingError::DoesNotFit {
+                ttl,
+                heartbeat,
+                grace,
+                margin,
+                ..
+            } => write!(
+                f,
+                "heartbeat {heartbeat:?} + grace {grace:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {} or lengthen the TTL",
+                self.culprit()
+            ),
+        }
+    }
+}
+
 impl Timing {
     /// Fills in defaults (heartbeat TTL/3, grace min(5s, TTL/4), margin max(20ms, TTL/20)) and
-    /// checks that explicit values fit. The error names the setting to change.
+    /// checks that explicit values fit. The error ([`TimingError`]) says which setting to change.
     ///
     /// ```
     /// use std::time::Duration;
@@ -100,26 +167,23 @@ impl Timing {
         grace: Option<Duration>,
     ) -> Result<Timing> {
         if ttl.is_zero() {
-            return Err(Error::Settings("--ttl must be greater than zero".into()));
+            return Err(Error::Timing(TimingError::ZeroTtl));
         }
         let margin = (ttl / 20).max(Duration::from_millis(20));
         let hb = heartbeat.unwrap_or(ttl / 3);
         let grace_v = grace.unwrap_or((ttl / 4).min(Duration::from_secs(5)));
         if hb.is_zero() {
-            return Err(Error::Settings(
-                "--heartbeat must be greater than zero".into(),
-            ));
+            return Err(Error::Timing(TimingError::ZeroHeartbeat));
         }
         if hb + grace_v + margin >= ttl {
-            let flag = match (heartbeat.is_some(), grace.is_some()) {
-                (true, false) => "--heartbeat",
-                (false, true) => "--grace",
-                (true, true) => "--heartbeat and --grace",
-                (false, false) => "--ttl",
-            };
-            return Err(Error::Settings(format!(
-                "{flag}: heartbeat {hb:?} + grace {grace_v:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {flag} or lengthen --ttl"
-            )));
+            return Err(Error::Timing(TimingError::DoesNotFit {
+                ttl,
+                heartbeat: hb,
+                grace: grace_v,
+                margin,
+                heartbeat_set: heartbeat.is_some(),
+                grace_set: grace.is_some(),
+            }));
         }
         Ok(Timing {
             ttl,
@@ -331,7 +395,7 @@ impl LeaseGuard {
         lock(&self.inner.record).lease.token
     }
 
-    /// The random id of this holding (32 hex digits), for `leasehold break --lease-id`.
+    /// The random id of this holding (32 hex digits), for breaking it by id ([`crate::BreakMode::LeaseId`]).
     pub fn lease_id(&self) -> String {
         lock(&self.inner.record).lease.lease_id.clone()
     }

@@ -313,6 +313,14 @@ impl JobEvidence {
     fn carries_lease(&self, pid: i32) -> Result<bool, String> {
         let path = format!("/proc/{pid}/environ");
         let env = fs::read(&path).map_err(|e| unreadable(&path, &e))?;
+        if env.is_empty() {
+            // A process in the middle of execve shows an empty environment for a moment (the
+            // kernel sets up the new one after it shows the new executable), and so does one
+            // started with `env -i`: neither is proof that it is not the job's.
+            return Err(format!(
+                "{path} is empty (the process is starting a program, or cleared its environment)"
+            ));
+        }
         let mut want_lock = b"LEASEHOLD_LOCK=".to_vec();
         want_lock.extend_from_slice(self.lock.as_os_str().as_bytes());
         let want_id = format!("LEASEHOLD_LEASE_ID={}", self.lease_id);
@@ -611,10 +619,12 @@ mod tests {
     }
 
     fn stat_when_execed(c: &std::process::Child) -> ProcStat {
-        // Environ is the initial environment of the exec'ed program: wait for the exec.
+        // Environ is the initial environment of the exec'ed program: wait for the exec to have
+        // set it up (the new executable shows in /proc before the new environment does).
         for _ in 0..2000 {
             if fs::read_link(format!("/proc/{}/exe", c.id()))
                 .is_ok_and(|p| p.to_string_lossy().ends_with("sleep"))
+                && fs::read(format!("/proc/{}/environ", c.id())).is_ok_and(|e| !e.is_empty())
             {
                 break;
             }
@@ -653,6 +663,35 @@ mod tests {
         assert!(matches!(verdicts.0, Evidence::NotOurs(_)), "{verdicts:?}");
         assert_eq!(verdicts.1, Evidence::Belongs);
         assert!(matches!(verdicts.2, Evidence::NotOurs(_)), "{verdicts:?}");
+    }
+
+    #[test]
+    fn an_empty_environment_is_cannot_tell_never_not_ours() {
+        // As a process in the middle of execve shows for a moment, or one run with `env -i`.
+        let mut c = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .env_clear()
+            .spawn()
+            .unwrap();
+        for _ in 0..2000 {
+            if fs::read_link(format!("/proc/{}/exe", c.id()))
+                .is_ok_and(|p| p.to_string_lossy().ends_with("sleep"))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let s = stat(c.id() as i32).unwrap().unwrap();
+        let ev = JobEvidence::new(
+            "0123456789abcdef0123456789abcdef",
+            nix::unistd::geteuid().as_raw(),
+            Path::new("/nonexistent/x.lock"),
+            Path::new("/nonexistent/.x.lock.leasehold-mutex"),
+        );
+        let verdict = ev.check(&s);
+        let _ = c.kill();
+        let _ = c.wait();
+        assert!(matches!(verdict, Evidence::Unknown(_)), "{verdict:?}");
     }
 
     #[test]
