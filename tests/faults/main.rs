@@ -13,9 +13,11 @@ mod kill;
 mod ns;
 mod skew;
 
-/// Runs this binary as a worker when it was re-run as one (see `support::worker`); otherwise
-/// does nothing.
+/// The entry point of worker processes (see `support::worker`): the tests re-run this binary
+/// with `--exact worker --include-ignored` and a role. Ignored in a normal run, where it would
+/// check nothing.
 #[test]
+#[ignore = "entry point of worker processes, run by the tests themselves"]
 fn worker() {
     let mut roles = support::COMMON_ROLES.to_vec();
     roles.push(("kill-cli-trials", kill::cli_trials_role));

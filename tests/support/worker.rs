@@ -1,9 +1,9 @@
 //! The one worker protocol: a test binary re-runs itself as a worker process.
 //!
-//! Each test binary has, at its root, `#[test] fn worker()` calling [`run`] with the roles it
-//! offers (the shared ones of this module's callers plus its own). [`cmd`] builds the command
-//! `TEST-BINARY --exact worker --nocapture --test-threads=1 --quiet` with [`ROLE`] naming the
-//! role; in a normal run `ROLE` is unset and `worker` returns at once. A role is a function
+//! Each test binary has, at its root, an ignored `#[test] fn worker()` calling [`run`] with the
+//! roles it offers (the shared ones plus its own). [`cmd`] builds the command
+//! `TEST-BINARY --exact worker --include-ignored --nocapture --test-threads=1 --quiet` with
+//! [`ROLE`] naming the role (without [`ROLE`], `worker` returns at once). A role is a function
 //! returning the worker's exit status; a panic in it fails the `worker` test, so the process
 //! exits non-zero (101), never 0. Workers report facts to the test as stdout lines starting
 //! with a keyword (`READY`, `LOST`, `OUTCOME`, ...) or through files; everything else libtest
@@ -29,6 +29,7 @@ pub fn cmd(role: &str) -> Command {
     c.args([
         "--exact",
         "worker",
+        "--include-ignored",
         "--nocapture",
         "--test-threads=1",
         "--quiet",
