@@ -16,13 +16,14 @@ use crate::fsinfo;
 use crate::fsio;
 use crate::guard::{LeaseGuard, LossReason, LostCallback, Start, Timing};
 use crate::identity::Identity;
+use crate::judge::Judge;
 use crate::mutex::{self, MutexFile, MutexGuard, MutexWait, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, JobEvidence};
 use crate::queue::{self, Observed, Ticket};
 use crate::record::{Draft, Holder, Lease, LeaseState};
-use crate::verdict::{Judge, State, Verdict};
+use crate::verdict::{State, Verdict};
 use crate::wait::Waiter;
 
 type WaitCallback = Box<dyn FnMut(&Verdict) + Send>;

@@ -26,39 +26,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use serde::{Deserialize, Serialize};
 
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::identity::Identity;
 use crate::lockdir::{LockDir, Meta};
 use crate::paths::LockPaths;
+use crate::verdict::Waiting;
 
 const PREFIX: &str = "q-";
 const BEAT_W: usize = 20;
 const TAIL: &str = "}\n";
-
-/// What a ticket file says about its waiter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Waiting {
-    /// Position: smaller is served first.
-    #[serde(default)]
-    pub seq: u64,
-    /// The waiter's PID (in its own pid namespace).
-    pub pid: i32,
-    /// Host name of the waiter.
-    pub host: String,
-    /// User name of the waiter.
-    pub user: String,
-    /// Waiter's wall clock when it joined the queue.
-    pub since: String,
-    /// What it wants to run.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Incremented in place while the waiter lives.
-    #[serde(default)]
-    pub beat: u64,
-}
 
 /// Our own ticket: its file stays open and flocked until we leave the queue.
 #[derive(Debug)]

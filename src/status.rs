@@ -18,13 +18,14 @@ use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsio::{self, LockContent};
 use crate::identity::Identity;
+use crate::judge::Judge;
 use crate::mutex::{self, StuckPolicy};
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, Evidence};
 use crate::queue;
 use crate::record::{Ending, LeaseState};
-use crate::verdict::{Judge, State, Verdict};
+use crate::verdict::{State, Verdict};
 
 /// How long `status` and `break` wait for the mutex before reading without it.
 const LOOK_WAIT: Duration = Duration::from_secs(2);
