@@ -58,6 +58,7 @@ mod record;
 mod status;
 #[path = "../../src/supervise.rs"]
 pub mod supervise;
+mod takeover;
 pub mod text;
 mod verdict;
 mod wait;

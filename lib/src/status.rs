@@ -25,6 +25,7 @@ use crate::paths::LockPaths;
 use crate::process::{self, Evidence};
 use crate::queue;
 use crate::record::{Ending, LeaseState};
+use crate::takeover;
 use crate::verdict::{State, Verdict};
 
 /// How long `status` and `break` wait for the mutex before reading without it.
@@ -233,7 +234,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
             }
             Some(line) => out.unchecked = Some(line.clone()),
             None => {
-                out.stopped = crate::builder::stop_old_job(&v, &paths)
+                out.stopped = takeover::stop_old_job(&v, &paths)
                     .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
             }
         }
@@ -256,7 +257,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
             out.unchecked = found.unknown.clone();
         }
         if v.state == State::Hung && found.unknown.is_none() {
-            match crate::builder::stop_hung(lease, &paths) {
+            match takeover::stop_hung(lease, &paths) {
                 Ok(n) => {
                     out.stopped = n;
                     write(LeaseState::Released, format!("broken: {}", v.reason))?;
