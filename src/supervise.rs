@@ -79,8 +79,6 @@ use nix::unistd::{ForkResult, Pid, fork, getpgrp, getpid, pipe2, setpgid, tcgetp
 use crate::error::{Error, Result};
 use crate::guard::{LeaseGuard, LossReason};
 use crate::process;
-use crate::record::LeaseState;
-use crate::verdict::State;
 
 /// Signals sent to leasehold that are forwarded to the command's process group.
 pub const FORWARDED: [Signal; 4] = [
@@ -604,7 +602,7 @@ impl Supervisor {
     fn ended(&self, guard: &LeaseGuard, child: Pid, o: Outcome) -> Outcome {
         let o = match o {
             Outcome::Signaled(_)
-                if guard.is_lost() || LOST.load(Ordering::Acquire) || !still_ours(guard) =>
+                if guard.is_lost() || LOST.load(Ordering::Acquire) || !guard.still_ours() =>
             {
                 // Whatever is left of its group goes too, while its id is still reserved.
                 let survivors = kill_group_and_wait(child, None, KILL_WAIT);
@@ -676,22 +674,6 @@ fn loss_text(guard: &LeaseGuard) -> String {
     match guard.loss() {
         Some(r) => r.to_string(),
         None => "lease lost".into(),
-    }
-}
-
-/// Whether LOCK still holds our lease, held. Unreadable storage counts as "yes": the guard's own
-/// deadline decides then.
-fn still_ours(guard: &LeaseGuard) -> bool {
-    match crate::status(guard.path()) {
-        Ok(v) => match &v.lease {
-            Some(l) => {
-                l.lease_id == guard.lease_id()
-                    && l.state == LeaseState::Held
-                    && v.state != State::Free
-            }
-            None => false,
-        },
-        Err(_) => true,
     }
 }
 

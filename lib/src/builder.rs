@@ -14,7 +14,7 @@ use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsinfo;
 use crate::fsio;
-use crate::guard::{LeaseGuard, LossReason, LostCallback, Start, Timing};
+use crate::guard::{LeaseGuard, LossReason, LostCallback, Start};
 use crate::identity::Identity;
 use crate::judge::Judge;
 use crate::mutex::{self, MutexFile, MutexGuard, MutexWait, StuckPolicy};
@@ -24,6 +24,7 @@ use crate::process;
 use crate::queue::{self, Observed, Ticket};
 use crate::record::{Draft, Holder, Lease, LeaseState};
 use crate::takeover;
+use crate::timing::Timing;
 use crate::verdict::{State, Verdict};
 use crate::wait::Waiter;
 
@@ -277,7 +278,7 @@ impl LeaseBuilder {
     /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
     pub fn try_acquire(&mut self) -> Result<LeaseGuard> {
         let ctx = self.ctx()?;
-        let mutex_wait = (ctx.timing.ttl / 2).min(Duration::from_millis(500));
+        let mutex_wait = ctx.timing.one_shot_mutex_wait();
         let mut mem = Memory::default();
         match self.attempt(&ctx, Some(Instant::now() + mutex_wait), &mut mem, None)? {
             Attempt::Taken(g) => Ok(*g),
@@ -523,9 +524,9 @@ impl LeaseBuilder {
         if let Some(q) = queued.as_deref_mut() {
             if ctx.local {
                 // A shared flock on the LOCK file we judged tells its holder, at release, that
-                // someone waits (see `guard::hand_over`); it goes when the file is closed.
+                // someone waits (see `handover::release_in_place`); it goes when the file is closed.
                 if let Some(seen) = &replaced {
-                    let _ = seen.file.try_lock_shared();
+                    crate::handover::announce_waiting(seen);
                 }
                 q.seen = replaced;
             }

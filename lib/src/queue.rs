@@ -17,18 +17,16 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::fcntl::OFlag;
-
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
+use crate::handover::{Prepared, prepared_name};
 use crate::identity::Identity;
 use crate::lockdir::{LockDir, Meta};
 use crate::paths::LockPaths;
@@ -58,26 +56,6 @@ pub(crate) struct Ticket {
     prepared: Option<Prepared>,
     /// On a network file system: our writes are flushed to the server at once.
     network: bool,
-}
-
-/// Our lease written ahead of time into `q-<seq>.lease` beside our ticket, open, so that taking
-/// the lease is a write into a page that exists and one rename (no file to create).
-#[derive(Debug)]
-struct Prepared {
-    path: PathBuf,
-    name: OsString,
-    file: File,
-    /// The same file, read-only: what the holder keeps for its release (see `guard`).
-    ro: File,
-    id: (u64, u64),
-    len: usize,
-}
-
-/// The name of the prepared lease of the ticket named `ticket`.
-fn prepared_name(ticket: &OsStr) -> OsString {
-    let mut n = ticket.to_os_string();
-    n.push(".lease");
-    n
 }
 
 /// Opens the queue directory of `paths` without following a symlink at its name. `Ok(None)`
@@ -423,86 +401,24 @@ impl Ticket {
 }
 
 impl Ticket {
-    /// Writes our lease (`bytes`, the exact length it will have when taken) into
-    /// `q-<seq>.lease`, created exclusively, and keeps it open. Local file systems only (the
-    /// caller's check): on NFS a descriptor kept open across a rename is not what we want.
-    /// Best effort: without it, taking the lease writes a new file as usual.
+    /// Writes our lease ahead of the wake-up into a file of its own beside our ticket (see
+    /// [`Prepared`]). Local file systems only (the caller's check). Best effort.
     pub(crate) fn prepare(&mut self, bytes: &[u8]) {
-        if self.prepared.is_some() || self.unlinked {
-            return;
+        if self.prepared.is_none() && !self.unlinked {
+            self.prepared = Prepared::write(&self.qdir, &self.name, bytes);
         }
-        let name = prepared_name(&self.name);
-        let path = self.qdir.join(&name);
-        let Ok(file) = self.qdir.create_new(&name, crate::fsio::LEASE_MODE) else {
-            return; // e.g. a skipped waiter's late file has the name: do without
-        };
-        let Ok(meta) = file.metadata() else {
-            return; // cannot happen on an open file; the name goes with the ticket
-        };
-        let id = (meta.dev(), meta.ino());
-        let made = file.write_all_at(bytes, 0).is_ok();
-        // The very inode, read-only, through our own descriptor.
-        let ro = OpenOptions::new()
-            .read(true)
-            .custom_flags(OFlag::O_CLOEXEC.bits())
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let (true, Ok(ro)) = (made, ro) else {
-            self.qdir.unlink_if(&name, id);
-            return;
-        };
-        self.prepared = Some(Prepared {
-            path,
-            name,
-            file,
-            ro,
-            id,
-            len: bytes.len(),
-        });
     }
 
-    /// Takes the lease through the prepared file: writes `bytes` into it, optionally fsyncs it,
-    /// renames it over LOCK, and optionally fsyncs LOCK's directory. Under the mutex, with our
-    /// ticket still queued. `None` (nothing renamed) when there is no prepared file, `bytes` has
-    /// another length, or the name is not our file any more: the caller then writes the lease
-    /// the usual way.
+    /// Takes the lease through our prepared file, if we have one of the right length (see
+    /// [`Prepared::install`]). Under the mutex, with our ticket still queued.
     pub(crate) fn install(
         &mut self,
         bytes: &[u8],
         durable: bool,
         paths: &LockPaths,
     ) -> Option<Result<crate::fsio::Written>> {
-        let target = &paths.lock;
-        let p = self.prepared.take_if(|p| p.len == bytes.len())?;
-        // Our file still has its one name (made exclusively, never linked elsewhere: a link
-        // count of one is that name), and removing it takes the mutex we hold: it is ours at
-        // the rename.
-        if !p.file.metadata().is_ok_and(|m| m.nlink() == 1) {
-            return None;
-        }
-        let done = (|| {
-            p.file
-                .write_all_at(bytes, 0)
-                .map_err(|e| Error::io(&p.path, "write our prepared lease", e))?;
-            if durable {
-                p.file
-                    .sync_data()
-                    .map_err(|e| Error::io(&p.path, "fsync our prepared lease", e))?;
-            }
-            self.qdir
-                .rename_to(&p.name, paths.handle(), paths.lock_name())
-                .map_err(|e| Error::io(target, "rename into place", e))?;
-            if durable {
-                paths.handle().sync()?;
-            }
-            Ok(crate::fsio::Written {
-                id: p.id,
-                kept: Some(p.ro),
-            })
-        })();
-        if done.is_err() {
-            self.qdir.unlink_if(&p.name, p.id);
-        }
-        Some(done)
+        let p = self.prepared.take_if(|p| p.fits(bytes))?;
+        p.install(&self.qdir, bytes, durable, paths)
     }
 
     /// Called under the mutex, when our ticket was found still queued under it: removes its
@@ -518,7 +434,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(p) = self.prepared.take() {
-            self.qdir.unlink_if(&p.name, p.id);
+            p.discard(&self.qdir);
         }
         if self.unlinked {
             return;
