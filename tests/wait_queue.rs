@@ -35,7 +35,8 @@ fn looper_entry() {
     let lock = PathBuf::from(std::env::var("LH_LOCK").unwrap());
     let mut b = LeaseBuilder::new(&lock)
         .ttl(Duration::from_secs(30))
-        .durable(false);
+        .durable(false)
+        .acquirer();
     for i in 0..loops.parse::<u32>().unwrap() {
         let t = Instant::now();
         let g = b.acquire().unwrap();
@@ -89,7 +90,7 @@ fn worker_entry() {
     let log = PathBuf::from(std::env::var("LH_LOG").unwrap());
     let ttl = Duration::from_millis(std::env::var("LH_TTL_MS").unwrap().parse().unwrap());
     let poll = std::env::var("LH_POLL").is_ok();
-    let mut b = LeaseBuilder::new(&lock)
+    let b = LeaseBuilder::new(&lock)
         .ttl(ttl)
         .poll(poll)
         .durable(false)

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
+use crate::fsinfo::Storage;
 use crate::fsio::{self, LockContent};
 use crate::handover;
 use crate::keeper::{self, Kept};
@@ -84,10 +85,10 @@ pub(crate) struct Start {
     pub witness: Option<MutexFile>,
     /// Our lease's file, as renamed into place.
     pub written: Option<fsio::Written>,
-    /// Whether LOCK is on a local file system, where the kernel's view of the file is the truth
-    /// at once (no attribute or data cache between hosts): release may then check and mark our
-    /// lease through the file we keep open.
-    pub local: bool,
+    /// LOCK's storage: on a local file system the kernel's view of the file is the truth at
+    /// once (no attribute or data cache between hosts), so release may check and mark our lease
+    /// through the file we keep open.
+    pub storage: Storage,
     /// Whether writes are fsynced.
     pub sync: bool,
     /// The file our lease replaced, still open (see `fsio::read_lock_keep`); closed at release.
@@ -155,7 +156,7 @@ struct Inner {
     witness: Mutex<Option<MutexFile>>,
     /// Our lease's file as last renamed into place (see [`Start::written`]).
     written: Mutex<Option<fsio::Written>>,
-    local: bool,
+    storage: Storage,
     sync: bool,
     replaced: Mutex<Option<std::fs::File>>,
     /// The holder's mark (see [`holder_mark`]): closed only after release has written LOCK.
@@ -208,12 +209,12 @@ impl LeaseGuard {
             broke,
             witness,
             written,
-            local,
+            storage,
             sync,
             replaced,
             mark,
         } = s;
-        let witness = witness.or_else(|| MutexFile::open(&paths, !local).ok());
+        let witness = witness.or_else(|| MutexFile::open(&paths, storage.network).ok());
         let mark = mark.or_else(|| holder_mark(&paths));
         let inner = Arc::new(Inner {
             lease_id: lease.lease_id.clone(),
@@ -234,7 +235,7 @@ impl LeaseGuard {
             on_lost,
             witness: Mutex::new(witness),
             written: Mutex::new(written),
-            local,
+            storage,
             sync,
             replaced: Mutex::new(replaced),
             mark: Mutex::new(mark),
@@ -383,8 +384,8 @@ impl LeaseGuard {
         // On a local file system, with someone waiting: mark our file released in place (no
         // mutex: the file is the one we renamed into place, which only we change in place, and
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
-        let handed = match (written, inner.local) {
-            (Some(w), true) => handover::release_in_place(&inner.paths, &rec.bytes, w),
+        let handed = match (written, inner.storage.network) {
+            (Some(w), false) => handover::release_in_place(&inner.paths, &rec.bytes, w),
             _ => None,
         };
         stop_threads(inner);
@@ -417,7 +418,7 @@ impl Inner {
             self.timing.ttl,
             StuckPolicy::Report,
             None,
-            !self.local,
+            self.storage.network,
         )?;
         ensure_ours(&self.paths, &rec.lease, true)?;
         let bytes = released.to_bytes();

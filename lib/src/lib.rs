@@ -36,6 +36,7 @@
 
 #![deny(missing_docs)]
 
+mod acquire;
 mod builder;
 // Bridge until the workspace split (branch `split`) lands: the CLI still lives under src/.
 #[path = "../../src/cli/mod.rs"]
@@ -66,6 +67,7 @@ mod timing;
 mod verdict;
 mod wait;
 
+pub use acquire::Acquirer;
 pub use builder::LeaseBuilder;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
 pub use error::{Error, Result, exit};

@@ -389,8 +389,8 @@ impl Ticket {
     /// file system the link count of our open ticket says it (a ticket has one name, made
     /// exclusively, and is only ever unlinked); elsewhere the name is looked up, since a
     /// network client may serve a stale link count from its attribute cache.
-    pub(crate) fn still_queued(&self, local: bool) -> bool {
-        if local {
+    pub(crate) fn still_queued(&self, network: bool) -> bool {
+        if !network {
             return self.file.metadata().is_ok_and(|m| m.nlink() > 0);
         }
         match self.qdir.stat(&self.name) {
