@@ -281,13 +281,20 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
     if ! wait_file "$E/f.held" 30; then
         bad "[$mode] (f) holder did not start"; wait $hp; return
     fi
-    # waiter 1 on hostb; frozen (SIGSTOP) once its ticket is on the server
+    # waiter 1 on hostb; frozen (SIGSTOP) once its ticket is on the server and has beaten once:
+    # it beats only after leaving the mutex, so the freeze never lands inside the mutex (a
+    # process frozen there keeps the mutex from everyone — NFS has no way to take it back — and
+    # hosta could only time out).
     gx 90 hostb "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo b >>$G/f.order' & echo \$! >$G/f.w1pid; wait" &
     local w1=$!
     i=0
-    until [ -s "$E/f.w1pid" ] && ls "$q"/q-* >/dev/null 2>&1 && [ -s "$(ls "$q"/q-* | head -1)" ]; do
+    until [ -s "$E/f.w1pid" ] && ls "$q"/q-* >/dev/null 2>&1 &&
+        grep -Eq '"beat": *[1-9]' "$(ls "$q"/q-* | head -1)"; do
         i=$((i + 1)); [ $i -le 400 ] || break; sleep 0.05
     done
+    if [ $i -gt 400 ]; then
+        bad "[$mode] (f) hostb's waiter never queued and beat"; wait $hp $w1; return
+    fi
     gx 10 hostb "kill -STOP \$(cat $G/f.w1pid)"
     # waiter 2 on hosta, queued behind the frozen one
     local t0; t0=$(now)
