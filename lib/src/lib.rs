@@ -59,6 +59,7 @@ pub mod process;
 mod queue;
 mod record;
 mod status;
+mod store;
 #[path = "../../src/supervise.rs"]
 pub mod supervise;
 mod takeover;

@@ -16,15 +16,15 @@ use serde_json::{Value, json};
 
 use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
-use crate::fsio::{self, LockContent};
+use crate::fsio::LockContent;
 use crate::identity::Identity;
-use crate::judge::Judge;
-use crate::mutex::{self, StuckPolicy};
+use crate::mutex::StuckPolicy;
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, Evidence};
-use crate::queue;
 use crate::record::{Ending, LeaseState};
+use crate::store::Store;
+use crate::store::file::FileStore;
 use crate::takeover;
 use crate::verdict::{State, Verdict};
 
@@ -51,27 +51,30 @@ pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
 
 /// [`status`] as seen by an injected identity and clock (for tests and tools).
 pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
-    let paths = LockPaths::new(path)?;
+    let store = FileStore::looking(LockPaths::new(path)?);
     // Take the mutex if we can (so the observation file is written by one process at a time);
     // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
-    let m = mutex::lock(
-        &paths,
-        Some(Instant::now() + LOOK_WAIT),
-        Duration::MAX,
-        StuckPolicy::Report,
-    )
-    .ok();
-    let content = fsio::read_lock(&paths)?;
-    let judge = Judge {
-        paths: &paths,
-        me,
-        clock,
-        wall_skew: None,
-        persist: m.is_some(),
-    };
+    let m = enter(&store).ok();
+    let content = store.read()?;
+    let mut judge = store.judge(me, clock);
+    judge.persist = m.is_some();
     let mut v = judge.judge(&content, &mut Memory::default());
-    v.queue = queue::snapshot(&paths);
+    v.queue = store.waiting();
     Ok(v)
+}
+
+/// Enters the store's section for a look or a break, waiting at most [`LOOK_WAIT`].
+fn enter<S: Store>(store: &S) -> Result<S::Section> {
+    let deadline = Some(Instant::now() + LOOK_WAIT);
+    let policy = StuckPolicy::Report;
+    store.enter(
+        &mut Default::default(),
+        deadline,
+        Duration::MAX,
+        policy,
+        None,
+        &mut |_| {},
+    )
 }
 
 /// What `break` may break.
@@ -162,24 +165,15 @@ pub struct Broken {
 /// # Ok(()) }
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
-    let paths = LockPaths::new(path)?;
+    let store = FileStore::looking(LockPaths::new(path)?);
+    let paths = store.paths();
     let me = Identity::current();
     let clock = SystemClock;
-    let _m = mutex::lock(
-        &paths,
-        Some(Instant::now() + LOOK_WAIT),
-        Duration::MAX,
-        StuckPolicy::Report,
-    )?;
-    let content = fsio::read_lock(&paths)?;
-    let judge = Judge {
-        paths: &paths,
-        me: &me,
-        clock: &clock,
-        wall_skew: None,
-        persist: true,
-    };
-    let v = judge.judge(&content, &mut Memory::default());
+    let section = enter(&store)?;
+    let content = store.read()?;
+    let v = store
+        .judge(&me, &clock)
+        .judge(&content, &mut Memory::default());
     let refuse = |why: String| Error::Refused {
         path: paths.lock.clone(),
         why,
@@ -224,7 +218,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
             how,
             by: Some(by.clone()),
         });
-        fsio::replace(&paths, &paths.lock, &rec.to_bytes(), true)
+        store.replace(&section, &rec)
     };
     if !was_live {
         // Stale: its holder is gone (same host) or silent for a TTL (any host).
@@ -234,7 +228,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
             }
             Some(line) => out.unchecked = Some(line.clone()),
             None => {
-                out.stopped = takeover::stop_old_job(&v, &paths)
+                out.stopped = takeover::stop_old_job(&v, paths)
                     .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
             }
         }
@@ -242,7 +236,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         return Ok(out);
     }
     if v.same_host {
-        let found = judge_live(lease, &paths);
+        let found = judge_live(lease, paths);
         if let Some(forged) = found.forged() {
             write(
                 LeaseState::Released,
@@ -257,7 +251,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
             out.unchecked = found.unknown.clone();
         }
         if v.state == State::Hung && found.unknown.is_none() {
-            match takeover::stop_hung(lease, &paths) {
+            match takeover::stop_hung(lease, paths) {
                 Ok(n) => {
                     out.stopped = n;
                     write(LeaseState::Released, format!("broken: {}", v.reason))?;
