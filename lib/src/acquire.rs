@@ -95,6 +95,30 @@ struct Queued<S: Store> {
     draft: Option<Draft>,
 }
 
+impl LeaseBuilder {
+    /// The running state of acquisitions with these settings (see [`Acquirer`]): resolves
+    /// LOCK's path on its first attempt and keeps it, with the mutex file, for the next ones.
+    pub fn acquirer(&self) -> Acquirer {
+        Acquirer::new(self.clone())
+    }
+
+    /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
+    pub fn try_acquire(&self) -> Result<LeaseGuard> {
+        self.acquirer().try_acquire()
+    }
+
+    /// Waits as long as it takes.
+    pub fn acquire(&self) -> Result<LeaseGuard> {
+        self.acquirer().acquire()
+    }
+
+    /// Waits at most `timeout`; `Error::Timeout` after that.
+    pub fn acquire_timeout(&self, timeout: Duration) -> Result<LeaseGuard> {
+        self.acquirer()
+            .acquire_until(Some(Instant::now() + timeout))
+    }
+}
+
 impl Acquirer {
     pub(crate) fn new(settings: LeaseBuilder) -> Acquirer {
         Acquirer {

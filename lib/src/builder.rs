@@ -3,19 +3,19 @@
 //! Owns: every setting of an acquisition (TTL, heartbeat, grace, note, command, clock, identity,
 //! callbacks, policies) and their validation into a [`Timing`]; the lease a new holder writes.
 //! Like walkdir's `WalkDir`, it is only settings: the running state of an acquisition lives in
-//! [`Acquirer`] (`acquire.rs`), made by [`LeaseBuilder::acquirer`].
+//! `Acquirer` (`acquire.rs`, which also holds the builder's `acquirer`/`try_acquire`/`acquire`
+//! methods: they make one).
 //! Must never: hold running state (descriptors, tickets, observations); do I/O before an
 //! acquisition is asked for.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::acquire::Acquirer;
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
-use crate::guard::{LeaseGuard, LossReason, LostCallback};
 use crate::identity::Identity;
+use crate::loss::{LossReason, LostCallback};
 use crate::process;
 use crate::record::{Holder, Lease, LeaseState};
 use crate::timing::Timing;
@@ -27,7 +27,7 @@ pub(crate) type WaitCallback = Arc<Mutex<dyn FnMut(&Verdict) + Send>>;
 /// Settings for taking a lease on one LOCK path, and the methods that take it.
 ///
 /// Only settings: cloning it is cheap, and taking a lease does not change it. Each
-/// `try_acquire`/`acquire` call works through an [`Acquirer`], which holds what one contender
+/// `try_acquire`/`acquire` call works through an [`Acquirer`](crate::Acquirer), which holds what one contender
 /// keeps between attempts; keep one yourself ([`LeaseBuilder::acquirer`]) to take the same lock
 /// again and again without resolving its path each time.
 ///
@@ -180,28 +180,6 @@ impl LeaseBuilder {
     /// The validated timing these settings give.
     pub fn timing(&self) -> Result<Timing> {
         Timing::new(self.ttl, self.heartbeat, self.grace)
-    }
-
-    /// The running state of acquisitions with these settings (see [`Acquirer`]): resolves
-    /// LOCK's path on its first attempt and keeps it, with the mutex file, for the next ones.
-    pub fn acquirer(&self) -> Acquirer {
-        Acquirer::new(self.clone())
-    }
-
-    /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
-    pub fn try_acquire(&self) -> Result<LeaseGuard> {
-        self.acquirer().try_acquire()
-    }
-
-    /// Waits as long as it takes.
-    pub fn acquire(&self) -> Result<LeaseGuard> {
-        self.acquirer().acquire()
-    }
-
-    /// Waits at most `timeout`; `Error::Timeout` after that.
-    pub fn acquire_timeout(&self, timeout: Duration) -> Result<LeaseGuard> {
-        self.acquirer()
-            .acquire_until(Some(Instant::now() + timeout))
     }
 
     /// Our lease as it would be taken at `now` by `me`, token 0.

@@ -20,51 +20,14 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::keeper::{self, Kept};
+// Re-exported for the CLI, which names it through this module.
+pub(crate) use crate::loss::LossReason;
+use crate::loss::LostCallback;
 use crate::record::{Lease, LeaseState};
 use crate::store::file::FileHolding;
 use crate::store::{Holding, Ours, Release, Renewal};
 use crate::timing::Timing;
 use crate::verdict::Verdict;
-
-/// Why a guard was lost. Once lost, a guard stays lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LossReason {
-    /// LOCK now holds someone else's lease (it was broken and taken, or replaced).
-    Taken {
-        /// Who holds it now, or what LOCK holds.
-        by: String,
-    },
-    /// LOCK no longer leads to our lease: missing, not a lease, or the storage went away.
-    Vanished {
-        /// What we found.
-        what: String,
-    },
-    /// No renewal succeeded before the renew deadline.
-    RenewTimeout {
-        /// The last error seen while renewing, if any.
-        last_error: Option<String>,
-    },
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossReason::Taken { by } => write!(f, "lease taken: LOCK now {by}"),
-            LossReason::Vanished { what } => write!(f, "lease vanished: {what}"),
-            LossReason::RenewTimeout {
-                last_error: Some(e),
-            } => {
-                write!(f, "could not renew the lease before its deadline: {e}")
-            }
-            LossReason::RenewTimeout { last_error: None } => {
-                write!(f, "could not renew the lease before its deadline")
-            }
-        }
-    }
-}
-
-/// The `on_lost` callback.
-pub(crate) type LostCallback = Arc<dyn Fn(&LossReason) + Send + Sync>;
 
 /// Everything a new guard starts from.
 pub(crate) struct Start<H> {

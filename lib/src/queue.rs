@@ -278,6 +278,40 @@ pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
         .collect()
 }
 
+/// Locks our new ticket. Only a momentary `status` look can hold it: retry try-locks for a
+/// moment rather than issue a blocking lock, which an NFS client retries with a backoff of
+/// seconds.
+fn lock_own(file: &File, path: &std::path::Path) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if tries < 1000 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    path,
+                    "lock our queue ticket",
+                    io::Error::other(e.to_string()),
+                ));
+            }
+        }
+    }
+}
+
+/// A ticket's bytes: its JSON, with the trailing `"beat":0}` rewritten as a fixed-width field
+/// so that beats are in-place writes.
+fn ticket_bytes(info: &Waiting) -> Vec<u8> {
+    let mut text = serde_json::to_string(info).unwrap_or_else(|_| "{}".into());
+    if let Some(cut) = text.rfind("\"beat\":") {
+        text.truncate(cut);
+    }
+    text.push_str(&format!("\"beat\":{:>BEAT_W$}{TAIL}", 0));
+    text.into_bytes()
+}
+
 impl Ticket {
     /// Called under the mutex: joins the queue behind every ticket present.
     pub(crate) fn take(
@@ -307,25 +341,7 @@ impl Ticket {
         // skipped (we just created the ticket's name): it is never used without its ticket,
         // checked under the mutex we hold.
         q.unlink_leftover(&prepared_name(&name));
-        // Only a momentary `status` look can hold it: retry try-locks for a moment rather than
-        // issue a blocking lock, which an NFS client retries with a backoff of seconds.
-        let mut tries = 0;
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) if tries < 1000 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        &path,
-                        "lock our queue ticket",
-                        io::Error::other(e.to_string()),
-                    ));
-                }
-            }
-        }
+        lock_own(&file, &path)?;
         let info = Waiting {
             seq,
             pid: std::process::id() as i32,
@@ -335,13 +351,7 @@ impl Ticket {
             command: command.iter().take(64).cloned().collect(),
             beat: 0,
         };
-        let mut text = serde_json::to_string(&info).unwrap_or_else(|_| "{}".into());
-        // Rewrite the trailing `"beat":0}` as a fixed-width field so beats are in-place writes.
-        if let Some(cut) = text.rfind("\"beat\":") {
-            text.truncate(cut);
-        }
-        text.push_str(&format!("\"beat\":{:>BEAT_W$}{TAIL}", 0));
-        let bytes = text.into_bytes();
+        let bytes = ticket_bytes(&info);
         let id = file
             .metadata()
             .map(|m| (m.dev(), m.ino()))

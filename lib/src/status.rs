@@ -22,7 +22,7 @@ use crate::mutex::StuckPolicy;
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, Evidence};
-use crate::record::{Ending, LeaseState};
+use crate::record::{Ending, Lease, LeaseState};
 use crate::store::Store;
 use crate::store::file::FileStore;
 use crate::takeover;
@@ -166,7 +166,6 @@ pub struct Broken {
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     let store = FileStore::looking(LockPaths::new(path)?);
-    let paths = store.paths();
     let me = Identity::current();
     let clock = SystemClock;
     let section = enter(&store)?;
@@ -175,31 +174,23 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         .judge(&me, &clock)
         .judge(&content, &mut Memory::default());
     let refuse = |why: String| Error::Refused {
-        path: paths.lock.clone(),
+        path: store.paths().lock.clone(),
         why,
     };
     let (LockContent::Lease(lease, _), false) = (&content, v.state == State::Free) else {
         return Err(refuse(format!("nothing to break: {v}")));
     };
-    match &mode {
-        BreakMode::Stale if v.state != State::Stale => {
-            return Err(refuse(format!(
-                "refusing to break a live lease: {v}; name it with --lease-id {} or use --force",
-                lease.lease_id
-            )));
-        }
-        BreakMode::LeaseId(id) if !id.eq_ignore_ascii_case(&lease.lease_id) => {
-            return Err(refuse(format!(
-                "the lease id is {}, not {id}: the lease changed hands; nothing broken",
-                lease.lease_id
-            )));
-        }
-        _ => {}
-    }
-    let by = format!("{}@{} pid {}", me.user, me.host, std::process::id());
-    let ttl = Duration::from_millis(lease.ttl_ms);
+    permitted(&v, lease, &mode).map_err(refuse)?;
+    let b = Breaker {
+        store: &store,
+        section: &section,
+        lease,
+        v: &v,
+        by: format!("{}@{} pid {}", me.user, me.host, std::process::id()),
+        clock: &clock,
+    };
     let was_live = matches!(v.state, State::Held | State::Hung);
-    let mut out = Broken {
+    let out = Broken {
         verdict: v.clone(),
         was_live,
         stopped: 0,
@@ -209,73 +200,124 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         unchecked: None,
         already_revoked: false,
     };
-    let write = |state: LeaseState, how: String| {
-        let mut rec = lease.as_ref().clone();
+    if was_live {
+        b.live(&mode, out)
+    } else {
+        b.stale(&mode, out)
+    }
+}
+
+/// Whether `mode` lets the operator break the lease judged `v`: why not, if it does not.
+fn permitted(v: &Verdict, lease: &Lease, mode: &BreakMode) -> std::result::Result<(), String> {
+    match mode {
+        BreakMode::Stale if v.state != State::Stale => Err(format!(
+            "refusing to break a live lease: {v}; name it with --lease-id {} or use --force",
+            lease.lease_id
+        )),
+        BreakMode::LeaseId(id) if !id.eq_ignore_ascii_case(&lease.lease_id) => Err(format!(
+            "the lease id is {}, not {id}: the lease changed hands; nothing broken",
+            lease.lease_id
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One break, inside the store's section.
+struct Breaker<'a, S: Store> {
+    store: &'a S,
+    section: &'a S::Section,
+    lease: &'a Lease,
+    v: &'a Verdict,
+    /// Who breaks it: `user@host pid N`.
+    by: String,
+    clock: &'a dyn Clock,
+}
+
+impl<S: Store> Breaker<'_, S> {
+    /// Replaces the lease with its own record in `state`, saying who ended it and `how`.
+    fn write(&self, state: LeaseState, how: String) -> Result<()> {
+        let mut rec = self.lease.clone();
         rec.state = state;
         rec.damaged = false;
         rec.ended = Some(Ending {
-            at: format_rfc3339(clock.wall()),
+            at: format_rfc3339(self.clock.wall()),
             how,
-            by: Some(by.clone()),
+            by: Some(self.by.clone()),
         });
-        store.replace(&section, &rec)
-    };
-    if !was_live {
-        // Stale: its holder is gone (same host) or silent for a TTL (any host).
+        self.store.replace(self.section, &rec)
+    }
+
+    fn refuse(&self, why: String) -> Error {
+        Error::Refused {
+            path: self.store.paths().lock.clone(),
+            why,
+        }
+    }
+
+    /// A stale lease (its holder gone, or silent for a TTL): released, after stopping
+    /// (verified) what its job left — unless something of it cannot be checked, which only a
+    /// forced break goes past.
+    fn stale(&self, mode: &BreakMode, mut out: Broken) -> Result<Broken> {
+        let v = self.v;
         match &v.unchecked {
-            Some(line) if mode == BreakMode::Stale => {
-                return Err(refuse(format!("not breaking ({v}): {line}")));
+            Some(line) if *mode == BreakMode::Stale => {
+                return Err(self.refuse(format!("not breaking ({v}): {line}")));
             }
             Some(line) => out.unchecked = Some(line.clone()),
             None => {
-                out.stopped = takeover::stop_old_job(&v, paths)
-                    .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
+                out.stopped = takeover::stop_old_job(v, self.store.paths())
+                    .map_err(|why| self.refuse(format!("cannot stop the old job ({v}): {why}")))?;
             }
         }
-        write(LeaseState::Released, format!("broken: {}", v.reason))?;
-        return Ok(out);
+        self.write(LeaseState::Released, format!("broken: {}", v.reason))?;
+        Ok(out)
     }
-    if v.same_host {
-        let found = judge_live(lease, paths);
-        if let Some(forged) = found.forged() {
-            write(
-                LeaseState::Released,
-                format!("broken: {forged} (forged or copied lease)"),
-            )?;
-            out.forged = Some(forged);
+
+    /// A live lease (held or hung): revoked — or, same host, released when it is forged or
+    /// copied (signalling nothing) or hung with a command that can be stopped (verified).
+    fn live(&self, mode: &BreakMode, mut out: Broken) -> Result<Broken> {
+        let (v, lease, paths) = (self.v, self.lease, self.store.paths());
+        let ttl = Duration::from_millis(lease.ttl_ms);
+        if v.same_host {
+            let found = judge_live(lease, paths);
+            if let Some(forged) = found.forged() {
+                let how = format!("broken: {forged} (forged or copied lease)");
+                self.write(LeaseState::Released, how)?;
+                out.forged = Some(forged);
+                return Ok(out);
+            }
+            // Worth saying only when it is why the lease is revoked rather than stopped or
+            // replaced (a live holder that provably is this lock's is revoked anyway).
+            if !found.belongs || v.state == State::Hung {
+                out.unchecked = found.unknown.clone();
+            }
+            if v.state == State::Hung && found.unknown.is_none() {
+                match takeover::stop_hung(lease, paths) {
+                    Ok(n) => {
+                        out.stopped = n;
+                        self.write(LeaseState::Released, format!("broken: {}", v.reason))?;
+                        return Ok(out);
+                    }
+                    Err(why) => out.unchecked = Some(why),
+                }
+            }
+            out.frees = Frees::WhenGone { ttl };
+        } else {
+            out.frees = Frees::AfterTtl { ttl };
+        }
+        out.written = LeaseState::Revoked;
+        if lease.state == LeaseState::Revoked {
+            // Writing it again would restart every other host's observation of it.
+            out.already_revoked = true;
             return Ok(out);
         }
-        // Worth saying only when it is why the lease is revoked rather than stopped or
-        // replaced (a live holder that provably is this lock's is revoked anyway).
-        if !found.belongs || v.state == State::Hung {
-            out.unchecked = found.unknown.clone();
-        }
-        if v.state == State::Hung && found.unknown.is_none() {
-            match takeover::stop_hung(lease, paths) {
-                Ok(n) => {
-                    out.stopped = n;
-                    write(LeaseState::Released, format!("broken: {}", v.reason))?;
-                    return Ok(out);
-                }
-                Err(why) => out.unchecked = Some(why),
-            }
-        }
-        out.frees = Frees::WhenGone { ttl };
-    } else {
-        out.frees = Frees::AfterTtl { ttl };
+        let how = match mode {
+            BreakMode::LeaseId(_) => "revoked by lease id",
+            _ => "revoked by force",
+        };
+        self.write(LeaseState::Revoked, format!("{how}: {}", v.reason))?;
+        Ok(out)
     }
-    out.written = LeaseState::Revoked;
-    if lease.state == LeaseState::Revoked {
-        // Writing it again would restart every other host's observation of it.
-        out.already_revoked = true;
-        return Ok(out);
-    }
-    let how = match &mode {
-        BreakMode::LeaseId(_) => "revoked by lease id",
-        _ => "revoked by force",
-    };
-    write(LeaseState::Revoked, format!("{how}: {}", v.reason))?;
-    Ok(out)
 }
 
 /// What /proc says of a live same-host lease's processes: the recorded holder and command, and
@@ -301,7 +343,7 @@ impl LiveJob {
     }
 }
 
-fn judge_live(lease: &crate::record::Lease, paths: &LockPaths) -> LiveJob {
+fn judge_live(lease: &Lease, paths: &LockPaths) -> LiveJob {
     let h = &lease.holder;
     let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, paths);
     let mut out = LiveJob::default();

@@ -120,6 +120,12 @@ impl World {
     }
 }
 
+/// `v` is in `state`, and its reason says `says`.
+fn expect(v: &Verdict, state: State, says: &str) {
+    assert_eq!(v.state, state, "{}", v.reason);
+    assert!(v.reason.contains(says), "{}", v.reason);
+}
+
 #[test]
 fn free_when_missing_empty_or_released() {
     let w = world();
@@ -184,8 +190,7 @@ fn same_host_alive_is_held_then_hung_after_a_stalled_ttl() {
     assert_eq!(w.judge(&c, &mut mem, &p).state, State::Held);
     w.clock.advance(Duration::from_millis(1));
     let v = w.judge(&c, &mut mem, &p);
-    assert_eq!(v.state, State::Hung);
-    assert!(v.reason.contains("frozen?"), "{}", v.reason);
+    expect(&v, State::Hung, "frozen?");
     // A heartbeat that moves is a new observation: held again.
     let mut moved = lease("here", LeaseState::Held);
     moved.heartbeat_seq += 1;
@@ -211,12 +216,7 @@ fn foreign_is_stale_only_after_this_hosts_own_ttl() {
     assert_eq!(w.judge(&c, &mut Memory::default(), &p).state, State::Held);
     w.clock.advance(Duration::from_millis(1));
     let v = w.judge(&c, &mut mem, &p);
-    assert_eq!(v.state, State::Stale);
-    assert!(
-        v.reason.contains("no heartbeat seen from there"),
-        "{}",
-        v.reason
-    );
+    expect(&v, State::Stale, "no heartbeat seen from there");
     // Even the same host name on another boot is foreign.
     let mut rebooted = lease("here", LeaseState::Held);
     rebooted.holder.boot_id = "boot-earlier".into();
@@ -285,12 +285,7 @@ fn revoked_foreign_counts_its_ttl_from_the_revoked_record_not_the_heartbeat() {
     assert_eq!(w.judge(&revoked, &mut mem, &p).state, State::Held);
     w.clock.advance(Duration::from_millis(1));
     let v = w.judge(&revoked, &mut mem, &p);
-    assert_eq!(v.state, State::Stale);
-    assert!(
-        v.reason.contains("revoked record unchanged"),
-        "{}",
-        v.reason
-    );
+    expect(&v, State::Stale, "revoked record unchanged");
 }
 
 #[test]
@@ -306,8 +301,7 @@ fn damaged_record_is_judged_by_its_bytes_alone_even_on_this_host() {
     let c = content(&l);
     let mut mem = Memory::default();
     let v = w.judge(&c, &mut mem, &p);
-    assert_eq!(v.state, State::Held);
-    assert!(v.reason.contains("record damaged"), "{}", v.reason);
+    expect(&v, State::Held, "record damaged");
     w.clock.advance(TTL);
     let v = w.judge(&c, &mut mem, &p);
     assert_eq!(v.state, State::Stale);
@@ -336,6 +330,5 @@ fn wall_clock_shortcut_is_opt_in() {
     );
     j.wall_skew = Some(Duration::from_secs(600));
     let v = j.judge_by(&c, &mut Memory::default(), &p);
-    assert_eq!(v.state, State::Stale);
-    assert!(v.reason.contains("allowed skew"), "{}", v.reason);
+    expect(&v, State::Stale, "allowed skew");
 }

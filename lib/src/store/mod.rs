@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::fsio::LockContent;
-use crate::guard::LossReason;
 use crate::judge::Judge;
+use crate::loss::LossReason;
 use crate::mutex::StuckPolicy;
 use crate::paths::LockPaths;
 use crate::record::Lease;
