@@ -76,9 +76,18 @@ use nix::sys::signal::{
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getpgrp, getpid, pipe2, setpgid, tcgetpgrp, tcsetpgrp};
 
-use crate::error::{Error, Result};
-use crate::guard::{LeaseGuard, LossReason};
-use crate::process;
+use leasehold::process;
+use leasehold::{Error, Result};
+use leasehold::{LeaseGuard, LossReason};
+
+/// An I/O failure on `path` while doing `op`.
+fn io_error(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Error {
+    Error::Io {
+        path: path.into(),
+        op,
+        source,
+    }
+}
 
 /// Signals sent to leasehold that are forwarded to the command's process group.
 pub const FORWARDED: [Signal; 4] = [
@@ -159,19 +168,19 @@ impl Job {
     /// lock is taken.
     ///
     /// ```
-    /// let job = leasehold::supervise::Job::new(&["sh".into(), "-c".into(), "true".into()]).unwrap();
+    /// let job = leasehold_cli::supervise::Job::new(&["sh".into(), "-c".into(), "true".into()]).unwrap();
     /// assert!(job.program().is_absolute());
-    /// assert_eq!(leasehold::supervise::Job::new(&["no-such-command-x".into()]).unwrap_err().code, 127);
+    /// assert_eq!(leasehold_cli::supervise::Job::new(&["no-such-command-x".into()]).unwrap_err().code, 127);
     /// ```
     pub fn new(argv: &[OsString]) -> std::result::Result<Job, NotStarted> {
         let Some(name) = argv.first() else {
             return Err(NotStarted {
-                code: crate::exit::USAGE,
+                code: crate::cli::exit::USAGE,
                 why: "no command given".into(),
             });
         };
         // For messages, which a terminal shows: escaped.
-        let shown = crate::text::escape_os(name).into_owned();
+        let shown = leasehold::text::escape_os(name).into_owned();
         if name.is_empty() {
             return Err(NotStarted {
                 code: 127,
@@ -212,7 +221,7 @@ impl Job {
                 code: 126,
                 why: format!(
                     "{shown}: {}: permission denied",
-                    crate::text::escape_path(&p)
+                    leasehold::text::escape_path(&p)
                 ),
             },
             None => NotStarted {
@@ -228,9 +237,9 @@ impl Job {
     }
 
     /// The command line, for messages: shell-quoted as typed (`sh -c 'sleep 1'`), control
-    /// characters in `$'…'` form ([`crate::text::quote_argv`]), so safe to show.
+    /// characters in `$'…'` form ([`leasehold::text::quote_argv`]), so safe to show.
     pub fn display(&self) -> String {
-        crate::text::quote_argv(&self.argv)
+        leasehold::text::quote_argv(&self.argv)
     }
 
     /// The argv as strings, for recording in the lease.
@@ -265,7 +274,7 @@ impl Outcome {
     /// fenced, 126/127 when it could not be started.
     ///
     /// ```
-    /// use leasehold::supervise::Outcome;
+    /// use leasehold_cli::supervise::Outcome;
     /// use nix::sys::signal::Signal;
     /// assert_eq!(Outcome::Exited(3).exit_code(), 3);
     /// assert_eq!(Outcome::Signaled(Signal::SIGKILL).exit_code(), 137);
@@ -274,7 +283,7 @@ impl Outcome {
         match self {
             Outcome::Exited(c) => *c,
             Outcome::Signaled(s) => 128 + *s as i32,
-            Outcome::Fenced { .. } => crate::exit::IOERR_FENCED,
+            Outcome::Fenced { .. } => crate::cli::exit::IOERR_FENCED,
             Outcome::NotStarted(n) => n.code,
         }
     }
@@ -359,7 +368,7 @@ impl Supervisor {
             ));
         }
         let (rx, tx) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
-            .map_err(|e| Error::io("pipe", "create the wake-up pipe", e.into()))?;
+            .map_err(|e| io_error("pipe", "create the wake-up pipe", e.into()))?;
         WAKE_FD.store(tx.as_raw_fd(), Ordering::Release);
         LOST.store(false, Ordering::Release);
         install(Signal::SIGCHLD)?;
@@ -408,13 +417,13 @@ impl Supervisor {
     fn spawn(&mut self, guard: &LeaseGuard, p: &Prepared) -> Result<Started> {
         let lock = guard.path();
         let (go_rx, go_tx) = pipe2(OFlag::O_CLOEXEC)
-            .map_err(|e| Error::io(lock, "create the start gate pipe", e.into()))?;
+            .map_err(|e| io_error(lock, "create the start gate pipe", e.into()))?;
         let (err_rx, err_tx) = pipe2(OFlag::O_CLOEXEC)
-            .map_err(|e| Error::io(lock, "create the exec status pipe", e.into()))?;
+            .map_err(|e| io_error(lock, "create the exec status pipe", e.into()))?;
         let parent = getpid();
         let old_mask = SigSet::all()
             .thread_swap_mask(SigmaskHow::SIG_SETMASK)
-            .map_err(|e| Error::io(lock, "block signals", e.into()))?;
+            .map_err(|e| io_error(lock, "block signals", e.into()))?;
         // SAFETY: the child only makes async-signal-safe system calls on memory prepared before
         // the fork, then execs or _exits (see `child_after_fork`).
         let forked = unsafe { fork() };
@@ -438,7 +447,7 @@ impl Supervisor {
             }
             Err(e) => {
                 let _ = old_mask.thread_set_mask();
-                return Err(Error::io(lock, "fork the command", e.into()));
+                return Err(io_error(lock, "fork the command", e.into()));
             }
         };
         drop(go_rx);
@@ -453,13 +462,13 @@ impl Supervisor {
         let start = match process::stat(child.as_raw()) {
             Ok(Some(s)) => s.start,
             Ok(None) => {
-                return abort(Error::io(
+                return abort(io_error(
                     lock,
                     "read the command's start time",
                     io::Error::from(io::ErrorKind::NotFound),
                 ));
             }
-            Err(e) => return abort(Error::io(lock, "read the command's start time", e)),
+            Err(e) => return abort(io_error(lock, "read the command's start time", e)),
         };
         if let Err(e) = guard.set_child(child.as_raw(), start, child.as_raw()) {
             if let Error::Lost { why, .. } = &e {
@@ -492,7 +501,7 @@ impl Supervisor {
         let opened = nix::unistd::write(&go_tx, &[1u8]);
         drop(go_tx);
         if let Err(e) = opened {
-            return abort(Error::io(lock, "start the command", e.into()));
+            return abort(io_error(lock, "start the command", e.into()));
         }
         // EOF means exec succeeded; four bytes are the errno of a failed exec.
         let mut buf = [0u8; 4];
@@ -513,7 +522,7 @@ impl Supervisor {
                 code,
                 why: format!(
                     "cannot run {}: {}",
-                    crate::text::escape_path(&p.program),
+                    leasehold::text::escape_path(&p.program),
                     errno.desc()
                 ),
             })));
@@ -544,7 +553,7 @@ impl Supervisor {
                 Ok(_) => {}
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    return Err(Error::io(guard.path(), "wait for the command", e.into()));
+                    return Err(io_error(guard.path(), "wait for the command", e.into()));
                 }
             }
             if LOST.load(Ordering::Acquire) || guard.is_lost() {
@@ -718,11 +727,11 @@ fn install(sig: Signal) -> Result<bool> {
     );
     // SAFETY: the handler only touches atomics and write(2).
     let old = unsafe { sigaction(sig, &act) }
-        .map_err(|e| Error::io("signal", "install a signal handler", e.into()))?;
+        .map_err(|e| io_error("signal", "install a signal handler", e.into()))?;
     if sig != Signal::SIGCHLD && matches!(old.handler(), SigHandler::SigIgn) {
         // SAFETY: restoring the previous disposition.
         unsafe { sigaction(sig, &old) }
-            .map_err(|e| Error::io("signal", "restore a signal handler", e.into()))?;
+            .map_err(|e| io_error("signal", "restore a signal handler", e.into()))?;
         return Ok(false);
     }
     Ok(true)
@@ -743,7 +752,7 @@ struct Prepared {
 impl Prepared {
     fn new(guard: &LeaseGuard, job: &Job, forwarded: &[Signal]) -> Result<Prepared> {
         let nul = |what: &str| {
-            Error::io(
+            io_error(
                 guard.path(),
                 "prepare the command",
                 io::Error::new(

@@ -201,7 +201,7 @@ fn a_revoked_foreign_lease_blocks_a_contender_for_a_ttl_from_the_break() {
     assert_eq!(b.frees, leasehold::Frees::AfterTtl { ttl });
     println!(
         "break: {}",
-        leasehold::cli::report::broken_line(&b).trim_end()
+        leasehold_cli::cli::report::broken_line(&b).trim_end()
     );
     assert!(
         common::wait_for(Duration::from_secs(3), || g.is_lost()),

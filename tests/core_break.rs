@@ -47,7 +47,7 @@ fn break_stale_refuse_live_and_break_by_lease_id() {
     let e = leasehold::break_lease(&live, BreakMode::Stale).unwrap_err();
     eprintln!("break: live lease, no confirmation: {e}");
     assert!(matches!(e, Error::Refused { .. }), "{e:?}");
-    assert_eq!(e.exit_code(), leasehold::exit::TEMPFAIL);
+    assert_eq!(leasehold_cli::exit_code(&e), leasehold_cli::exit::TEMPFAIL);
     assert!(
         e.to_string().contains(&lease_id),
         "the refusal should say which id to name: {e}"

@@ -117,10 +117,10 @@ fn lease_keeps_renewing_on_a_full_file_system() {
         .unwrap_err();
     eprintln!(
         "full fs: new acquisition: {e} (exit code {})",
-        e.exit_code()
+        leasehold_cli::exit_code(&e)
     );
     assert!(e.is_no_space(), "not a no-space error: {e:?}");
-    assert_eq!(e.exit_code(), leasehold::exit::CANTCREAT);
+    assert_eq!(leasehold_cli::exit_code(&e), leasehold_cli::exit::CANTCREAT);
     assert!(
         e.to_string().contains("other.lock"),
         "error should name the path: {e}"

@@ -94,7 +94,7 @@ fn a_deadline_is_kept_while_the_mutex_is_stuck() {
         .unwrap_err();
     let took = t0.elapsed();
     assert!(took < Duration::from_millis(800), "{took:?}");
-    assert_eq!(err.exit_code(), 75, "{err}");
+    assert_eq!(leasehold_cli::exit_code(&err), 75, "{err}");
     assert!(err.to_string().contains("pid"), "names the holder: {err}");
     // try_acquire (-n) is bounded too.
     let t0 = Instant::now();

@@ -129,13 +129,16 @@ fn non_leases_at_lock_are_refused_and_left_untouched() {
             LeaseBuilder::new(&l).try_acquire().map(|g| g.token())
         })
         .expect_err(name);
-        eprintln!("refusal ({name}): {e} (exit code {})", e.exit_code());
+        eprintln!(
+            "refusal ({name}): {e} (exit code {})",
+            leasehold_cli::exit_code(&e)
+        );
         match (&e, *name) {
             (Error::NewerFormat { found: 99, .. }, "newer format") => {}
             (Error::NotALease { .. }, n) if n != "newer format" => {}
             _ => panic!("{name}: wrong error: {e:?}"),
         }
-        assert_eq!(e.exit_code(), 65, "{name}");
+        assert_eq!(leasehold_cli::exit_code(&e), 65, "{name}");
         assert!(
             e.to_string().contains(&format!("lock{i}")),
             "{name}: error must name the path: {e}"

@@ -137,7 +137,7 @@ fn full_disk_library_holder_keeps_lease_and_new_acquire_fails_cleanly() {
         .try_acquire()
         .expect_err("acquired on a full disk");
     assert!(err.is_no_space(), "not a no-space error: {err}");
-    assert_eq!(err.exit_code(), 73, "{err}");
+    assert_eq!(leasehold_cli::exit_code(&err), 73, "{err}");
     assert!(
         err.to_string().to_lowercase().contains("no space"),
         "unclear error: {err}"

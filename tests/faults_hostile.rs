@@ -184,7 +184,7 @@ fn hostile_files_at_lock_are_refused_untouched() {
             ),
             "{what}: unexpected error {err:?}"
         );
-        assert_eq!(err.exit_code(), 65, "{what}: {err}");
+        assert_eq!(leasehold_cli::exit_code(&err), 65, "{what}: {err}");
         let l3 = lock.clone();
         let st = bounded(what, move || leasehold::status(&l3).map(|_| ()));
         assert!(st.is_err(), "{what}: status judged it a lease");
@@ -281,7 +281,7 @@ fn lease_naming_pid_1_or_another_users_process_never_signals_it() {
                     drop(g);
                     break;
                 }
-                Err(e) => outcomes.push(format!("{} ({})", e.exit_code(), e)),
+                Err(e) => outcomes.push(format!("{} ({})", leasehold_cli::exit_code(&e), e)),
             }
             std::thread::sleep(Duration::from_millis(20));
         }

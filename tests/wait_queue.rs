@@ -116,7 +116,7 @@ fn worker_entry() {
             g.release().unwrap();
         }
         Err(e) => {
-            writeln!(f, "{name} error {}", e.exit_code()).unwrap();
+            writeln!(f, "{name} error {}", leasehold_cli::exit_code(&e)).unwrap();
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The library's one error type.
 //!
-//! Owns: every way a lease operation can fail, each carrying the path it concerns and the cause,
-//! and the sysexits-style exit code a command-line caller should report for it.
-//! Must never: lose the underlying `io::Error`, or describe a failure without naming the path.
+//! Owns: every way a lease operation can fail, each carrying the path it concerns and the cause.
+//! Must never: lose the underlying `io::Error`, describe a failure without naming the path, or
+//! decide how a program reports it (exit statuses and option names belong to the caller).
 
 use std::io;
 use std::path::PathBuf;
@@ -12,8 +12,9 @@ use crate::verdict::Verdict;
 
 /// Everything that can go wrong while taking, renewing, judging or releasing a lease.
 ///
-/// Every variant names the path it concerns. [`Error::exit_code`] maps each to the exit status
-/// that `leasehold run` documents.
+/// Every variant names the path it concerns. An I/O failure keeps its `io::Error`
+/// ([`Error::io_error`]) so that a caller can classify it (the `leasehold` command maps each
+/// variant and errno to a sysexits.h exit status).
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,7 +23,7 @@ use crate::verdict::Verdict;
 /// std::fs::create_dir(&lock)?; // a directory is never a lease
 /// let err = leasehold::LeaseBuilder::new(&lock).try_acquire().unwrap_err();
 /// assert!(matches!(err, leasehold::Error::NotALease { .. }));
-/// assert_eq!(err.exit_code(), 65);
+/// assert!(err.io_error().is_none());
 /// # Ok(()) }
 /// ```
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,9 @@ pub enum Error {
     /// Settings that cannot work together.
     #[error("invalid settings: {0}")]
     Settings(String),
+    /// A TTL, heartbeat and grace that cannot work together.
+    #[error("invalid settings: {0}")]
+    Timing(TimingError),
     /// The lock path itself cannot be used (no file name, parent missing, ...).
     #[error("{path}: {why}")]
     BadPath {
@@ -153,28 +157,6 @@ pub enum Error {
     },
 }
 
-/// Exit statuses (sysexits.h) used by the command-line tool.
-pub mod exit {
-    /// Command-line usage error.
-    pub const USAGE: i32 = 64;
-    /// LOCK exists but is not a leasehold lease, or is of a newer format.
-    pub const DATAERR: i32 = 65;
-    /// Cannot open LOCK or its directory.
-    pub const NOINPUT: i32 = 66;
-    /// Internal error.
-    pub const SOFTWARE: i32 = 70;
-    /// Cannot create a file, or no space.
-    pub const CANTCREAT: i32 = 73;
-    /// The lease was lost and the command fenced.
-    pub const IOERR_FENCED: i32 = 74;
-    /// The lock could not be had (held, or the wait ran out); `break` refused.
-    pub const TEMPFAIL: i32 = 75;
-    /// Permission denied.
-    pub const NOPERM: i32 = 77;
-    /// LOCK's file system cannot make the lock safe (configuration error).
-    pub const CONFIG: i32 = 78;
-}
-
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
         Error::Io {
@@ -189,27 +171,16 @@ impl Error {
         matches!(self, Error::Io { source, .. } if is_enospc(source))
     }
 
-    /// The exit status `leasehold run` reports for this error (sysexits.h).
+    /// The operating system's error behind this one, if it is an I/O failure.
     ///
     /// ```
     /// let e = leasehold::Error::Settings("x".into());
-    /// assert_eq!(e.exit_code(), 64);
+    /// assert!(e.io_error().is_none());
     /// ```
-    pub fn exit_code(&self) -> i32 {
+    pub fn io_error(&self) -> Option<&io::Error> {
         match self {
-            Error::Io { source, .. } => io_exit_code(source),
-            Error::NotALease { .. } | Error::NewerFormat { .. } | Error::Squatted { .. } => {
-                exit::DATAERR
-            }
-            Error::Untrusted { .. } => exit::NOPERM,
-            Error::WouldBlock { .. } | Error::Timeout { .. } | Error::MutexStuck { .. } => {
-                exit::TEMPFAIL
-            }
-            Error::Refused { .. } => exit::TEMPFAIL,
-            Error::UnsafeFileSystem { .. } => exit::CONFIG,
-            Error::Settings(_) | Error::NameTooLong { .. } => exit::USAGE,
-            Error::BadPath { .. } => exit::NOINPUT,
-            Error::Lost { .. } => exit::IOERR_FENCED,
+            Error::Io { source, .. } => Some(source),
+            _ => None,
         }
     }
 }
@@ -221,27 +192,80 @@ pub(crate) fn is_enospc(e: &io::Error) -> bool {
     )
 }
 
-fn io_exit_code(e: &io::Error) -> i32 {
-    match e.raw_os_error() {
-        Some(libc_consts::ENOSPC | libc_consts::EDQUOT | libc_consts::EROFS) => exit::CANTCREAT,
-        Some(libc_consts::EACCES | libc_consts::EPERM) => exit::NOPERM,
-        Some(libc_consts::ENOENT | libc_consts::ENOTDIR) => exit::NOINPUT,
-        _ => exit::SOFTWARE,
-    }
-}
-
 /// errno values, via nix so that we need no direct libc dependency.
 pub(crate) mod libc_consts {
     use nix::errno::Errno;
     pub const ENOSPC: i32 = Errno::ENOSPC as i32;
     pub const EDQUOT: i32 = Errno::EDQUOT as i32;
-    pub const EROFS: i32 = Errno::EROFS as i32;
-    pub const EACCES: i32 = Errno::EACCES as i32;
-    pub const EPERM: i32 = Errno::EPERM as i32;
-    pub const ENOENT: i32 = Errno::ENOENT as i32;
-    pub const ENOTDIR: i32 = Errno::ENOTDIR as i32;
     pub const ELOOP: i32 = Errno::ELOOP as i32;
     pub const ENXIO: i32 = Errno::ENXIO as i32;
+}
+
+/// Why a TTL, heartbeat and grace cannot work together ([`Error::Timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimingError {
+    /// The TTL is zero.
+    ZeroTtl,
+    /// The heartbeat interval is zero.
+    ZeroHeartbeat,
+    /// Heartbeat + grace + safety margin is not less than the TTL.
+    DoesNotFit {
+        /// The TTL.
+        ttl: Duration,
+        /// The heartbeat interval (given or defaulted).
+        heartbeat: Duration,
+        /// The grace (given or defaulted).
+        grace: Duration,
+        /// The safety margin (derived from the TTL).
+        margin: Duration,
+        /// Whether the heartbeat was given explicitly.
+        heartbeat_set: bool,
+        /// Whether the grace was given explicitly.
+        grace_set: bool,
+    },
+}
+
+impl TimingError {
+    /// The setting to change, by its neutral name: "the TTL", "the heartbeat", "the grace",
+    /// or "the heartbeat and the grace". A caller with its own names for the settings (the
+    /// `leasehold` command's flags) matches on the variant instead.
+    pub fn culprit(&self) -> &'static str {
+        match self {
+            TimingError::ZeroTtl => "the TTL",
+            TimingError::ZeroHeartbeat => "the heartbeat",
+            TimingError::DoesNotFit {
+                heartbeat_set,
+                grace_set,
+                ..
+            } => match (heartbeat_set, grace_set) {
+                (true, false) => "the heartbeat",
+                (false, true) => "the grace",
+                (true, true) => "the heartbeat and the grace",
+                (false, false) => "the TTL",
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for TimingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            TimingError::ZeroTtl | TimingError::ZeroHeartbeat => {
+                write!(f, "{} must be greater than zero", self.culprit())
+            }
+            TimingError::DoesNotFit {
+                ttl,
+                heartbeat,
+                grace,
+                margin,
+                ..
+            } => write!(
+                f,
+                "heartbeat {heartbeat:?} + grace {grace:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {} or lengthen the TTL",
+                self.culprit()
+            ),
+        }
+    }
 }
 
 /// Shorthand for results in this crate.

@@ -61,11 +61,6 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
 /// Inspects the file system of `dir` (a canonical directory path).
-///
-/// ```
-/// let info = leasehold::fsinfo::inspect(std::path::Path::new("/tmp"));
-/// assert!(info.host_local_locks.is_none());
-/// ```
 pub fn inspect(dir: &Path) -> FsInfo {
     let mut info = FsInfo::default();
     if let Ok(st) = nix::sys::statfs::statfs(dir) {
@@ -177,6 +172,12 @@ fn unescape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tmp_has_no_host_local_locks() {
+        let info = inspect(Path::new("/tmp"));
+        assert!(info.host_local_locks.is_none());
+    }
 
     #[test]
     fn finds_local_lock_nfs() {

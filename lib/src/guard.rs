@@ -20,9 +20,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::keeper::{self, Kept};
-// Re-exported for the CLI, which names it through this module.
-pub(crate) use crate::loss::LossReason;
-use crate::loss::LostCallback;
+use crate::loss::{LossReason, LostCallback};
 use crate::record::{Lease, LeaseState};
 use crate::store::file::FileHolding;
 use crate::store::{Holding, Ours, Release, Renewal};
@@ -156,7 +154,7 @@ impl LeaseGuard {
         lock(&self.inner.record).lease.token
     }
 
-    /// The random id of this holding (32 hex digits), for `leasehold break --lease-id`.
+    /// The random id of this holding (32 hex digits), for breaking it by id ([`crate::BreakMode::LeaseId`]).
     pub fn lease_id(&self) -> String {
         self.inner.lease_id.clone()
     }

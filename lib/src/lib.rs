@@ -38,12 +38,9 @@
 
 mod acquire;
 mod builder;
-// Bridge until the workspace split (branch `split`) lands: the CLI still lives under src/.
-#[path = "../../src/cli/mod.rs"]
-pub mod cli;
 mod clock;
 mod error;
-pub mod fsinfo;
+mod fsinfo;
 mod fsio;
 mod grave;
 mod guard;
@@ -56,13 +53,14 @@ mod loss;
 mod mutex;
 mod observe;
 mod paths;
+// Reading /proc: public for the `leasehold` command's supervisor and this workspace's tests;
+// not a stable API.
+#[doc(hidden)]
 pub mod process;
 mod queue;
 mod record;
 mod status;
 mod store;
-#[path = "../../src/supervise.rs"]
-pub mod supervise;
 mod takeover;
 pub mod text;
 mod timing;
@@ -72,7 +70,7 @@ mod wait;
 pub use acquire::Acquirer;
 pub use builder::LeaseBuilder;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
-pub use error::{Error, Result, exit};
+pub use error::{Error, Result, TimingError};
 pub use guard::LeaseGuard;
 pub use identity::Identity;
 pub use loss::LossReason;

@@ -313,6 +313,14 @@ impl JobEvidence {
     fn carries_lease(&self, pid: i32) -> Result<bool, String> {
         let path = format!("/proc/{pid}/environ");
         let env = fs::read(&path).map_err(|e| unreadable(&path, &e))?;
+        if env.is_empty() {
+            // A process in the middle of execve shows an empty environment for a moment (the
+            // kernel sets up the new one after it shows the new executable), and so does one
+            // started with `env -i`: neither is proof that it is not the job's.
+            return Err(format!(
+                "{path} is empty (the process is starting a program, or cleared its environment)"
+            ));
+        }
         let mut want_lock = b"LEASEHOLD_LOCK=".to_vec();
         want_lock.extend_from_slice(self.lock.as_os_str().as_bytes());
         let want_id = format!("LEASEHOLD_LEASE_ID={}", self.lease_id);

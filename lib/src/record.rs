@@ -43,7 +43,7 @@ pub(crate) const MUTABLE_RANGE: std::ops::Range<usize> = OFF_CHECKSUM..OFF_AT + 
 pub enum LeaseState {
     /// Someone holds it (or held it and died: judging decides).
     Held,
-    /// Broken while its holder may still live (`break --force` / `--lease-id` of a live lease):
+    /// Broken while its holder may still live (a live lease broken by force or by its lease id):
     /// its holder fences at its next renewal, but the lock is not free until its processes are
     /// gone (same host) or this record stayed unchanged for its TTL (other hosts).
     Revoked,

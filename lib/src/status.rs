@@ -12,8 +12,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-
 use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsio::LockContent;
@@ -42,7 +40,7 @@ const LOOK_WAIT: Duration = Duration::from_secs(2);
 /// let g = leasehold::LeaseBuilder::new(&lock).try_acquire()?;
 /// let v = leasehold::status(&lock)?;
 /// assert_eq!(v.state, leasehold::State::Held);
-/// assert_eq!(v.to_json()["token"], g.token());
+/// assert_eq!(v.lease.as_ref().map(|l| l.token), Some(g.token()));
 /// # Ok(()) }
 /// ```
 pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
@@ -137,7 +135,7 @@ pub struct Broken {
 ///
 /// - A stale lease is replaced by a released record at once (token kept, who broke it and why
 ///   recorded), after stopping (verified SIGKILL) what its job left in its process group.
-/// - A live lease (`--lease-id` or `--force`) is **revoked**: the record keeps its lease id,
+/// - A live lease ([`BreakMode::LeaseId`] or [`BreakMode::Force`]) is **revoked**: the record keeps its lease id,
 ///   holder and token, with state `revoked` and who revoked it. Its holder fences at its next
 ///   renewal; the lock is not free until its processes are gone (same host) or each contender's
 ///   host has seen the revoked record unchanged for its TTL (other hosts): see [`Frees`].
@@ -211,7 +209,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
 fn permitted(v: &Verdict, lease: &Lease, mode: &BreakMode) -> std::result::Result<(), String> {
     match mode {
         BreakMode::Stale if v.state != State::Stale => Err(format!(
-            "refusing to break a live lease: {v}; name it with --lease-id {} or use --force",
+            "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
             lease.lease_id
         )),
         BreakMode::LeaseId(id) if !id.eq_ignore_ascii_case(&lease.lease_id) => Err(format!(
@@ -382,40 +380,4 @@ fn judge_live(lease: &Lease, paths: &LockPaths) -> LiveJob {
         }
     }
     out
-}
-
-impl Verdict {
-    /// The machine-readable form used by `leasehold status --json`.
-    pub fn to_json(&self) -> Value {
-        let l = self.lease.as_ref();
-        let h = l.map(|l| &l.holder);
-        json!({
-            "path": self.path.display().to_string(),
-            "state": self.state,
-            "reason": self.reason,
-            "token": l.map(|l| l.token),
-            "lease_id": l.map(|l| l.lease_id.clone()),
-            "lease_state": l.map(|l| l.state),
-            "pid": h.map(|h| h.pid),
-            "child_pid": h.and_then(|h| h.child_pid),
-            "pgid": h.and_then(|h| h.pgid),
-            "host": h.map(|h| h.host.clone()),
-            "user": h.map(|h| h.user.clone()),
-            "command": h.map(|h| h.command.clone()),
-            "note": h.and_then(|h| h.note.clone()),
-            "acquired_at": l.map(|l| l.acquired_at.clone()),
-            "heartbeat_at": l.map(|l| l.heartbeat_at.clone()),
-            "heartbeat_seq": l.map(|l| l.heartbeat_seq),
-            "heartbeat_age_ms": self.heartbeat_age.map(|a| a.as_millis() as u64),
-            "ttl_ms": l.map(|l| l.ttl_ms),
-            "same_host": self.same_host,
-            "queue": self.queue.iter().map(|w| json!({
-                "seq": w.seq, "pid": w.pid, "host": w.host, "user": w.user,
-                "since": w.since, "command": w.command,
-            })).collect::<Vec<_>>(),
-            "ended": l.and_then(|l| l.ended.as_ref()).map(|e| json!({
-                "at": e.at, "how": e.how, "by": e.by,
-            })),
-        })
-    }
 }

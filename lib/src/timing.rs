@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TimingError};
 
 /// Timing of a guard, validated: `heartbeat + grace + margin < ttl`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Timing {
 
 impl Timing {
     /// Fills in defaults (heartbeat TTL/3, grace min(5s, TTL/4), margin max(20ms, TTL/20)) and
-    /// checks that explicit values fit. The error names the setting to change.
+    /// checks that explicit values fit. The error ([`TimingError`]) says which setting to change.
     ///
     /// ```
     /// use std::time::Duration;
@@ -40,26 +40,23 @@ impl Timing {
         grace: Option<Duration>,
     ) -> Result<Timing> {
         if ttl.is_zero() {
-            return Err(Error::Settings("--ttl must be greater than zero".into()));
+            return Err(Error::Timing(TimingError::ZeroTtl));
         }
         let margin = (ttl / 20).max(Duration::from_millis(20));
         let hb = heartbeat.unwrap_or(ttl / 3);
         let grace_v = grace.unwrap_or((ttl / 4).min(Duration::from_secs(5)));
         if hb.is_zero() {
-            return Err(Error::Settings(
-                "--heartbeat must be greater than zero".into(),
-            ));
+            return Err(Error::Timing(TimingError::ZeroHeartbeat));
         }
         if hb + grace_v + margin >= ttl {
-            let flag = match (heartbeat.is_some(), grace.is_some()) {
-                (true, false) => "--heartbeat",
-                (false, true) => "--grace",
-                (true, true) => "--heartbeat and --grace",
-                (false, false) => "--ttl",
-            };
-            return Err(Error::Settings(format!(
-                "{flag}: heartbeat {hb:?} + grace {grace_v:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {flag} or lengthen --ttl"
-            )));
+            return Err(Error::Timing(TimingError::DoesNotFit {
+                ttl,
+                heartbeat: hb,
+                grace: grace_v,
+                margin,
+                heartbeat_set: heartbeat.is_some(),
+                grace_set: grace.is_some(),
+            }));
         }
         Ok(Timing {
             ttl,

@@ -5,8 +5,8 @@
 //! (the library enforces it; this file only chooses the mode).
 
 use crate::cli::args::BreakArgs;
-use crate::cli::report;
-use crate::{BreakMode, break_lease};
+use crate::cli::{exit, report};
+use leasehold::{BreakMode, Error, break_lease};
 
 /// Runs `leasehold break` and returns the exit status (75 when refused).
 pub(super) fn brk(a: &BreakArgs) -> i32 {
@@ -15,6 +15,7 @@ pub(super) fn brk(a: &BreakArgs) -> i32 {
         (None, true) => BreakMode::Force,
         (None, false) => BreakMode::Stale,
     };
+    let stale_only = mode == BreakMode::Stale;
     match break_lease(&a.lock, mode) {
         Ok(b) => {
             if !a.quiet {
@@ -23,8 +24,31 @@ pub(super) fn brk(a: &BreakArgs) -> i32 {
             0
         }
         Err(e) => {
+            let e = if stale_only { with_flags(e) } else { e };
             say!("{}", report::error_line(&e));
-            e.exit_code()
+            exit::exit_code(&e)
         }
+    }
+}
+
+/// The library's refusal to break a live lease says how in its own words ("break it by its lease
+/// id ID, or by force"); say it with this command's flags.
+fn with_flags(e: Error) -> Error {
+    match e {
+        Error::Refused { path, why } => {
+            let flags = why.rsplit_once("; ").and_then(|(head, tail)| {
+                let id = tail
+                    .strip_prefix("break it by its lease id ")?
+                    .strip_suffix(", or by force")?;
+                Some(format!(
+                    "{head}; name it with --lease-id {id} or use --force"
+                ))
+            });
+            Error::Refused {
+                path,
+                why: flags.unwrap_or(why),
+            }
+        }
+        e => e,
     }
 }

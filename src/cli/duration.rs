@@ -12,7 +12,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use leasehold::cli::duration::parse_duration;
+/// use leasehold_cli::cli::duration::parse_duration;
 /// assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
 /// assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
 /// assert!(parse_duration("5 parsecs").is_err());

@@ -7,14 +7,14 @@
 
 /// Writes one line to stderr, ignoring failure (a closed or broken stderr must not turn into a
 /// panic; the exit status still tells what happened). The line is passed through
-/// [`crate::text::scrub`] as a whole — no legitimate single line holds a control character —
+/// [`leasehold::text::scrub`] as a whole — no legitimate single line holds a control character —
 /// so that nothing printed here can rewrite the terminal or start a line of its own, even if a
 /// caller forgot to escape a value (the `report` functions escape each value already).
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
         let line = format!($($arg)*);
-        let _ = writeln!(std::io::stderr(), "{}", $crate::text::scrub(&line));
+        let _ = writeln!(std::io::stderr(), "{}", leasehold::text::scrub(&line));
     }};
 }
 
@@ -29,6 +29,8 @@ macro_rules! out {
 pub mod args;
 mod brk;
 pub mod duration;
+pub mod exit;
+pub mod json;
 mod progress;
 pub mod report;
 mod run;
@@ -36,8 +38,6 @@ mod status;
 
 use clap::Parser;
 use clap::error::ErrorKind;
-
-use crate::exit;
 
 /// Runs the `leasehold` command line with this process's arguments and returns its exit status.
 pub fn main() -> i32 {

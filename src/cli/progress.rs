@@ -12,7 +12,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::report;
-use crate::Verdict;
+use leasehold::Verdict;
 
 /// Shows the wait; cloned into the builder's `on_wait` callback.
 #[derive(Debug, Clone)]

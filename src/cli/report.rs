@@ -11,12 +11,41 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::text::{self, escape, escape_path, scrub};
-use crate::{Broken, Error, Frees, LeaseState, State, Verdict, human_duration};
+use leasehold::text::{self, escape, escape_path, scrub};
+use leasehold::{Broken, Error, Frees, LeaseState, State, TimingError, Verdict, human_duration};
 
 /// `leasehold: <error>`.
 pub fn error_line(e: &Error) -> String {
+    if let Error::Timing(t) = e {
+        return format!("leasehold: invalid settings: {}", timing_text(t));
+    }
     scrub(&format!("leasehold: {e}")).into_owned()
+}
+
+/// What is wrong with the timing, naming the flags to change (the library names the settings).
+fn timing_text(t: &TimingError) -> String {
+    match *t {
+        TimingError::ZeroTtl => "--ttl must be greater than zero".into(),
+        TimingError::ZeroHeartbeat => "--heartbeat must be greater than zero".into(),
+        TimingError::DoesNotFit {
+            ttl,
+            heartbeat,
+            grace,
+            margin,
+            heartbeat_set,
+            grace_set,
+        } => {
+            let flag = match (heartbeat_set, grace_set) {
+                (true, false) => "--heartbeat",
+                (false, true) => "--grace",
+                (true, true) => "--heartbeat and --grace",
+                (false, false) => "--ttl",
+            };
+            format!(
+                "{flag}: heartbeat {heartbeat:?} + grace {grace:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {flag} or lengthen --ttl"
+            )
+        }
+    }
 }
 
 /// `leasehold: <why>`, for a command that could not be started (`why` names it already).
@@ -156,7 +185,7 @@ pub fn fenced_line(cmd: &str, reason: &str, lock: &Path, survivors: usize) -> St
 }
 
 /// `leasehold: acquired LOCK (token N, lease id ID, TTL .., heartbeat .., grace ..)` (`-v`).
-pub fn acquired_line(g: &crate::LeaseGuard) -> String {
+pub fn acquired_line(g: &leasehold::LeaseGuard) -> String {
     let t = g.timing();
     format!(
         "leasehold: acquired {} (token {}, lease id {}, TTL {}, heartbeat {}, grace {})",

@@ -6,10 +6,11 @@
 //! command is dead, or report a conflict with anything but the -E status.
 
 use crate::cli::args::RunArgs;
+use crate::cli::exit;
 use crate::cli::progress::WaitDisplay;
 use crate::cli::report;
 use crate::supervise::{Job, Outcome, Supervisor};
-use crate::{Error, LeaseBuilder, exit};
+use leasehold::{Error, LeaseBuilder};
 
 /// Whether an acquisition error means "the lock could not be had" (exit -E, default 75).
 fn is_conflict(e: &Error) -> bool {
@@ -42,7 +43,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
         Ok(s) => s,
         Err(e) => {
             say!("{}", report::error_line(&e));
-            return e.exit_code();
+            return exit::exit_code(&e);
         }
     };
     let display = WaitDisplay::new(a.quiet);
@@ -64,7 +65,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     }
     if let Err(e) = b.timing() {
         say!("{}", report::error_line(&e));
-        return e.exit_code();
+        return exit::exit_code(&e);
     }
     let got = if a.no_wait {
         b.try_acquire()
@@ -84,7 +85,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
         }
         Err(e) => {
             say!("{}", report::error_line(&e));
-            return e.exit_code();
+            return exit::exit_code(&e);
         }
     };
     if let (Some(v), false) = (guard.broke(), a.quiet) {
@@ -99,7 +100,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
         Err(e) => {
             say!("{}", report::error_line(&e));
             let _ = guard.release_with(&format!("leasehold failed: {e}"));
-            return e.exit_code();
+            return exit::exit_code(&e);
         }
     };
     let how = outcome.ending();

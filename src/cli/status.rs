@@ -7,17 +7,17 @@
 use serde_json::{Value, json};
 
 use crate::cli::args::StatusArgs;
-use crate::cli::report;
+use crate::cli::{exit, json, report};
 
 /// Runs `leasehold status` and returns the exit status.
 pub(super) fn status(a: &StatusArgs) -> i32 {
     let mut code = 0;
     let mut json_out: Vec<Value> = Vec::new();
     for (i, lock) in a.locks.iter().enumerate() {
-        match crate::status(lock) {
+        match leasehold::status(lock) {
             Ok(v) => {
                 if a.json {
-                    json_out.push(v.to_json());
+                    json_out.push(json::verdict(&v));
                 } else {
                     if i > 0 {
                         out!("\n");
@@ -34,7 +34,7 @@ pub(super) fn status(a: &StatusArgs) -> i32 {
                     }));
                 }
                 if code == 0 {
-                    code = e.exit_code();
+                    code = exit::exit_code(&e);
                 }
             }
         }

@@ -530,7 +530,7 @@ fn helper_hold() -> i32 {
         Ok(g) => g,
         Err(e) => {
             eprintln!("leasehold helper: {e}");
-            return e.exit_code();
+            return leasehold_cli::exit_code(&e);
         }
     };
     let cs = std::env::var_os("FAULTS_CS").map(PathBuf::from);
@@ -553,7 +553,7 @@ fn helper_hold() -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("leasehold helper: release: {e}");
-            e.exit_code()
+            leasehold_cli::exit_code(&e)
         }
     }
 }

@@ -20,10 +20,12 @@ fn child_with_env(lock: &str, id: &str, own_group: bool) -> std::process::Child 
 }
 
 fn stat_when_execed(c: &std::process::Child) -> ProcStat {
-    // Environ is the initial environment of the exec'ed program: wait for the exec.
+    // Environ is the initial environment of the exec'ed program: wait for the exec to have
+    // set it up (the new executable shows in /proc before the new environment does).
     for _ in 0..2000 {
         if fs::read_link(format!("/proc/{}/exe", c.id()))
             .is_ok_and(|p| p.to_string_lossy().ends_with("sleep"))
+            && fs::read(format!("/proc/{}/environ", c.id())).is_ok_and(|e| !e.is_empty())
         {
             break;
         }
@@ -62,6 +64,35 @@ fn evidence_is_bound_to_the_lock_path_and_the_lease_id() {
     assert!(matches!(verdicts.0, Evidence::NotOurs(_)), "{verdicts:?}");
     assert_eq!(verdicts.1, Evidence::Belongs);
     assert!(matches!(verdicts.2, Evidence::NotOurs(_)), "{verdicts:?}");
+}
+
+#[test]
+fn an_empty_environment_is_cannot_tell_never_not_ours() {
+    // As a process in the middle of execve shows for a moment, or one run with `env -i`.
+    let mut c = std::process::Command::new("/bin/sleep")
+        .arg("30")
+        .env_clear()
+        .spawn()
+        .unwrap();
+    for _ in 0..2000 {
+        if fs::read_link(format!("/proc/{}/exe", c.id()))
+            .is_ok_and(|p| p.to_string_lossy().ends_with("sleep"))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let s = stat(c.id() as i32).unwrap().unwrap();
+    let ev = JobEvidence::new(
+        "0123456789abcdef0123456789abcdef",
+        nix::unistd::geteuid().as_raw(),
+        Path::new("/nonexistent/x.lock"),
+        Path::new("/nonexistent/.x.lock.leasehold-mutex"),
+    );
+    let verdict = ev.check(&s);
+    let _ = c.kill();
+    let _ = c.wait();
+    assert!(matches!(verdict, Evidence::Unknown(_)), "{verdict:?}");
 }
 
 #[test]
