@@ -287,7 +287,7 @@ fn enter<S: Store>(
     };
     let ttl = ctx.timing.ttl;
     ctx.store
-        .enter(kept, deadline, ttl, policy, place, &mut blocked)
+        .enter(kept, deadline, ttl, policy, place, Some(&mut blocked))
 }
 
 /// One pass of a one-shot caller inside the section: it never queues and never overtakes a

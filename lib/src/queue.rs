@@ -4,8 +4,8 @@
 //! created exclusively and flocked by its owner for as long as it waits), finding the live
 //! tickets ahead of ours (a ticket whose flock is free belongs to a waiter that is gone; one
 //! whose heartbeat has not moved for a TTL belongs to a frozen waiter and is skipped), the
-//! ticket's in-place heartbeat, the head's prepared lease (`q-N.lease`, written while it waits
-//! and renamed over LOCK when it takes the lease), and leaving the queue. Everything goes
+//! ticket's in-place heartbeat, keeping the head's prepared lease with its ticket (`q-N.lease`:
+//! written and installed by `handover.rs`, removed with the ticket), and leaving the queue. Everything goes
 //! through the queue directory opened without following a link ([`LockDir`]).
 //! Must never: delete a ticket whose flock is held by a live, beating waiter; lock or delete a
 //! name that is not a regular file with one link (not a ticket leasehold could have made);

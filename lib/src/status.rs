@@ -71,7 +71,7 @@ fn enter<S: Store>(store: &S) -> Result<S::Section> {
         Duration::MAX,
         policy,
         None,
-        &mut |_| {},
+        None,
     )
 }
 

@@ -120,27 +120,26 @@ impl Store for FileStore {
         stuck_after: Duration,
         policy: StuckPolicy,
         mut place: Option<&mut Place>,
-        blocked: &mut dyn FnMut(&str),
+        mut blocked: Option<&mut dyn FnMut(&str)>,
     ) -> Result<MutexGuard> {
+        // A look (no place, nobody to tell) waits without being told anything.
+        let tell = place.is_some() || blocked.is_some();
         let mut waiting = |w: MutexWait<'_>| match w {
             MutexWait::Beat => {
                 if let Some(t) = place.as_deref_mut().and_then(|p| p.ticket.as_mut()) {
                     t.beat();
                 }
             }
-            MutexWait::Blocked(who) => blocked(who),
+            MutexWait::Blocked(who) => {
+                if let Some(b) = blocked.as_deref_mut() {
+                    b(who);
+                }
+            }
         };
+        let waiting = tell.then_some(&mut waiting as &mut dyn FnMut(MutexWait<'_>));
         let write = self.rw_mutex || self.storage.network;
         let (paths, reuse) = (&self.paths, kept.take());
-        mutex::lock_with(
-            reuse,
-            paths,
-            deadline,
-            stuck_after,
-            policy,
-            Some(&mut waiting),
-            write,
-        )
+        mutex::lock_with(reuse, paths, deadline, stuck_after, policy, waiting, write)
     }
 
     fn leave(&self, section: MutexGuard, kept: &mut Option<MutexFile>) {

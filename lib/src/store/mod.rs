@@ -86,8 +86,8 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
 
     /// Enters the exclusive section, waiting at most until `deadline`. A section held by a
     /// stopped process for longer than `stuck_after` is handled by `policy`; while it waits,
-    /// `place`'s liveness is kept up, and `blocked` is told (once a second at most) who holds
-    /// the section, by the kernel's (or server's) word.
+    /// `place`'s liveness is kept up, and `blocked`, if given, is told (once a second at most)
+    /// who holds the section, by the kernel's (or server's) word.
     fn enter(
         &self,
         kept: &mut Self::Kept,
@@ -95,7 +95,7 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
         stuck_after: std::time::Duration,
         policy: StuckPolicy,
         place: Option<&mut Self::Place>,
-        blocked: &mut dyn FnMut(&str),
+        blocked: Option<&mut dyn FnMut(&str)>,
     ) -> Result<Self::Section>;
 
     /// Leaves the section without taking the lease.
