@@ -1,7 +1,7 @@
 //! Looking at a lock and breaking it by hand: what `leasehold status` and `leasehold break` do.
 //!
 //! Owns: judging a lock for display (recording this host's observation, as a contender would),
-//! the JSON form of a verdict, and the operator's break: by lease id (the id is the operator's
+//! and the operator's break: by lease id (the id is the operator's
 //! confirmation), stale-only, or forced. A break keeps the token and says who broke it and why:
 //! a stale lease (or a forged or copied one, whose live processes are verifiably not this
 //! lock's) becomes a released record, a live one a revoked record.
