@@ -30,8 +30,10 @@
 #endif
 #define DL     (TTL - GRACE - MARGIN)  /* renew window: deadline = renewal start + DL */
 #define HB     2      /* heartbeat interval: TTL/3 */
+#ifndef DRIFT
 #define DRIFT  1      /* host 1's clock = real time + off1, off1 in 0..DRIFT */
-#define WSKEW  3      /* host 1's wall clock is this far ahead of host 0's (read only by BROKEN_WALL_CLOCK) */
+#endif
+#define WSKEW  4      /* host 1's wall clock is this far ahead of host 0's (read only by BROKEN_WALL_CLOCK) */
 #ifndef LBOUND
 #define LBOUND (TTL + DRIFT + 2) /* bounded liveness: a dead holder's lock is taken within this */
 #endif
@@ -169,11 +171,11 @@ inline judge(h, v, age) {
         :: else -> v = (age >= TTL -> V_HUNG : V_HELD)
         fi
      :: else ->                                 /* foreign: own observation for its TTL */
-#ifdef BROKEN_WALL_CLOCK
-        v = (lk_state == HELD && hba + WOFF(h) >= TTL + WOFF(HOST(lk_owner)) -> V_STALE : V_HELD);
-        v = (lk_state == REVOKED && age >= TTL -> V_STALE : v)
+        v = (age >= TTL -> V_STALE : V_HELD);
+#ifdef BROKEN_WALL_CLOCK                        /* ... or by its own wall-clock heartbeat_at */
+        v = (lk_state == HELD && hba + WOFF(h) >= TTL + WOFF(HOST(lk_owner)) -> V_STALE : v)
 #else
-        v = (age >= TTL -> V_STALE : V_HELD)
+        skip
 #endif
      fi
   fi
