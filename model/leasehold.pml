@@ -5,9 +5,11 @@
  * an operator who may `break --force` once, a user of another uid who may plant an
  * observation file once, a person who may delete the mutex file once, and chaos that may
  * crash one contender and pause one contender (wrapper and command frozen together: SIGSTOP
- * of the job, a paused VM) at any step. Time is discrete: `now` is real time; each host's
- * monotonic clock drifts from it within DRIFT ticks. See model/README.md for the mapping of
- * every variable to the code, the bounds and what is not modelled.
+ * of the job, a paused VM) at any step. Time is discrete ticks; host 1's monotonic clock
+ * drifts from real time within DRIFT ticks; all timers are relative and saturate, so runs of
+ * any length are covered. Switches that leave an adversary out: -DNO_CRASH, -DNO_PAUSE,
+ * -DNO_BREAK, -DNO_RM, -DNO_FORGE. See model/README.md for the mapping of every variable to
+ * the code, the bounds and what is not modelled.
  *
  * Broken variants (each removes one safety step; SPIN must find a counterexample):
  *   -DBROKEN_NO_MARGIN        renew deadline = start + TTL - grace (no margin)
