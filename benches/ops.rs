@@ -145,7 +145,7 @@ fn bench_fs(c: &mut Criterion, label: &str, dir: &Path) {
         })
     });
     grp.bench_function("leasehold_acquire_release", |b| {
-        let mut builder = leasehold::LeaseBuilder::new(&lock);
+        let mut builder = leasehold::LeaseBuilder::new(&lock).acquirer();
         b.iter(|| {
             let g = or_die(builder.try_acquire(), "try_acquire");
             or_die(g.release(), "release");
@@ -206,7 +206,7 @@ fn bench_fs(c: &mut Criterion, label: &str, dir: &Path) {
     // waiter even when the lock is free; slow enough that it gets the minimum sample count.
     grp.sample_size(10);
     grp.bench_function("leasehold_acquire_blocking_release", |b| {
-        let mut builder = leasehold::LeaseBuilder::new(&lock);
+        let mut builder = leasehold::LeaseBuilder::new(&lock).acquirer();
         b.iter(|| {
             let g = or_die(builder.acquire(), "acquire");
             or_die(g.release(), "release");

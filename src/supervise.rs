@@ -76,8 +76,6 @@ use nix::sys::signal::{
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getpgrp, getpid, pipe2, setpgid, tcgetpgrp, tcsetpgrp};
 
-use leasehold::LeaseState;
-use leasehold::State;
 use leasehold::process;
 use leasehold::{Error, Result};
 use leasehold::{LeaseGuard, LossReason};
@@ -613,7 +611,7 @@ impl Supervisor {
     fn ended(&self, guard: &LeaseGuard, child: Pid, o: Outcome) -> Outcome {
         let o = match o {
             Outcome::Signaled(_)
-                if guard.is_lost() || LOST.load(Ordering::Acquire) || !still_ours(guard) =>
+                if guard.is_lost() || LOST.load(Ordering::Acquire) || !guard.still_ours() =>
             {
                 // Whatever is left of its group goes too, while its id is still reserved.
                 let survivors = kill_group_and_wait(child, None, KILL_WAIT);
@@ -685,22 +683,6 @@ fn loss_text(guard: &LeaseGuard) -> String {
     match guard.loss() {
         Some(r) => r.to_string(),
         None => "lease lost".into(),
-    }
-}
-
-/// Whether LOCK still holds our lease, held. Unreadable storage counts as "yes": the guard's own
-/// deadline decides then.
-fn still_ours(guard: &LeaseGuard) -> bool {
-    match leasehold::status(guard.path()) {
-        Ok(v) => match &v.lease {
-            Some(l) => {
-                l.lease_id == guard.lease_id()
-                    && l.state == LeaseState::Held
-                    && v.state != State::Free
-            }
-            None => false,
-        },
-        Err(_) => true,
     }
 }
 

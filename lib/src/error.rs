@@ -8,7 +8,6 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::guard::TimingError;
 use crate::verdict::Verdict;
 
 /// Everything that can go wrong while taking, renewing, judging or releasing a lease.
@@ -200,6 +199,73 @@ pub(crate) mod libc_consts {
     pub const EDQUOT: i32 = Errno::EDQUOT as i32;
     pub const ELOOP: i32 = Errno::ELOOP as i32;
     pub const ENXIO: i32 = Errno::ENXIO as i32;
+}
+
+/// Why a TTL, heartbeat and grace cannot work together ([`Error::Timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimingError {
+    /// The TTL is zero.
+    ZeroTtl,
+    /// The heartbeat interval is zero.
+    ZeroHeartbeat,
+    /// Heartbeat + grace + safety margin is not less than the TTL.
+    DoesNotFit {
+        /// The TTL.
+        ttl: Duration,
+        /// The heartbeat interval (given or defaulted).
+        heartbeat: Duration,
+        /// The grace (given or defaulted).
+        grace: Duration,
+        /// The safety margin (derived from the TTL).
+        margin: Duration,
+        /// Whether the heartbeat was given explicitly.
+        heartbeat_set: bool,
+        /// Whether the grace was given explicitly.
+        grace_set: bool,
+    },
+}
+
+impl TimingError {
+    /// The setting to change, by its neutral name: "the TTL", "the heartbeat", "the grace",
+    /// or "the heartbeat and the grace". A caller with its own names for the settings (the
+    /// `leasehold` command's flags) matches on the variant instead.
+    pub fn culprit(&self) -> &'static str {
+        match self {
+            TimingError::ZeroTtl => "the TTL",
+            TimingError::ZeroHeartbeat => "the heartbeat",
+            TimingError::DoesNotFit {
+                heartbeat_set,
+                grace_set,
+                ..
+            } => match (heartbeat_set, grace_set) {
+                (true, false) => "the heartbeat",
+                (false, true) => "the grace",
+                (true, true) => "the heartbeat and the grace",
+                (false, false) => "the TTL",
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for TimingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            TimingError::ZeroTtl | TimingError::ZeroHeartbeat => {
+                write!(f, "{} must be greater than zero", self.culprit())
+            }
+            TimingError::DoesNotFit {
+                ttl,
+                heartbeat,
+                grace,
+                margin,
+                ..
+            } => write!(
+                f,
+                "heartbeat {heartbeat:?} + grace {grace:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {} or lengthen the TTL",
+                self.culprit()
+            ),
+        }
+    }
 }
 
 /// Shorthand for results in this crate.

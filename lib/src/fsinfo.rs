@@ -21,6 +21,35 @@ pub struct FsInfo {
     pub memory_backed: bool,
 }
 
+/// What the protocol needs to know of LOCK's storage: the one name for "local" versus
+/// "network" (and whether fsync means anything there).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Storage {
+    /// A network file system: other hosts' changes reach us by polling only, kernel locks go
+    /// through a server (never block in them), a descriptor kept across a rename keeps the old
+    /// file alive on the server (never keep LOCK open), and link counts may come from a cache.
+    pub network: bool,
+    /// Memory-backed (tmpfs, ramfs): fsync is a no-op and nothing survives a reboot.
+    pub memory_backed: bool,
+}
+
+impl Storage {
+    /// Whether writes asked to be durable (`durable`) are fsynced here.
+    pub fn fsyncs(&self, durable: bool) -> bool {
+        durable && !self.memory_backed
+    }
+}
+
+impl FsInfo {
+    /// The storage facts the protocol works by.
+    pub fn storage(&self) -> Storage {
+        Storage {
+            network: self.network,
+            memory_backed: self.memory_backed,
+        }
+    }
+}
+
 const NFS_SUPER_MAGIC: i64 = 0x6969;
 const SMB_SUPER_MAGIC: i64 = 0x517B;
 const CIFS_MAGIC: i64 = 0xFF53_4D42;

@@ -36,6 +36,7 @@
 
 #![deny(missing_docs)]
 
+mod acquire;
 mod builder;
 mod clock;
 mod error;
@@ -43,8 +44,12 @@ mod fsinfo;
 mod fsio;
 mod grave;
 mod guard;
+mod handover;
 mod identity;
+mod judge;
+mod keeper;
 mod lockdir;
+mod loss;
 mod mutex;
 mod observe;
 mod paths;
@@ -55,17 +60,23 @@ pub mod process;
 mod queue;
 mod record;
 mod status;
+mod store;
+mod takeover;
 pub mod text;
+mod timing;
 mod verdict;
 mod wait;
 
+pub use acquire::Acquirer;
 pub use builder::LeaseBuilder;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
-pub use error::{Error, Result};
-pub use guard::{LeaseGuard, LossReason, Timing, TimingError};
+pub use error::{Error, Result, TimingError};
+pub use guard::LeaseGuard;
 pub use identity::Identity;
+pub use loss::LossReason;
 pub use paths::LockPaths;
-pub use queue::Waiting;
 pub use record::{Ending, FORMAT_VERSION, Holder, Lease, LeaseState};
 pub use status::{BreakMode, Broken, Frees, break_lease, status, status_with};
+pub use timing::Timing;
+pub use verdict::Waiting;
 pub use verdict::{State, Verdict};

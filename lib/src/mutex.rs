@@ -113,6 +113,62 @@ pub(crate) type Waiting<'a> = Option<&'a mut dyn FnMut(MutexWait<'_>)>;
 /// How long the mutex may be busy before the waiter is told who holds it.
 const TELL_AFTER: Duration = Duration::from_millis(800);
 
+/// The clocks of one wait for a busy mutex: when to judge a holder that sits on it, when to
+/// move a queued waiter's beat, and when to say who holds it.
+struct Patience {
+    stuck_after: Duration,
+    next_judgement: Option<Instant>,
+    beat_every: Duration,
+    next_beat: Option<Instant>,
+    next_tell: Option<Instant>,
+    /// Who we last said holds it.
+    told: String,
+}
+
+impl Patience {
+    fn new(start: Instant, stuck_after: Duration) -> Patience {
+        let beat_every = (stuck_after / 8).max(Duration::from_millis(1));
+        Patience {
+            stuck_after,
+            next_judgement: start.checked_add(stuck_after),
+            beat_every,
+            next_beat: start.checked_add(beat_every),
+            next_tell: start.checked_add(TELL_AFTER),
+            told: String::new(),
+        }
+    }
+
+    /// Between two try-locks of `file` at `now`: whatever is due.
+    fn between(
+        &mut self,
+        file: &File,
+        now: Instant,
+        policy: StuckPolicy,
+        waiting: &mut Waiting<'_>,
+    ) {
+        if self.next_judgement.is_some_and(|j| now >= j) {
+            judge_stuck(file, policy);
+            self.next_judgement = now.checked_add(self.stuck_after);
+        }
+        if let Some(f) = waiting.as_deref_mut()
+            && self.next_beat.is_some_and(|b| now >= b)
+        {
+            f(MutexWait::Beat);
+            self.next_beat = now.checked_add(self.beat_every);
+        }
+        if let Some(f) = waiting.as_deref_mut()
+            && self.next_tell.is_some_and(|t| now >= t)
+        {
+            let who = describe_holder(file);
+            if who != self.told {
+                f(MutexWait::Blocked(&who));
+                self.told = who;
+            }
+            self.next_tell = now.checked_add(Duration::from_secs(1));
+        }
+    }
+}
+
 /// As [`lock`], through `reuse` when it is given, still names the mutex file at `path`, and was
 /// opened by this process; through a fresh open otherwise.
 pub(crate) fn lock_with(
@@ -126,11 +182,7 @@ pub(crate) fn lock_with(
 ) -> Result<MutexGuard> {
     let path = &paths.mutex;
     let start = Instant::now();
-    let mut next_judgement = start.checked_add(stuck_after);
-    let beat_every = (stuck_after / 8).max(Duration::from_millis(1));
-    let mut next_beat = start.checked_add(beat_every);
-    let mut next_tell = start.checked_add(TELL_AFTER);
-    let mut told = String::new();
+    let mut patience = Patience::new(start, stuck_after);
     let mut backoff = Duration::from_micros(20);
     let mut reuse = reuse.filter(MutexFile::ours);
     loop {
@@ -156,26 +208,7 @@ pub(crate) fn lock_with(
                     holder: describe_holder(&mf.file),
                 });
             }
-            if next_judgement.is_some_and(|j| now >= j) {
-                judge_stuck(&mf.file, policy);
-                next_judgement = now.checked_add(stuck_after);
-            }
-            if let Some(f) = waiting.as_deref_mut()
-                && next_beat.is_some_and(|b| now >= b)
-            {
-                f(MutexWait::Beat);
-                next_beat = now.checked_add(beat_every);
-            }
-            if let Some(f) = waiting.as_deref_mut()
-                && next_tell.is_some_and(|t| now >= t)
-            {
-                let who = describe_holder(&mf.file);
-                if who != told {
-                    f(MutexWait::Blocked(&who));
-                    told = who;
-                }
-                next_tell = now.checked_add(Duration::from_secs(1));
-            }
+            patience.between(&mf.file, now, policy, &mut waiting);
             let mut nap = backoff;
             if let Some(d) = deadline {
                 nap = nap.min(d.saturating_duration_since(now));

@@ -4,8 +4,8 @@
 //! created exclusively and flocked by its owner for as long as it waits), finding the live
 //! tickets ahead of ours (a ticket whose flock is free belongs to a waiter that is gone; one
 //! whose heartbeat has not moved for a TTL belongs to a frozen waiter and is skipped), the
-//! ticket's in-place heartbeat, the head's prepared lease (`q-N.lease`, written while it waits
-//! and renamed over LOCK when it takes the lease), and leaving the queue. Everything goes
+//! ticket's in-place heartbeat, keeping the head's prepared lease with its ticket (`q-N.lease`:
+//! written and installed by `handover.rs`, removed with the ticket), and leaving the queue. Everything goes
 //! through the queue directory opened without following a link ([`LockDir`]).
 //! Must never: delete a ticket whose flock is held by a live, beating waiter; lock or delete a
 //! name that is not a regular file with one link (not a ticket leasehold could have made);
@@ -17,48 +17,24 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::fcntl::OFlag;
-use serde::{Deserialize, Serialize};
-
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
+use crate::handover::{Prepared, prepared_name};
 use crate::identity::Identity;
 use crate::lockdir::{LockDir, Meta};
 use crate::paths::LockPaths;
+use crate::verdict::Waiting;
 
 const PREFIX: &str = "q-";
 const BEAT_W: usize = 20;
 const TAIL: &str = "}\n";
-
-/// What a ticket file says about its waiter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Waiting {
-    /// Position: smaller is served first.
-    #[serde(default)]
-    pub seq: u64,
-    /// The waiter's PID (in its own pid namespace).
-    pub pid: i32,
-    /// Host name of the waiter.
-    pub host: String,
-    /// User name of the waiter.
-    pub user: String,
-    /// Waiter's wall clock when it joined the queue.
-    pub since: String,
-    /// What it wants to run.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Incremented in place while the waiter lives.
-    #[serde(default)]
-    pub beat: u64,
-}
 
 /// Our own ticket: its file stays open and flocked until we leave the queue.
 #[derive(Debug)]
@@ -80,26 +56,6 @@ pub(crate) struct Ticket {
     prepared: Option<Prepared>,
     /// On a network file system: our writes are flushed to the server at once.
     network: bool,
-}
-
-/// Our lease written ahead of time into `q-<seq>.lease` beside our ticket, open, so that taking
-/// the lease is a write into a page that exists and one rename (no file to create).
-#[derive(Debug)]
-struct Prepared {
-    path: PathBuf,
-    name: OsString,
-    file: File,
-    /// The same file, read-only: what the holder keeps for its release (see `guard`).
-    ro: File,
-    id: (u64, u64),
-    len: usize,
-}
-
-/// The name of the prepared lease of the ticket named `ticket`.
-fn prepared_name(ticket: &OsStr) -> OsString {
-    let mut n = ticket.to_os_string();
-    n.push(".lease");
-    n
 }
 
 /// Opens the queue directory of `paths` without following a symlink at its name. `Ok(None)`
@@ -322,6 +278,40 @@ pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
         .collect()
 }
 
+/// Locks our new ticket. Only a momentary `status` look can hold it: retry try-locks for a
+/// moment rather than issue a blocking lock, which an NFS client retries with a backoff of
+/// seconds.
+fn lock_own(file: &File, path: &std::path::Path) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if tries < 1000 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    path,
+                    "lock our queue ticket",
+                    io::Error::other(e.to_string()),
+                ));
+            }
+        }
+    }
+}
+
+/// A ticket's bytes: its JSON, with the trailing `"beat":0}` rewritten as a fixed-width field
+/// so that beats are in-place writes.
+fn ticket_bytes(info: &Waiting) -> Vec<u8> {
+    let mut text = serde_json::to_string(info).unwrap_or_else(|_| "{}".into());
+    if let Some(cut) = text.rfind("\"beat\":") {
+        text.truncate(cut);
+    }
+    text.push_str(&format!("\"beat\":{:>BEAT_W$}{TAIL}", 0));
+    text.into_bytes()
+}
+
 impl Ticket {
     /// Called under the mutex: joins the queue behind every ticket present.
     pub(crate) fn take(
@@ -351,25 +341,7 @@ impl Ticket {
         // skipped (we just created the ticket's name): it is never used without its ticket,
         // checked under the mutex we hold.
         q.unlink_leftover(&prepared_name(&name));
-        // Only a momentary `status` look can hold it: retry try-locks for a moment rather than
-        // issue a blocking lock, which an NFS client retries with a backoff of seconds.
-        let mut tries = 0;
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) if tries < 1000 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        &path,
-                        "lock our queue ticket",
-                        io::Error::other(e.to_string()),
-                    ));
-                }
-            }
-        }
+        lock_own(&file, &path)?;
         let info = Waiting {
             seq,
             pid: std::process::id() as i32,
@@ -379,13 +351,7 @@ impl Ticket {
             command: command.iter().take(64).cloned().collect(),
             beat: 0,
         };
-        let mut text = serde_json::to_string(&info).unwrap_or_else(|_| "{}".into());
-        // Rewrite the trailing `"beat":0}` as a fixed-width field so beats are in-place writes.
-        if let Some(cut) = text.rfind("\"beat\":") {
-            text.truncate(cut);
-        }
-        text.push_str(&format!("\"beat\":{:>BEAT_W$}{TAIL}", 0));
-        let bytes = text.into_bytes();
+        let bytes = ticket_bytes(&info);
         let id = file
             .metadata()
             .map(|m| (m.dev(), m.ino()))
@@ -433,8 +399,8 @@ impl Ticket {
     /// file system the link count of our open ticket says it (a ticket has one name, made
     /// exclusively, and is only ever unlinked); elsewhere the name is looked up, since a
     /// network client may serve a stale link count from its attribute cache.
-    pub(crate) fn still_queued(&self, local: bool) -> bool {
-        if local {
+    pub(crate) fn still_queued(&self, network: bool) -> bool {
+        if !network {
             return self.file.metadata().is_ok_and(|m| m.nlink() > 0);
         }
         match self.qdir.stat(&self.name) {
@@ -445,86 +411,24 @@ impl Ticket {
 }
 
 impl Ticket {
-    /// Writes our lease (`bytes`, the exact length it will have when taken) into
-    /// `q-<seq>.lease`, created exclusively, and keeps it open. Local file systems only (the
-    /// caller's check): on NFS a descriptor kept open across a rename is not what we want.
-    /// Best effort: without it, taking the lease writes a new file as usual.
+    /// Writes our lease ahead of the wake-up into a file of its own beside our ticket (see
+    /// [`Prepared`]). Local file systems only (the caller's check). Best effort.
     pub(crate) fn prepare(&mut self, bytes: &[u8]) {
-        if self.prepared.is_some() || self.unlinked {
-            return;
+        if self.prepared.is_none() && !self.unlinked {
+            self.prepared = Prepared::write(&self.qdir, &self.name, bytes);
         }
-        let name = prepared_name(&self.name);
-        let path = self.qdir.join(&name);
-        let Ok(file) = self.qdir.create_new(&name, crate::fsio::LEASE_MODE) else {
-            return; // e.g. a skipped waiter's late file has the name: do without
-        };
-        let Ok(meta) = file.metadata() else {
-            return; // cannot happen on an open file; the name goes with the ticket
-        };
-        let id = (meta.dev(), meta.ino());
-        let made = file.write_all_at(bytes, 0).is_ok();
-        // The very inode, read-only, through our own descriptor.
-        let ro = OpenOptions::new()
-            .read(true)
-            .custom_flags(OFlag::O_CLOEXEC.bits())
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let (true, Ok(ro)) = (made, ro) else {
-            self.qdir.unlink_if(&name, id);
-            return;
-        };
-        self.prepared = Some(Prepared {
-            path,
-            name,
-            file,
-            ro,
-            id,
-            len: bytes.len(),
-        });
     }
 
-    /// Takes the lease through the prepared file: writes `bytes` into it, optionally fsyncs it,
-    /// renames it over LOCK, and optionally fsyncs LOCK's directory. Under the mutex, with our
-    /// ticket still queued. `None` (nothing renamed) when there is no prepared file, `bytes` has
-    /// another length, or the name is not our file any more: the caller then writes the lease
-    /// the usual way.
+    /// Takes the lease through our prepared file, if we have one of the right length (see
+    /// [`Prepared::install`]). Under the mutex, with our ticket still queued.
     pub(crate) fn install(
         &mut self,
         bytes: &[u8],
         durable: bool,
         paths: &LockPaths,
     ) -> Option<Result<crate::fsio::Written>> {
-        let target = &paths.lock;
-        let p = self.prepared.take_if(|p| p.len == bytes.len())?;
-        // Our file still has its one name (made exclusively, never linked elsewhere: a link
-        // count of one is that name), and removing it takes the mutex we hold: it is ours at
-        // the rename.
-        if !p.file.metadata().is_ok_and(|m| m.nlink() == 1) {
-            return None;
-        }
-        let done = (|| {
-            p.file
-                .write_all_at(bytes, 0)
-                .map_err(|e| Error::io(&p.path, "write our prepared lease", e))?;
-            if durable {
-                p.file
-                    .sync_data()
-                    .map_err(|e| Error::io(&p.path, "fsync our prepared lease", e))?;
-            }
-            self.qdir
-                .rename_to(&p.name, paths.handle(), paths.lock_name())
-                .map_err(|e| Error::io(target, "rename into place", e))?;
-            if durable {
-                paths.handle().sync()?;
-            }
-            Ok(crate::fsio::Written {
-                id: p.id,
-                kept: Some(p.ro),
-            })
-        })();
-        if done.is_err() {
-            self.qdir.unlink_if(&p.name, p.id);
-        }
-        Some(done)
+        let p = self.prepared.take_if(|p| p.fits(bytes))?;
+        p.install(&self.qdir, bytes, durable, paths)
     }
 
     /// Called under the mutex, when our ticket was found still queued under it: removes its
@@ -540,7 +444,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(p) = self.prepared.take() {
-            self.qdir.unlink_if(&p.name, p.id);
+            p.discard(&self.qdir);
         }
         if self.unlinked {
             return;

@@ -1,7 +1,7 @@
 //! Looking at a lock and breaking it by hand: what `leasehold status` and `leasehold break` do.
 //!
 //! Owns: judging a lock for display (recording this host's observation, as a contender would),
-//! the JSON form of a verdict, and the operator's break: by lease id (the id is the operator's
+//! and the operator's break: by lease id (the id is the operator's
 //! confirmation), stale-only, or forced. A break keeps the token and says who broke it and why:
 //! a stale lease (or a forged or copied one, whose live processes are verifiably not this
 //! lock's) becomes a released record, a live one a revoked record.
@@ -14,15 +14,17 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
-use crate::fsio::{self, LockContent};
+use crate::fsio::LockContent;
 use crate::identity::Identity;
-use crate::mutex::{self, StuckPolicy};
+use crate::mutex::StuckPolicy;
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, Evidence};
-use crate::queue;
-use crate::record::{Ending, LeaseState};
-use crate::verdict::{Judge, State, Verdict};
+use crate::record::{Ending, Lease, LeaseState};
+use crate::store::Store;
+use crate::store::file::FileStore;
+use crate::takeover;
+use crate::verdict::{State, Verdict};
 
 /// How long `status` and `break` wait for the mutex before reading without it.
 const LOOK_WAIT: Duration = Duration::from_secs(2);
@@ -47,27 +49,30 @@ pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
 
 /// [`status`] as seen by an injected identity and clock (for tests and tools).
 pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
-    let paths = LockPaths::new(path)?;
+    let store = FileStore::looking(LockPaths::new(path)?);
     // Take the mutex if we can (so the observation file is written by one process at a time);
     // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
-    let m = mutex::lock(
-        &paths,
-        Some(Instant::now() + LOOK_WAIT),
-        Duration::MAX,
-        StuckPolicy::Report,
-    )
-    .ok();
-    let content = fsio::read_lock(&paths)?;
-    let judge = Judge {
-        paths: &paths,
-        me,
-        clock,
-        wall_skew: None,
-        persist: m.is_some(),
-    };
+    let m = enter(&store).ok();
+    let content = store.read()?;
+    let mut judge = store.judge(me, clock);
+    judge.persist = m.is_some();
     let mut v = judge.judge(&content, &mut Memory::default());
-    v.queue = queue::snapshot(&paths);
+    v.queue = store.waiting();
     Ok(v)
+}
+
+/// Enters the store's section for a look or a break, waiting at most [`LOOK_WAIT`].
+fn enter<S: Store>(store: &S) -> Result<S::Section> {
+    let deadline = Some(Instant::now() + LOOK_WAIT);
+    let policy = StuckPolicy::Report;
+    store.enter(
+        &mut Default::default(),
+        deadline,
+        Duration::MAX,
+        policy,
+        None,
+        None,
+    )
 }
 
 /// What `break` may break.
@@ -158,50 +163,32 @@ pub struct Broken {
 /// # Ok(()) }
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
-    let paths = LockPaths::new(path)?;
+    let store = FileStore::looking(LockPaths::new(path)?);
     let me = Identity::current();
     let clock = SystemClock;
-    let _m = mutex::lock(
-        &paths,
-        Some(Instant::now() + LOOK_WAIT),
-        Duration::MAX,
-        StuckPolicy::Report,
-    )?;
-    let content = fsio::read_lock(&paths)?;
-    let judge = Judge {
-        paths: &paths,
-        me: &me,
-        clock: &clock,
-        wall_skew: None,
-        persist: true,
-    };
-    let v = judge.judge(&content, &mut Memory::default());
+    let section = enter(&store)?;
+    let content = store.read()?;
+    let v = store
+        .judge(&me, &clock)
+        .judge(&content, &mut Memory::default());
     let refuse = |why: String| Error::Refused {
-        path: paths.lock.clone(),
+        path: store.paths().lock.clone(),
         why,
     };
     let (LockContent::Lease(lease, _), false) = (&content, v.state == State::Free) else {
         return Err(refuse(format!("nothing to break: {v}")));
     };
-    match &mode {
-        BreakMode::Stale if v.state != State::Stale => {
-            return Err(refuse(format!(
-                "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
-                lease.lease_id
-            )));
-        }
-        BreakMode::LeaseId(id) if !id.eq_ignore_ascii_case(&lease.lease_id) => {
-            return Err(refuse(format!(
-                "the lease id is {}, not {id}: the lease changed hands; nothing broken",
-                lease.lease_id
-            )));
-        }
-        _ => {}
-    }
-    let by = format!("{}@{} pid {}", me.user, me.host, std::process::id());
-    let ttl = Duration::from_millis(lease.ttl_ms);
+    permitted(&v, lease, &mode).map_err(refuse)?;
+    let b = Breaker {
+        store: &store,
+        section: &section,
+        lease,
+        v: &v,
+        by: format!("{}@{} pid {}", me.user, me.host, std::process::id()),
+        clock: &clock,
+    };
     let was_live = matches!(v.state, State::Held | State::Hung);
-    let mut out = Broken {
+    let out = Broken {
         verdict: v.clone(),
         was_live,
         stopped: 0,
@@ -211,73 +198,124 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         unchecked: None,
         already_revoked: false,
     };
-    let write = |state: LeaseState, how: String| {
-        let mut rec = lease.as_ref().clone();
+    if was_live {
+        b.live(&mode, out)
+    } else {
+        b.stale(&mode, out)
+    }
+}
+
+/// Whether `mode` lets the operator break the lease judged `v`: why not, if it does not.
+fn permitted(v: &Verdict, lease: &Lease, mode: &BreakMode) -> std::result::Result<(), String> {
+    match mode {
+        BreakMode::Stale if v.state != State::Stale => Err(format!(
+            "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
+            lease.lease_id
+        )),
+        BreakMode::LeaseId(id) if !id.eq_ignore_ascii_case(&lease.lease_id) => Err(format!(
+            "the lease id is {}, not {id}: the lease changed hands; nothing broken",
+            lease.lease_id
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One break, inside the store's section.
+struct Breaker<'a, S: Store> {
+    store: &'a S,
+    section: &'a S::Section,
+    lease: &'a Lease,
+    v: &'a Verdict,
+    /// Who breaks it: `user@host pid N`.
+    by: String,
+    clock: &'a dyn Clock,
+}
+
+impl<S: Store> Breaker<'_, S> {
+    /// Replaces the lease with its own record in `state`, saying who ended it and `how`.
+    fn write(&self, state: LeaseState, how: String) -> Result<()> {
+        let mut rec = self.lease.clone();
         rec.state = state;
         rec.damaged = false;
         rec.ended = Some(Ending {
-            at: format_rfc3339(clock.wall()),
+            at: format_rfc3339(self.clock.wall()),
             how,
-            by: Some(by.clone()),
+            by: Some(self.by.clone()),
         });
-        fsio::replace(&paths, &paths.lock, &rec.to_bytes(), true)
-    };
-    if !was_live {
-        // Stale: its holder is gone (same host) or silent for a TTL (any host).
+        self.store.replace(self.section, &rec)
+    }
+
+    fn refuse(&self, why: String) -> Error {
+        Error::Refused {
+            path: self.store.paths().lock.clone(),
+            why,
+        }
+    }
+
+    /// A stale lease (its holder gone, or silent for a TTL): released, after stopping
+    /// (verified) what its job left — unless something of it cannot be checked, which only a
+    /// forced break goes past.
+    fn stale(&self, mode: &BreakMode, mut out: Broken) -> Result<Broken> {
+        let v = self.v;
         match &v.unchecked {
-            Some(line) if mode == BreakMode::Stale => {
-                return Err(refuse(format!("not breaking ({v}): {line}")));
+            Some(line) if *mode == BreakMode::Stale => {
+                return Err(self.refuse(format!("not breaking ({v}): {line}")));
             }
             Some(line) => out.unchecked = Some(line.clone()),
             None => {
-                out.stopped = crate::builder::stop_old_job(&v, &paths)
-                    .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
+                out.stopped = takeover::stop_old_job(v, self.store.paths())
+                    .map_err(|why| self.refuse(format!("cannot stop the old job ({v}): {why}")))?;
             }
         }
-        write(LeaseState::Released, format!("broken: {}", v.reason))?;
-        return Ok(out);
+        self.write(LeaseState::Released, format!("broken: {}", v.reason))?;
+        Ok(out)
     }
-    if v.same_host {
-        let found = judge_live(lease, &paths);
-        if let Some(forged) = found.forged() {
-            write(
-                LeaseState::Released,
-                format!("broken: {forged} (forged or copied lease)"),
-            )?;
-            out.forged = Some(forged);
+
+    /// A live lease (held or hung): revoked — or, same host, released when it is forged or
+    /// copied (signalling nothing) or hung with a command that can be stopped (verified).
+    fn live(&self, mode: &BreakMode, mut out: Broken) -> Result<Broken> {
+        let (v, lease, paths) = (self.v, self.lease, self.store.paths());
+        let ttl = Duration::from_millis(lease.ttl_ms);
+        if v.same_host {
+            let found = judge_live(lease, paths);
+            if let Some(forged) = found.forged() {
+                let how = format!("broken: {forged} (forged or copied lease)");
+                self.write(LeaseState::Released, how)?;
+                out.forged = Some(forged);
+                return Ok(out);
+            }
+            // Worth saying only when it is why the lease is revoked rather than stopped or
+            // replaced (a live holder that provably is this lock's is revoked anyway).
+            if !found.belongs || v.state == State::Hung {
+                out.unchecked = found.unknown.clone();
+            }
+            if v.state == State::Hung && found.unknown.is_none() {
+                match takeover::stop_hung(lease, paths) {
+                    Ok(n) => {
+                        out.stopped = n;
+                        self.write(LeaseState::Released, format!("broken: {}", v.reason))?;
+                        return Ok(out);
+                    }
+                    Err(why) => out.unchecked = Some(why),
+                }
+            }
+            out.frees = Frees::WhenGone { ttl };
+        } else {
+            out.frees = Frees::AfterTtl { ttl };
+        }
+        out.written = LeaseState::Revoked;
+        if lease.state == LeaseState::Revoked {
+            // Writing it again would restart every other host's observation of it.
+            out.already_revoked = true;
             return Ok(out);
         }
-        // Worth saying only when it is why the lease is revoked rather than stopped or
-        // replaced (a live holder that provably is this lock's is revoked anyway).
-        if !found.belongs || v.state == State::Hung {
-            out.unchecked = found.unknown.clone();
-        }
-        if v.state == State::Hung && found.unknown.is_none() {
-            match crate::builder::stop_hung(lease, &paths) {
-                Ok(n) => {
-                    out.stopped = n;
-                    write(LeaseState::Released, format!("broken: {}", v.reason))?;
-                    return Ok(out);
-                }
-                Err(why) => out.unchecked = Some(why),
-            }
-        }
-        out.frees = Frees::WhenGone { ttl };
-    } else {
-        out.frees = Frees::AfterTtl { ttl };
+        let how = match mode {
+            BreakMode::LeaseId(_) => "revoked by lease id",
+            _ => "revoked by force",
+        };
+        self.write(LeaseState::Revoked, format!("{how}: {}", v.reason))?;
+        Ok(out)
     }
-    out.written = LeaseState::Revoked;
-    if lease.state == LeaseState::Revoked {
-        // Writing it again would restart every other host's observation of it.
-        out.already_revoked = true;
-        return Ok(out);
-    }
-    let how = match &mode {
-        BreakMode::LeaseId(_) => "revoked by lease id",
-        _ => "revoked by force",
-    };
-    write(LeaseState::Revoked, format!("{how}: {}", v.reason))?;
-    Ok(out)
 }
 
 /// What /proc says of a live same-host lease's processes: the recorded holder and command, and
@@ -303,7 +341,7 @@ impl LiveJob {
     }
 }
 
-fn judge_live(lease: &crate::record::Lease, paths: &LockPaths) -> LiveJob {
+fn judge_live(lease: &Lease, paths: &LockPaths) -> LiveJob {
     let h = &lease.holder;
     let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, paths);
     let mut out = LiveJob::default();

@@ -1,26 +1,18 @@
-//! Judging someone else's lease: free, held, stale or hung, always with a reason a person can act
-//! on.
+//! What a judgement of a lock says: the verdict data, as `status`, errors and wait lines show it.
 //!
-//! Owns: the liveness rules. A same-host holder (same host name, boot id and pid namespace) is
-//! judged by its processes; any other holder only by whether this host has seen its heartbeat
-//! move within a TTL on its own clock — a revoked record by whether this host has seen the
-//! revoked record itself unchanged for a TTL. Must never: judge a foreign holder by local PIDs, or call
-//! a lease stale on the strength of another host's wall clock (unless the caller opted in to a
-//! skew allowance); call a revoked lease free while its holder may still run; count an old job's
-//! process that cannot be checked as "not this job's".
+//! Owns: the four states, the [`Verdict`] record (the lease judged, the reason, the observer-side
+//! heartbeat age, leftovers, who waits) and its one-line form, and what a queue ticket says of
+//! its waiter ([`Waiting`]). The rules that produce a verdict live in `judge.rs`.
+//! Must never: depend on how a verdict is reached (no file, process or queue access here), so
+//! that errors and displays can name verdicts without pulling in the protocol.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::clock::{Clock, human_duration, parse_rfc3339};
-use crate::fsio::LockContent;
-use crate::identity::Identity;
-use crate::observe::{self, Memory};
-use crate::paths::LockPaths;
-use crate::process::{self, Liveness};
-use crate::record::{Lease, LeaseState, fingerprint};
+use crate::clock::{human_duration, parse_rfc3339};
+use crate::record::{Lease, LeaseState};
 
 /// The four verdicts on a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -46,6 +38,28 @@ impl fmt::Display for State {
             State::Hung => "hung",
         })
     }
+}
+
+/// What a queue ticket says about its waiter (shown by `status`; never trusted to name who waits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// Position: smaller is served first.
+    #[serde(default)]
+    pub seq: u64,
+    /// The waiter's PID (in its own pid namespace).
+    pub pid: i32,
+    /// Host name of the waiter.
+    pub host: String,
+    /// User name of the waiter.
+    pub user: String,
+    /// Waiter's wall clock when it joined the queue.
+    pub since: String,
+    /// What it wants to run.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Incremented in place while the waiter lives.
+    #[serde(default)]
+    pub beat: u64,
 }
 
 /// A judgement of a lock, with the lease it was made on and the reason.
@@ -75,210 +89,11 @@ pub struct Verdict {
     /// How many live waiters are queued ahead of the one judging (0 for `status`).
     pub queue_ahead: usize,
     /// Who waits, in order (filled in by `status`).
-    pub queue: Vec<crate::queue::Waiting>,
+    pub queue: Vec<Waiting>,
     /// What a waiter waits behind when it is not the lease itself — the waiter queued just
     /// ahead, or a process sitting on the lease mutex — named by the kernel's word (who holds
     /// the flock), never by what a file claims.
     pub behind: Option<String>,
-}
-
-/// Inputs for judging that stay the same between judgements.
-#[derive(Debug)]
-pub(crate) struct Judge<'a> {
-    pub paths: &'a LockPaths,
-    pub me: &'a Identity,
-    pub clock: &'a dyn Clock,
-    /// Opt-in: a foreign lease whose wall-clock heartbeat is older than TTL + this is stale.
-    pub wall_skew: Option<Duration>,
-    /// Whether observations may be written beside LOCK.
-    pub persist: bool,
-}
-
-impl Judge<'_> {
-    /// Judges what LOCK holds.
-    pub(crate) fn judge(&self, content: &LockContent, mem: &mut Memory) -> Verdict {
-        let now = self.clock.wall();
-        let mut v = Verdict {
-            path: self.paths.lock.clone(),
-            state: State::Free,
-            reason: String::new(),
-            lease: None,
-            same_host: false,
-            heartbeat_age: None,
-            remnants: Vec::new(),
-            unchecked: None,
-            judged_at: now,
-            queue_ahead: 0,
-            queue: Vec::new(),
-            behind: None,
-        };
-        let (lease, bytes) = match content {
-            LockContent::Missing => {
-                v.reason = "no lease yet".into();
-                return v;
-            }
-            LockContent::Empty => {
-                v.reason = "empty lock file".into();
-                return v;
-            }
-            LockContent::Lease(l, b) => (l.as_ref(), b),
-        };
-        v.lease = Some(lease.clone());
-        let h = &lease.holder;
-        v.same_host = self.me.same_host_as(&h.host, &h.boot_id, h.pid_ns);
-        if lease.state == LeaseState::Released {
-            v.reason = match &lease.ended {
-                Some(e) => format!("released by {} at {} ({})", h.describe(), e.at, e.how),
-                None => format!("released by {}", h.describe()),
-            };
-            return v;
-        }
-        let ttl = Duration::from_millis(lease.ttl_ms);
-        let revoked = (lease.state == LeaseState::Revoked).then(|| revoked_by(lease));
-        // A revoked record is observed under a key of its own, never its holder's heartbeat
-        // sequence: a renewal racing the break can land in the replaced file and extend the old
-        // holder's deadline to the break plus its renew window, so the TTL a foreign holder is
-        // given must count from when this host first saw the revoked record itself.
-        let key = if lease.damaged {
-            fingerprint(bytes)
-        } else if revoked.is_some() {
-            fingerprint(bytes) | 1 << 63
-        } else {
-            lease.heartbeat_seq
-        };
-        let age = observe::observe(
-            self.paths,
-            self.me,
-            self.clock,
-            &lease.lease_id,
-            key,
-            mem,
-            self.persist,
-        );
-        v.heartbeat_age = Some(age);
-        if v.same_host && !lease.damaged {
-            let mut alive = process::liveness(h.pid, h.pid_start) == Liveness::Alive;
-            if let (Some(c), Some(s)) = (h.child_pid, h.child_start) {
-                alive |= process::liveness(c, s) == Liveness::Alive;
-            }
-            if alive {
-                if age >= ttl {
-                    v.state = State::Hung;
-                    v.reason = match &revoked {
-                        None => format!(
-                            "holder's processes are alive but its heartbeat has not moved for {} (TTL {}): frozen?",
-                            human_duration(age),
-                            human_duration(ttl)
-                        ),
-                        Some(by) => format!(
-                            "{by}, but its holder's processes are still alive {} later (TTL {}): frozen?",
-                            human_duration(age),
-                            human_duration(ttl)
-                        ),
-                    };
-                } else {
-                    v.state = State::Held;
-                    v.reason = match &revoked {
-                        None => "holder alive on this host".into(),
-                        Some(by) => format!(
-                            "{by}; its holder fences at its next renewal: free once its processes are gone"
-                        ),
-                    };
-                }
-                return v;
-            }
-            v.state = State::Stale;
-            v.reason = match process::liveness(h.pid, h.pid_start) {
-                Liveness::Dead(why) => why.to_string(),
-                Liveness::Alive => "process gone".to_string(),
-            };
-            if let Some(by) = &revoked {
-                v.reason = format!("{by}; {}", v.reason);
-            }
-            if let Some(g) = h.pgid {
-                // Only processes provably of this job count: a reused group id must neither be
-                // signalled nor keep the lock forever. Those that cannot be checked are neither
-                // signalled nor ignored: a takeover is refused while they live.
-                let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, self.paths);
-                let judged = process::judge_group(g, &ev);
-                v.remnants = judged.belongs.iter().map(|p| p.pid).collect();
-                v.unchecked = judged.unknown_line(g, &h.user);
-                if !v.remnants.is_empty() {
-                    v.reason += &format!(
-                        "; {} leftover process(es) in its process group {g}",
-                        v.remnants.len()
-                    );
-                }
-                if !judged.unknown.is_empty() {
-                    v.reason += &format!(
-                        "; {} process(es) in its process group {g} cannot be checked",
-                        judged.unknown.len()
-                    );
-                }
-            }
-            return v;
-        }
-        if age >= ttl {
-            v.state = State::Stale;
-            v.reason = match &revoked {
-                None => format!(
-                    "no heartbeat seen from {} for {} (TTL {})",
-                    h.host,
-                    human_duration(age),
-                    human_duration(ttl)
-                ),
-                Some(by) => format!(
-                    "{by}; this host has seen the revoked record unchanged for {} (TTL {})",
-                    human_duration(age),
-                    human_duration(ttl)
-                ),
-            };
-            if lease.damaged {
-                v.reason += "; the record is damaged";
-            }
-            return v;
-        }
-        if let (Some(skew), Some(at)) = (self.wall_skew, parse_rfc3339(&lease.heartbeat_at))
-            && let Ok(behind) = now.duration_since(at)
-            && behind > ttl + skew
-        {
-            v.state = State::Stale;
-            v.reason = format!(
-                "heartbeat written {} ago by its clock, beyond TTL {} plus the allowed skew {}",
-                human_duration(behind),
-                human_duration(ttl),
-                human_duration(skew)
-            );
-            return v;
-        }
-        v.state = State::Held;
-        v.reason = if let Some(by) = &revoked {
-            format!(
-                "{by}; its holder on {} fences at its next renewal: free once this host has seen the revoked record unchanged for its TTL ({} left)",
-                h.host,
-                human_duration(ttl.saturating_sub(age))
-            )
-        } else if v.same_host {
-            "record damaged; waiting for it to stay unchanged for a TTL".into()
-        } else {
-            format!(
-                "holder on another host ({}), heartbeat being watched",
-                h.host
-            )
-        };
-        v
-    }
-}
-
-/// `revoked by alice@web1 pid 9 at 2026-…` for a revoked record.
-fn revoked_by(lease: &Lease) -> String {
-    match &lease.ended {
-        Some(e) => match &e.by {
-            Some(by) => format!("revoked by {by} at {}", e.at),
-            None => format!("revoked at {}", e.at),
-        },
-        None => "revoked".into(),
-    }
 }
 
 impl Verdict {

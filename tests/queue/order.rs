@@ -38,7 +38,8 @@ pub fn looper_role() -> i32 {
     let lock = PathBuf::from(std::env::var("LH_LOCK").unwrap());
     let mut b = LeaseBuilder::new(&lock)
         .ttl(Duration::from_secs(30))
-        .durable(false);
+        .durable(false)
+        .acquirer();
     for i in 0..loops {
         let t = Instant::now();
         let g = b.acquire().unwrap();
@@ -84,7 +85,7 @@ pub fn waiter_role() -> i32 {
     let log = PathBuf::from(std::env::var("LH_LOG").unwrap());
     let ttl = Duration::from_millis(std::env::var("LH_TTL_MS").unwrap().parse().unwrap());
     let poll = std::env::var("LH_POLL").is_ok();
-    let mut b = LeaseBuilder::new(&lock)
+    let b = LeaseBuilder::new(&lock)
         .ttl(ttl)
         .poll(poll)
         .durable(false)

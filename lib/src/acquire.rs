@@ -1,0 +1,501 @@
+//! Taking a lease: the running state of acquisitions and the protocol of one attempt.
+//!
+//! Owns: one acquisition attempt under the mutex (look at the queue, read, judge, stop a
+//! verified hung or leftover job, bump the durable token high-water mark, write our lease
+//! atomically and durably), in two shapes sharing those steps — the one-shot caller's
+//! (`try_acquire`: never queues, never overtakes a live waiter) and the blocking caller's (takes
+//! the lease only at the head of the queue, joins it otherwise, and prepares its take while it
+//! waits) — and the loop that repeats the blocking attempt, all against the [`Store`] traits.
+//! What is kept between attempts lives here or in the store's types (PROTOCOL.md §4, §6):
+//! LOCK's resolved store and the store's `Kept` (the mutex descriptor) in [`Acquirer`]; the
+//! place in line (ticket, LOCK descriptor, prepared lease, reserved token), the observations
+//! and the serialised lease for one blocking acquisition.
+//! Must never: take over a lease judged held; start a guard before its token and lease are
+//! durable; take over while a verified process of the old job still runs; let a one-shot
+//! caller queue or overtake a live waiter.
+
+use std::time::{Duration, Instant};
+
+use crate::builder::LeaseBuilder;
+use crate::clock::format_rfc3339;
+use crate::error::{Error, Result};
+use crate::fsinfo::{self, FsInfo};
+use crate::fsio::LockContent;
+use crate::guard::{LeaseGuard, Start};
+use crate::identity::Identity;
+use crate::judge::Judge;
+use crate::mutex::StuckPolicy;
+use crate::observe::Memory;
+use crate::paths::LockPaths;
+use crate::record::{Draft, Lease, LeaseState};
+use crate::store::file::FileStore;
+use crate::store::{Joiner, Store};
+use crate::takeover;
+use crate::timing::Timing;
+use crate::verdict::{State, Verdict};
+
+/// The running state of acquisitions of one lock with one set of settings, made by
+/// [`LeaseBuilder::acquirer`] (as walkdir's `WalkDir` makes its `IntoIter`).
+///
+/// It keeps what is worth keeping from one acquisition to the next: LOCK's resolved paths and
+/// file-system facts (a realpath and a read of mountinfo), and the mutex file, open. Take the
+/// same lock repeatedly through one `Acquirer` to skip that work.
+///
+/// ```
+/// # fn main() -> Result<(), leasehold::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let mut acquirer = leasehold::LeaseBuilder::new(dir.path().join("job.lock")).acquirer();
+/// for _ in 0..3 {
+///     let guard = acquirer.try_acquire()?;
+///     guard.release()?;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Acquirer {
+    settings: LeaseBuilder,
+    /// LOCK's store (resolved paths and storage facts), worked out on the first attempt and
+    /// kept, with the file-system facts it was made from.
+    resolved: Option<(FileStore, FsInfo)>,
+    /// What the store keeps between attempts (the mutex file, open).
+    kept: <FileStore as Store>::Kept,
+}
+
+impl std::fmt::Debug for Acquirer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acquirer")
+            .field("settings", &self.settings)
+            .field(
+                "lock",
+                &self.resolved.as_ref().map(|(s, _)| &s.paths().lock),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+enum Attempt<S: Store> {
+    Taken(Box<Start<S::Holding>>),
+    /// Not ours yet: what we saw, and the contender ahead of us in line we wait behind.
+    Busy(Box<Verdict>, Option<S::Ahead>),
+}
+
+/// What one acquisition works with, resolved from the settings and the lock's store.
+struct Ctx<'a, S> {
+    s: &'a LeaseBuilder,
+    store: S,
+    timing: Timing,
+    me: Identity,
+    /// Wait by polling (asked for, or a network file system).
+    poll: bool,
+}
+
+/// A blocking acquirer's state for one acquisition: its place in line and its lease,
+/// serialised ahead of the wake-up.
+struct Queued<S: Store> {
+    place: S::Place,
+    draft: Option<Draft>,
+}
+
+impl LeaseBuilder {
+    /// The running state of acquisitions with these settings (see [`Acquirer`]): resolves
+    /// LOCK's path on its first attempt and keeps it, with the mutex file, for the next ones.
+    pub fn acquirer(&self) -> Acquirer {
+        Acquirer::new(self.clone())
+    }
+
+    /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
+    pub fn try_acquire(&self) -> Result<LeaseGuard> {
+        self.acquirer().try_acquire()
+    }
+
+    /// Waits as long as it takes.
+    pub fn acquire(&self) -> Result<LeaseGuard> {
+        self.acquirer().acquire()
+    }
+
+    /// Waits at most `timeout`; `Error::Timeout` after that.
+    pub fn acquire_timeout(&self, timeout: Duration) -> Result<LeaseGuard> {
+        self.acquirer()
+            .acquire_until(Some(Instant::now() + timeout))
+    }
+}
+
+impl Acquirer {
+    pub(crate) fn new(settings: LeaseBuilder) -> Acquirer {
+        Acquirer {
+            settings,
+            resolved: None,
+            kept: Default::default(),
+        }
+    }
+
+    /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
+    pub fn try_acquire(&mut self) -> Result<LeaseGuard> {
+        let store = self.store()?;
+        let ctx = ctx(&self.settings, store)?;
+        let deadline = Instant::now() + ctx.timing.one_shot_mutex_wait();
+        match one_shot(&ctx, &mut self.kept, deadline)? {
+            Attempt::Taken(start) => LeaseGuard::start(*start),
+            Attempt::Busy(v, _) => Err(Error::WouldBlock {
+                path: ctx.store.paths().lock.clone(),
+                verdict: v,
+            }),
+        }
+    }
+
+    /// Waits as long as it takes.
+    pub fn acquire(&mut self) -> Result<LeaseGuard> {
+        self.acquire_until(None)
+    }
+
+    /// Waits at most `timeout`; `Error::Timeout` after that.
+    pub fn acquire_timeout(&mut self, timeout: Duration) -> Result<LeaseGuard> {
+        self.acquire_until(Some(Instant::now() + timeout))
+    }
+
+    pub(crate) fn acquire_until(&mut self, deadline: Option<Instant>) -> Result<LeaseGuard> {
+        let store = self.store()?;
+        let ctx = ctx(&self.settings, store)?;
+        blocking(&ctx, &mut self.kept, deadline).and_then(LeaseGuard::start)
+    }
+
+    /// LOCK's store, reusing what earlier attempts resolved unless LOCK's directory path now
+    /// leads elsewhere (unmounted, replaced). Refuses storage that cannot make the lock safe,
+    /// and a sticky directory where another user's files could never be taken over.
+    fn store(&mut self) -> Result<FileStore> {
+        let s = &self.settings;
+        if self
+            .resolved
+            .as_ref()
+            .is_some_and(|(st, _)| !matches!(st.paths().dir_moved(), Ok(false)))
+        {
+            self.resolved = None;
+            self.kept = Default::default();
+        }
+        let (store, fs) = match &self.resolved {
+            Some(r) => r.clone(),
+            None => {
+                let paths = LockPaths::new(&s.path)?;
+                let fs = fsinfo::inspect(&paths.dir);
+                let storage = fs.storage();
+                let store = FileStore::new(paths, storage, storage.fsyncs(s.durable));
+                self.resolved = Some((store.clone(), fs.clone()));
+                (store, fs)
+            }
+        };
+        let paths = store.paths();
+        if let (Some(why), false) = (&fs.host_local_locks, s.allow_host_local_locks) {
+            return Err(Error::UnsafeFileSystem {
+                path: paths.lock.clone(),
+                why: format!(
+                    "{why}: another host could take the lease at the same time. Mount with \
+                     local_lock=none (NFSv4 shares locks by default), or put the lock elsewhere"
+                ),
+            });
+        }
+        refuse_unshareable(paths)?;
+        Ok(store)
+    }
+}
+
+fn ctx<S: Store>(s: &LeaseBuilder, store: S) -> Result<Ctx<'_, S>> {
+    let poll = s.poll || store.polls();
+    Ok(Ctx {
+        s,
+        timing: s.timing()?,
+        me: s.identity.clone().unwrap_or_else(Identity::current),
+        poll,
+        store,
+    })
+}
+
+/// The blocking acquisition: attempts, and waits between them, until the lease is ours or the
+/// deadline passes.
+fn blocking<S: Store>(
+    ctx: &Ctx<'_, S>,
+    kept: &mut S::Kept,
+    deadline: Option<Instant>,
+) -> Result<Start<S::Holding>> {
+    let start = Instant::now();
+    let timeout = |verdict| Error::Timeout {
+        path: ctx.store.paths().lock.clone(),
+        waited: start.elapsed(),
+        verdict,
+    };
+    let mut mem = Memory::default();
+    let mut waker = ctx.store.waker(ctx.poll, ctx.timing.ttl);
+    let mut q = Queued::<S> {
+        place: Default::default(),
+        draft: None,
+    };
+    let mut reported: Option<(String, State, Option<u64>)> = None;
+    loop {
+        let (mut v, ahead) = match queued(ctx, kept, deadline, &mut mem, &mut q) {
+            Ok(Attempt::Taken(start)) => return Ok(*start),
+            Ok(Attempt::Busy(v, ahead)) => (v, ahead),
+            // The deadline ran out while another process was inside the mutex: that is a
+            // timeout like any other, explained by who sits on the mutex.
+            Err(Error::MutexStuck { holder, .. })
+                if deadline.is_some_and(|d| Instant::now() >= d) =>
+            {
+                let mut v = peek(ctx, &mut mem);
+                v.behind = Some(format!("the lease mutex, held by {holder}"));
+                return Err(timeout(Box::new(v)));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(a) = &ahead {
+            v.behind = Some(ctx.store.describe(a));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(timeout(v));
+        }
+        let lease_id = v.lease.as_ref().map(|l| l.lease_id.clone());
+        let key = (
+            lease_id.unwrap_or_default(),
+            v.state,
+            ahead.as_ref().map(|a| ctx.store.position(a)),
+        );
+        if reported.as_ref() != Some(&key) {
+            report(ctx.s, &v);
+            reported = Some(key);
+        }
+        ctx.store
+            .wait(&mut waker, &mut q.place, ahead.as_ref(), &v, deadline);
+    }
+}
+
+/// Enters the store's exclusive section. Never waits silently: a section someone sits on is
+/// reported (naming who, by the kernel's word) as any other wait is, and a queued waiter's
+/// place is kept alive meanwhile.
+fn enter<S: Store>(
+    ctx: &Ctx<'_, S>,
+    kept: &mut S::Kept,
+    deadline: Option<Instant>,
+    place: Option<&mut S::Place>,
+) -> Result<S::Section> {
+    let policy = if ctx.s.take_over_hung {
+        StuckPolicy::KillStopped
+    } else {
+        StuckPolicy::Report
+    };
+    let mut blocked = |who: &str| {
+        if ctx.s.on_wait.is_some() {
+            let mut v = peek(ctx, &mut Memory::default());
+            v.behind = Some(format!("the lease mutex, held by {who}"));
+            report(ctx.s, &v);
+        }
+    };
+    let ttl = ctx.timing.ttl;
+    ctx.store
+        .enter(kept, deadline, ttl, policy, place, Some(&mut blocked))
+}
+
+/// One pass of a one-shot caller inside the section: it never queues and never overtakes a
+/// live waiter.
+fn one_shot<S: Store>(
+    ctx: &Ctx<'_, S>,
+    kept: &mut S::Kept,
+    deadline: Instant,
+) -> Result<Attempt<S>> {
+    let section = enter(ctx, kept, Some(deadline), None)?;
+    let (ahead, waiting_ahead) = ctx.store.ahead(&section, None, ctx.timing.ttl)?;
+    let mut place = S::Place::default();
+    let content = ctx.store.current(&section, &mut place)?;
+    if let Some(l) = released(&content, ahead.is_none()) {
+        return take(ctx, section, place, Some(l), None, None);
+    }
+    let mut v = judge(ctx).judge(&content, &mut Memory::default());
+    if ahead.is_none() {
+        if let Some(broke) = decide(ctx, &mut v, false)? {
+            return take(ctx, section, place, v.lease.as_ref(), broke, None);
+        }
+    } else {
+        behind_queue(&mut v, waiting_ahead);
+    }
+    ctx.store.leave(section, kept);
+    v.queue_ahead = waiting_ahead;
+    Ok(Attempt::Busy(Box::new(v), ahead))
+}
+
+/// One pass of a blocking caller inside the section: it may take the lease only first in
+/// line, and joins the line when it cannot (and prepares its take while it waits).
+fn queued<S: Store>(
+    ctx: &Ctx<'_, S>,
+    kept: &mut S::Kept,
+    deadline: Option<Instant>,
+    mem: &mut Memory,
+    q: &mut Queued<S>,
+) -> Result<Attempt<S>> {
+    let section = enter(ctx, kept, deadline, Some(&mut q.place))?;
+    let (ahead, waiting_ahead) = ctx
+        .store
+        .ahead(&section, Some(&mut q.place), ctx.timing.ttl)?;
+    let content = ctx.store.current(&section, &mut q.place)?;
+    if let Some(l) = released(&content, ahead.is_none()) {
+        let place = std::mem::take(&mut q.place);
+        return take(ctx, section, place, Some(l), None, q.draft.take());
+    }
+    let mut v = judge(ctx).judge(&content, mem);
+    if ahead.is_none() {
+        if let Some(broke) = decide(ctx, &mut v, true)? {
+            let place = std::mem::take(&mut q.place);
+            return take(ctx, section, place, v.lease.as_ref(), broke, q.draft.take());
+        }
+    } else {
+        behind_queue(&mut v, waiting_ahead);
+    }
+    let token = v.lease.as_ref().map_or(0, |l| l.token);
+    let command = ctx.s.command.clone().unwrap_or_default();
+    let clock = ctx.s.clock.as_ref();
+    let who = Joiner {
+        me: &ctx.me,
+        clock,
+        command: &command,
+    };
+    let first = ahead.is_none();
+    ctx.store.join(&section, &mut q.place, token, first, who)?;
+    ctx.store.leave(section, kept);
+    // Serialised now, while we wait, rather than after the wake-up.
+    if q.draft.is_none() {
+        let now = format_rfc3339(clock.wall());
+        q.draft = Draft::new(ctx.s.new_lease(&ctx.me, &ctx.timing, &now));
+    }
+    if let Some(d) = &q.draft {
+        ctx.store.prepare(&mut q.place, d.bytes());
+    }
+    v.queue_ahead = waiting_ahead;
+    Ok(Attempt::Busy(Box::new(v), ahead))
+}
+
+/// Whether a lease judged `v` (with nobody queued ahead) may be taken: `Some(broke)` — what
+/// we broke to get it, if anything — after stopping what is left of a stale or hung job
+/// (verified). What may not be stopped (e.g. an old job's process that cannot be checked)
+/// makes a blocking caller wait for it to go, saying why, and a one-shot caller refuse.
+fn decide<S: Store>(
+    ctx: &Ctx<'_, S>,
+    v: &mut Verdict,
+    blocking: bool,
+) -> Result<Option<Option<Verdict>>> {
+    Ok(match v.state {
+        State::Free => Some(None),
+        State::Held => None,
+        State::Hung if !ctx.s.take_over_hung => None,
+        State::Stale | State::Hung => match takeover::stop_old_job(v, ctx.store.paths()) {
+            Ok(_) => {
+                // A writer that died mid-write left at most a temp file: remove it now.
+                ctx.store.clean_after_crash();
+                Some(Some(v.clone()))
+            }
+            Err(why) if blocking => {
+                v.reason = format!("{}; not taking over: {why}", v.reason);
+                None
+            }
+            Err(why) => return Err(refused(ctx.store.paths(), v, &why)),
+        },
+    })
+}
+
+/// Takes the lease, ending the section: the store picks the token and replaces the lease with
+/// ours (from `draft`, serialised ahead of time, when there is one); the guard starts from what
+/// it returns.
+fn take<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: S::Section,
+    place: S::Place,
+    prev: Option<&Lease>,
+    broke: Option<Verdict>,
+    draft: Option<Draft>,
+) -> Result<Attempt<S>> {
+    let s = ctx.s;
+    let mut draft = draft;
+    let mut make = |token: u64| {
+        let now = format_rfc3339(s.clock.wall());
+        match draft.take() {
+            Some(d) => d.finish(token, &now),
+            None => {
+                let mut lease = s.new_lease(&ctx.me, &ctx.timing, &now);
+                lease.token = token;
+                let bytes = lease.to_bytes();
+                (lease, bytes)
+            }
+        }
+    };
+    let prev = prev.map_or(0, |l| l.token);
+    let (lease, bytes, started, holding) = ctx.store.take(section, place, prev, &mut make)?;
+    Ok(Attempt::Taken(Box::new(Start {
+        path: ctx.store.paths().lock.clone(),
+        timing: ctx.timing,
+        clock: std::sync::Arc::clone(&s.clock),
+        lease,
+        bytes,
+        started,
+        on_lost: s.on_lost.clone(),
+        broke,
+        holding,
+    })))
+}
+
+/// A released lease is free to anyone, wherever its holder lives, once nobody is queued ahead:
+/// no judgement needed (the common case when a waiter is handed the lease).
+fn released(content: &LockContent, first: bool) -> Option<&Lease> {
+    match content {
+        LockContent::Lease(l, _) if first && l.state == LeaseState::Released => Some(l),
+        _ => None,
+    }
+}
+
+/// A free or stale lease with live waiters queued ahead is theirs first.
+fn behind_queue(v: &mut Verdict, waiting_ahead: usize) {
+    if v.state == State::Free || v.state == State::Stale {
+        v.reason = format!("{}, but {waiting_ahead} waiter(s) queued ahead", v.reason);
+        v.state = State::Held;
+        v.behind = Some(format!("{waiting_ahead} queued waiter(s)"));
+    }
+}
+
+fn judge<'a, S: Store>(ctx: &'a Ctx<'a, S>) -> Judge<'a> {
+    let mut j = ctx.store.judge(&ctx.me, ctx.s.clock.as_ref());
+    j.wall_skew = ctx.s.wall_skew;
+    j
+}
+
+/// A judgement outside the section and without recording anything (to explain a wait).
+fn peek<S: Store>(ctx: &Ctx<'_, S>, mem: &mut Memory) -> Verdict {
+    let mut judge = judge(ctx);
+    judge.persist = false;
+    let content = ctx.store.read().unwrap_or(LockContent::Missing);
+    judge.judge(&content, mem)
+}
+
+/// Tells the caller's `on_wait` what we wait for.
+fn report(s: &LeaseBuilder, v: &Verdict) {
+    if let Some(cb) = &s.on_wait {
+        (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(v);
+    }
+}
+
+/// In a sticky directory (`/tmp`, `/run/lock`) only a file's owner (or root) may rename over
+/// it: a LOCK or mutex file of another user there could never be taken over by us. Refuse at
+/// once, naming the owner, rather than wait through the holder's job and fail then.
+fn refuse_unshareable(paths: &LockPaths) -> Result<()> {
+    let dir = paths.handle();
+    if !dir.sticky() {
+        return Ok(());
+    }
+    for (name, role) in [
+        (paths.lock_name(), "lock file"),
+        (paths.mutex_name(), "mutex file"),
+    ] {
+        if let Ok(Some(m)) = dir.stat(name) {
+            dir.check_owner(name, &m, role)?;
+        }
+    }
+    Ok(())
+}
+
+fn refused(paths: &LockPaths, v: &Verdict, why: &str) -> Error {
+    Error::Refused {
+        path: paths.lock.clone(),
+        why: format!("not taking over ({v}): {why}"),
+    }
+}

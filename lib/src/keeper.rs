@@ -1,0 +1,241 @@
+//! The process-wide keeper: two threads, started with the first guard and shared by every guard
+//! of the process (a forked child starts its own).
+//!
+//! Owns: the list of live guards; the renewer (renews each guard when it is due, one after
+//! another) and the watchdog (declares a guard lost when its deadline passes; it never does I/O,
+//! so a renewal stuck in I/O cannot hold it up, and it sleeps on a timerfd set to the earliest
+//! deadline, which counted renewals move without waking it). What a renewal is, and when it
+//! counts, is the guard's business ([`Kept`]).
+//! Must never: keep a guard past its deadline (a stuck renewal may make others lost early, never
+//! late); set the alarm later than a live guard's deadline; wake a thread that need not wake.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{
+    ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
+};
+
+/// A guard as the keeper sees it.
+pub(crate) trait Kept: Send + Sync {
+    /// Lost or released: the keeper lets go of it.
+    fn done(&self) -> bool;
+    /// When it is next due for renewal.
+    fn next_renew(&self) -> Instant;
+    /// Its renew deadline, while it is live (neither lost nor released).
+    fn live_deadline(&self) -> Option<Instant>;
+    /// One renewal and the scheduling of the next; true when it counted (the deadline moved).
+    fn renew_turn(&self) -> bool;
+    /// Its deadline has passed: it is lost.
+    fn expire(&self);
+}
+
+fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes `g` into the keeper of this process (starting its threads on first use), due for its
+/// first renewal at `renew_at`.
+pub(crate) fn keep(g: Arc<dyn Kept>, renew_at: Instant) -> std::io::Result<()> {
+    let k = keeper()?;
+    let mut st = lock(&k.state);
+    st.guards.push(g);
+    k.arm(&mut st, true);
+    // Wake the renewer only if it sleeps past this guard's first renewal; in steady state
+    // (one guard after another) it is not woken.
+    let wake_renewer = st.renewer.later_than(renew_at);
+    drop(st);
+    if wake_renewer {
+        k.renew.notify_all();
+    }
+    Ok(())
+}
+
+/// Takes `g` off the keeper: no renewal starts after this. The threads are not woken (they find
+/// it gone when they next wake), and the alarm is left as it is: it can only be early now, which
+/// costs the watchdog one wake-up, and no system call here.
+pub(crate) fn forget(g: &Arc<dyn Kept>) {
+    if let Ok(k) = keeper() {
+        lock(&k.state).guards.retain(|x| !Arc::ptr_eq(x, g));
+    }
+}
+
+/// The process-wide keeper: every live guard, and the two threads that serve them.
+struct Keeper {
+    state: Mutex<KeeperState>,
+    renew: Condvar,
+    /// The watchdog's alarm, always set (under the state lock) to the earliest deadline of a
+    /// live guard: renewals move it without waking the watchdog, which therefore wakes only
+    /// when a deadline is really reached.
+    alarm: TimerFd,
+}
+
+struct KeeperState {
+    guards: Vec<Arc<dyn Kept>>,
+    renewer: Sleep,
+    /// What the alarm is set to (`None`: unset, or unknown).
+    armed: Option<Instant>,
+}
+
+impl Keeper {
+    /// Sets the alarm for the earliest deadline among the live guards of `st` (the state,
+    /// locked), or clears it when there is none.
+    ///
+    /// `lazy` (a new guard): only ever bring the alarm forward. A later alarm than needed costs
+    /// at most one early wake-up of the watchdog, which then sets it exactly; not touching it
+    /// saves a system call on the way into every lease.
+    fn arm(&self, st: &mut KeeperState, lazy: bool) {
+        let earliest = st.guards.iter().filter_map(|g| g.live_deadline()).min();
+        let needed = match (lazy, earliest, st.armed) {
+            (_, e, armed) if e == armed => false,
+            (true, Some(e), Some(armed)) => e < armed,
+            (true, None, _) => false,
+            _ => true,
+        };
+        if !needed {
+            return;
+        }
+        let set = match earliest {
+            Some(d) => self.alarm.set(
+                Expiration::OneShot(monotonic_at(d)),
+                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+            ),
+            None => self.alarm.unset(),
+        };
+        // If setting failed, forget what is armed, so that the next call sets it again.
+        st.armed = if set.is_ok() { earliest } else { None };
+    }
+}
+
+/// `at` as an absolute CLOCK_MONOTONIC time (std's `Instant` runs on that clock on Linux, but
+/// does not expose it); a time already past maps to now, which fires at once.
+fn monotonic_at(at: Instant) -> TimeSpec {
+    let now = Instant::now();
+    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .unwrap_or_else(|_| TimeSpec::new(0, 1));
+    let ahead = at.saturating_duration_since(now);
+    let t = Duration::new(mono.tv_sec().max(0) as u64, mono.tv_nsec().max(0) as u32) + ahead;
+    // Never all zero: a zero expiration would disarm the timer instead.
+    TimeSpec::from_duration(t.max(Duration::from_nanos(1)))
+}
+
+/// What the renewer is doing, so that a new guard wakes it only when it must.
+#[derive(Clone, Copy)]
+enum Sleep {
+    /// Awake: it looks at the guard list again before it sleeps.
+    Awake,
+    /// Asleep until then.
+    Until(Instant),
+    /// Asleep until woken.
+    Forever,
+}
+
+impl Sleep {
+    /// Whether a thread in this state would wake up too late for something due at `due`.
+    fn later_than(self, due: Instant) -> bool {
+        match self {
+            Sleep::Awake => false,
+            Sleep::Until(t) => t > due,
+            Sleep::Forever => true,
+        }
+    }
+}
+
+/// The keeper of this process, its threads started on first use — and again in a forked child,
+/// which inherits the keeper's memory but not its threads.
+fn keeper() -> std::io::Result<&'static Keeper> {
+    static KEEPER: Mutex<Option<(u32, &'static Keeper)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = lock(&KEEPER);
+    if let Some((p, k)) = *slot
+        && p == pid
+    {
+        return Ok(k);
+    }
+    let k: &'static Keeper = Box::leak(Box::new(Keeper {
+        state: Mutex::new(KeeperState {
+            guards: Vec::new(),
+            renewer: Sleep::Awake,
+            armed: None,
+        }),
+        renew: Condvar::new(),
+        alarm: TimerFd::new(TimerClock::CLOCK_MONOTONIC, TimerFlags::TFD_CLOEXEC)?,
+    }));
+    for (name, body) in [
+        ("leasehold-renew", renewer as fn(&'static Keeper)),
+        ("leasehold-watch", watchdog as fn(&'static Keeper)),
+    ] {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || body(k))?;
+    }
+    *slot = Some((pid, k));
+    Ok(k)
+}
+
+/// Renews every guard when it is due. Renewals run one after another: one stuck in I/O delays
+/// the others, whose deadlines the watchdog still keeps (they are then lost, never kept).
+fn renewer(k: &'static Keeper) {
+    loop {
+        let due: Vec<Arc<dyn Kept>> = {
+            let mut st = lock(&k.state);
+            loop {
+                st.guards.retain(|g| !g.done());
+                let now = Instant::now();
+                let next = st.guards.iter().map(|g| g.next_renew()).min();
+                match next {
+                    Some(n) if n <= now => break,
+                    Some(n) => {
+                        st.renewer = Sleep::Until(n);
+                        st = k
+                            .renew
+                            .wait_timeout(st, n - now)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    None => {
+                        st.renewer = Sleep::Forever;
+                        st = k.renew.wait(st).unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+                st.renewer = Sleep::Awake;
+            }
+            let now = Instant::now();
+            st.guards
+                .iter()
+                .filter(|g| g.next_renew() <= now)
+                .cloned()
+                .collect()
+        };
+        for g in due {
+            if g.renew_turn() {
+                k.arm(&mut lock(&k.state), false);
+            }
+        }
+    }
+}
+
+/// Declares guards lost at their deadlines. Never does I/O: it sleeps on its alarm (see
+/// [`Keeper::alarm`]), and wakes only when the earliest deadline is reached.
+fn watchdog(k: &'static Keeper) {
+    loop {
+        if k.alarm.wait().is_err() {
+            // The alarm cannot be read: look every 10 ms instead (never stop watching).
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let st = lock(&k.state);
+        let now = Instant::now();
+        let expired: Vec<Arc<dyn Kept>> = st
+            .guards
+            .iter()
+            .filter(|g| g.live_deadline().is_some_and(|d| now >= d))
+            .cloned()
+            .collect();
+        drop(st);
+        for g in expired {
+            g.expire();
+        }
+        k.arm(&mut lock(&k.state), false);
+    }
+}

@@ -1,0 +1,142 @@
+use super::*;
+
+fn sample() -> Lease {
+    Lease {
+        state: LeaseState::Held,
+        heartbeat_seq: 7,
+        heartbeat_at: "2026-11-29T16:08:33.123456Z".into(),
+        lease_id: "0123456789abcdef0123456789abcdef".into(),
+        token: 42,
+        ttl_ms: 30_000,
+        acquired_at: "2026-11-29T16:00:00.000000Z".into(),
+        holder: Holder {
+            pid: 4242,
+            pid_start: 99,
+            child_pid: None,
+            child_start: None,
+            pgid: None,
+            host: "web1".into(),
+            boot_id: "b".into(),
+            pid_ns: 1,
+            uid: 1000,
+            user: "alice".into(),
+            command: vec!["terraform".into(), "apply".into()],
+            note: Some("hi \"there\"\n".into()),
+        },
+        ended: None,
+        damaged: false,
+    }
+}
+
+#[test]
+fn a_draft_finished_is_the_record_written_whole() {
+    let mut l = sample();
+    l.heartbeat_seq = 0;
+    l.token = 0;
+    // A note that mentions the token field must not confuse the draft.
+    l.holder.note = Some("\n  \"token\": 1,".into());
+    let d = Draft::new(l.clone()).expect("a draft");
+    let now = "2026-11-29T17:01:02.345678Z";
+    let (lease, bytes) = d.finish(18_446_744_073_709_551_615, now);
+    let mut whole = l;
+    whole.token = 18_446_744_073_709_551_615;
+    whole.acquired_at = now.into();
+    whole.heartbeat_at = now.into();
+    assert_eq!(lease, whole);
+    assert_eq!(bytes, whole.to_bytes());
+    match Lease::parse(&bytes) {
+        Parsed::Lease(p) => assert_eq!(*p, whole),
+        other => panic!("{other:?}"),
+    }
+    let (_, small) = Draft::new(sample()).unwrap().finish(3, now);
+    assert!(
+        String::from_utf8(small)
+            .unwrap()
+            .contains("\"token\":                    3,")
+    );
+}
+
+#[test]
+fn roundtrip_and_is_valid_json() {
+    let l = sample();
+    let bytes = l.to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["state"], "held");
+    assert_eq!(v["heartbeat_seq"], 7);
+    match Lease::parse(&bytes) {
+        Parsed::Lease(p) => assert_eq!(*p, l),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_revoked_record_keeps_the_header_layout_and_roundtrips() {
+    let held = sample().to_bytes();
+    let mut l = sample();
+    l.state = LeaseState::Revoked;
+    let bytes = l.to_bytes();
+    assert_eq!(bytes.len(), held.len(), "the state field is fixed-width");
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["state"], "revoked");
+    match Lease::parse(&bytes) {
+        Parsed::Lease(p) => assert_eq!(*p, l),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn header_rewrite_keeps_length_and_validity() {
+    let mut bytes = sample().to_bytes();
+    let len = bytes.len();
+    let at = "2026-11-29T16:09:00.000001Z";
+    let region = Lease::rewrite_header(&mut bytes, LeaseState::Released, u64::MAX, at)
+        .unwrap()
+        .to_vec();
+    assert_eq!(bytes.len(), len);
+    assert_eq!(&bytes[MUTABLE_RANGE], &region[..]);
+    match Lease::parse(&bytes) {
+        Parsed::Lease(p) => {
+            assert_eq!(p.state, LeaseState::Released);
+            assert_eq!(p.heartbeat_seq, u64::MAX);
+            assert_eq!(p.heartbeat_at, at);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn every_torn_mix_is_detected() {
+    let old = sample().to_bytes();
+    let mut new = old.clone();
+    Lease::rewrite_header(&mut new, LeaseState::Held, 8, "2026-11-29T16:08:43.999999Z");
+    for cut in MUTABLE_RANGE {
+        let mut mix = new[..cut].to_vec();
+        mix.extend_from_slice(&old[cut..]);
+        let ok_whole = mix == old || mix == new;
+        match Lease::parse(&mix) {
+            Parsed::Lease(_) => assert!(ok_whole, "torn mix at {cut} accepted"),
+            Parsed::Torn => assert!(!ok_whole),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn foreign_and_newer() {
+    assert!(matches!(Lease::parse(b""), Parsed::Empty));
+    assert!(matches!(Lease::parse(b" \n"), Parsed::Empty));
+    assert!(matches!(Lease::parse(b"4242\n"), Parsed::NotALease(_)));
+    assert!(matches!(
+        Lease::parse(br#"{"leasehold": 9, "x": 1}"#),
+        Parsed::Newer(9)
+    ));
+    assert!(matches!(
+        Lease::parse(&[0u8, 159, 146, 150]),
+        Parsed::NotALease(_)
+    ));
+    let deep = "[".repeat(100_000);
+    assert!(matches!(
+        Lease::parse(deep.as_bytes()),
+        Parsed::NotALease(_)
+    ));
+}

@@ -1,0 +1,284 @@
+//! The seam between the lease protocol and where leases are kept.
+//!
+//! Owns: the [`Store`] and [`Holding`] traits — the contract every store must keep for the
+//! protocol's safety argument (PROTOCOL.md §8) to hold — and the answer to "is this still our
+//! lease?" ([`Ours`]). Today's one store is the lock file ([`file::FileStore`]); an etcd store
+//! (leases with keepalive, revisions as tokens, watches, a key per contender under a prefix
+//! with the lowest create revision first in line) would be a second implementation: the
+//! acquirer, the guard and `status`/`break` speak only to these traits.
+//! Must never: hold policy. Which lease may be taken, when a holder is dead, what a break does
+//! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
+//! compares-and-replaces, renews, releases, hands out tokens and waits.
+
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::fsio::LockContent;
+use crate::judge::Judge;
+use crate::loss::LossReason;
+use crate::mutex::StuckPolicy;
+use crate::paths::LockPaths;
+use crate::record::Lease;
+use crate::verdict::Verdict;
+
+pub(crate) mod file;
+
+/// Where leases on one lock are kept, as the protocol needs it.
+///
+/// The contract (what the safety argument relies on):
+/// - **One exclusive section at a time.** Between [`Store::enter`] and [`Store::leave`] (or
+///   [`Store::take`], which ends it) no other contender, on any host, is inside its own section
+///   for the same lock. Everything that changes the current lease, except a renewal and a
+///   release in place, happens inside one — so what [`Store::current`] read there is still what
+///   the store holds when [`Store::take`] or [`Store::replace`] writes: **compare-and-replace is
+///   atomic against every other contender.** A section is never held while a job runs, and
+///   `enter` never waits past its deadline.
+/// - **Reads are fresh.** [`Store::read`] and [`Store::current`] return what the store holds now
+///   (never a cached answer older than the last change another host could have made and been
+///   acknowledged for), and never a torn record: a damaged one is marked so.
+/// - **Tokens strictly increase.** The token [`Store::take`] gives a new lease is greater than
+///   every token any earlier lease on this lock had, whatever happened in between (crashes,
+///   breaks, a lease file emptied by hand), and it is durable before the lease is visible. A
+///   token reserved while waiting ([`Store::join`]) is used only if still greater than all.
+/// - **A new lease is durable before it counts.** `take` returns only once the lease is stored
+///   as durably as the store can; the guard's renew deadline counts from before it was visible.
+/// - **Order among waiters.** A contender with a place in line ([`Store::Place`]) is first only
+///   when nobody that joined before it is still waiting ([`Store::ahead`]); a place whose owner
+///   died or froze for a TTL is given up by the store, and its owner finds that out.
+/// - **Waiting ends on a change.** [`Store::wait`] returns when the current lease may have
+///   changed, when the one ahead in line may have gone, or at the latest after a tick short
+///   enough to see a silent holder's TTL run out — and never after the deadline.
+pub(crate) trait Store: Send + Sync + Sized + 'static {
+    /// What one contender keeps between its sections (the file store: the mutex descriptor).
+    type Kept: Default + Send;
+    /// A held exclusive section.
+    type Section;
+    /// A waiting contender's place in line, and what it prepares there for its take.
+    type Place: Default + Send;
+    /// The contender just ahead in line, to wait behind.
+    type Ahead: Send;
+    /// What wakes a waiting contender (kept across waits: setting it up may cost).
+    type Waker: Send;
+    /// A held lease's link to the store.
+    type Holding: Holding;
+
+    /// The lock's names: what its jobs carry (`LEASEHOLD_LOCK`), and where this host's
+    /// observations are kept.
+    fn paths(&self) -> &LockPaths;
+
+    /// The judge of this store's leases (see `judge.rs`).
+    fn judge<'a>(
+        &'a self,
+        me: &'a crate::identity::Identity,
+        clock: &'a dyn crate::clock::Clock,
+    ) -> Judge<'a> {
+        Judge {
+            paths: self.paths(),
+            me,
+            clock,
+            wall_skew: None,
+            persist: true,
+        }
+    }
+
+    /// What the store holds now, read outside any section.
+    fn read(&self) -> Result<LockContent>;
+
+    /// Enters the exclusive section, waiting at most until `deadline`. A section held by a
+    /// stopped process for longer than `stuck_after` is handled by `policy`; while it waits,
+    /// `place`'s liveness is kept up, and `blocked`, if given, is told (once a second at most)
+    /// who holds the section, by the kernel's (or server's) word.
+    fn enter(
+        &self,
+        kept: &mut Self::Kept,
+        deadline: Option<Instant>,
+        stuck_after: std::time::Duration,
+        policy: StuckPolicy,
+        place: Option<&mut Self::Place>,
+        blocked: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<Self::Section>;
+
+    /// Leaves the section without taking the lease.
+    fn leave(&self, section: Self::Section, kept: &mut Self::Kept);
+
+    /// Inside the section: the current lease (through what `place` kept from its last look,
+    /// and keeping what helps the next look and the take).
+    fn current(&self, section: &Self::Section, place: &mut Self::Place) -> Result<LockContent>;
+
+    /// Inside the section: the live contenders ahead of `place` (of everyone, without one),
+    /// giving up those whose owners died or froze: the one just ahead, and how many.
+    fn ahead(
+        &self,
+        section: &Self::Section,
+        place: Option<&mut Self::Place>,
+        ttl: std::time::Duration,
+    ) -> Result<(Option<Self::Ahead>, usize)>;
+
+    /// Who `ahead` is, by the kernel's (or server's) word: for wait lines.
+    fn describe(&self, ahead: &Self::Ahead) -> String;
+
+    /// `ahead`'s position in line (unique among the places present): to tell when the one
+    /// ahead changed.
+    fn position(&self, ahead: &Self::Ahead) -> u64;
+
+    /// Whether a waiter must poll: other hosts' changes are not notified (a network file
+    /// system).
+    fn polls(&self) -> bool;
+
+    /// Inside the section, for a contender that cannot take the lease yet: gives it a place in
+    /// line if it has none (saying `who` waits there), and, when it is `first`,
+    /// reserves the token after `current_token` durably, so that its take need not write it.
+    fn join(
+        &self,
+        section: &Self::Section,
+        place: &mut Self::Place,
+        current_token: u64,
+        first: bool,
+        who: Joiner<'_>,
+    ) -> Result<()>;
+
+    /// Outside the section, while waiting first in line: prepares the take of `lease` (the
+    /// bytes it will have) so that it costs as little as possible.
+    fn prepare(&self, place: &mut Self::Place, lease: &[u8]);
+
+    /// Takes the lease, ending the section: picks the token (see the contract), asks `lease`
+    /// for the record with it, and replaces the current lease with it — atomically against
+    /// every other contender, and durably before returning. `prev_token` is the token of the
+    /// lease replaced; `place` is the taker's place in line, given up as it takes the lease.
+    fn take(
+        &self,
+        section: Self::Section,
+        place: Self::Place,
+        prev_token: u64,
+        lease: &mut dyn FnMut(u64) -> (Lease, Vec<u8>),
+    ) -> Result<(Lease, Vec<u8>, Instant, Self::Holding)>;
+
+    /// Inside the section: replaces the current lease with `lease` (a break: released or
+    /// revoked, its token kept), durably.
+    fn replace(&self, section: &Self::Section, lease: &Lease) -> Result<()>;
+
+    /// After a stale lease's job was stopped, inside the section: removes what a writer that
+    /// died mid-write may have left.
+    fn clean_after_crash(&self);
+
+    /// What wakes this contender, set up lazily (see [`Store::wait`]).
+    fn waker(&self, poll: bool, ttl: std::time::Duration) -> Self::Waker;
+
+    /// Outside the section: keeps `place` alive, then sleeps until the lease judged `seen` may
+    /// have changed (or, with `ahead`, the contender ahead may have gone), a tick passes, or
+    /// `deadline`.
+    fn wait(
+        &self,
+        waker: &mut Self::Waker,
+        place: &mut Self::Place,
+        ahead: Option<&Self::Ahead>,
+        seen: &Verdict,
+        deadline: Option<Instant>,
+    );
+
+    /// Who waits, in order (for `status`).
+    fn waiting(&self) -> Vec<crate::verdict::Waiting>;
+}
+
+/// A held lease's link to its store: what the guard renews, checks and releases through.
+///
+/// The contract:
+/// - **Renew fails once the lease is not ours.** [`Holding::renew`] writes the new heartbeat
+///   only after seeing that the store still holds our lease, held; if it holds anything else
+///   (another lease, ours revoked or released, nothing) the renewal is lost, never counted. A
+///   renewal racing a replacement either lands before it (and the replacer sees it) or is lost
+///   with the replaced record. It needs no section.
+/// - **Nothing is written once it is not ours.** [`Holding::rewrite`] and [`Holding::release`]
+///   check, inside a section (or, for a release in place, on the very record we wrote), that
+///   the store holds our lease, and write nothing otherwise.
+/// - **Release frees the lock at once, or says it could not.** After `release` returns `Ok`,
+///   every contender judges the lock free (a released record, or our record marked released).
+pub(crate) trait Holding: Send + Sync + 'static {
+    /// Whether the store still holds our lease `lease_id`, and how (a fresh read).
+    fn still_ours(&self, lease_id: &str) -> Result<Ours>;
+
+    /// One renewal: replaces our record's heartbeat with `bytes`' (the same record, heartbeat
+    /// moved) if the store still holds our lease `lease_id`, held. `Err(Renewal::Lost)` is
+    /// final; `Err(Renewal::Transient)` is retried until the deadline.
+    fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal>;
+
+    /// A held section, for [`Holding::rewrite`].
+    type Section;
+
+    /// Enters the exclusive section, waiting at most until `deadline` (a stopped process
+    /// holding it for longer than `stuck_after` is stopped, verified).
+    fn enter(&self, deadline: Instant, stuck_after: std::time::Duration) -> Result<Self::Section>;
+
+    /// Inside `section`: replaces our record (`mine`) with `bytes` (recording the wrapped
+    /// command), if the store still holds it, held; `Error::Lost` otherwise.
+    fn rewrite(&self, section: &Self::Section, mine: &Lease, bytes: &[u8]) -> Result<()>;
+
+    /// Releases our lease (see [`Release`]). Called once, with our record locked, so that no
+    /// renewal runs; calls `release.stop` (which ends the guard's renewals) as soon as it can.
+    fn release(&self, release: Release<'_>) -> Result<()>;
+}
+
+/// Who joins the line, as its place says (shown by `status`; never trusted to name who waits).
+pub(crate) struct Joiner<'a> {
+    pub me: &'a crate::identity::Identity,
+    pub clock: &'a dyn crate::clock::Clock,
+    /// What it wants to run.
+    pub command: &'a [String],
+}
+
+/// What a release hands to the store.
+pub(crate) struct Release<'a> {
+    /// Our lease as last written, and its exact bytes.
+    pub mine: &'a Lease,
+    pub bytes: &'a [u8],
+    /// How the job ended, for the released record.
+    pub how: &'a str,
+    pub clock: &'a dyn crate::clock::Clock,
+    /// The longest wait for a section, and after how long a stopped holder of it is judged.
+    pub wait: std::time::Duration,
+    pub stuck_after: std::time::Duration,
+    /// Ends the guard's renewals.
+    pub stop: &'a mut dyn FnMut(),
+}
+
+/// Why a renewal failed.
+#[derive(Debug)]
+pub(crate) enum Renewal {
+    /// The lease is gone for good.
+    Lost(LossReason),
+    /// A transient error: try again until the deadline.
+    Transient(crate::error::Error),
+}
+
+/// What the store holds, as far as our lease is concerned: the one answer to "is this still
+/// our lease?", for renewals, releases, `set_child` and the wrapper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ours {
+    /// Our lease, held.
+    Held,
+    /// Our lease, revoked by an operator; by whom, if recorded.
+    Revoked(Option<String>),
+    /// Our lease, released (broken, or by the released bit).
+    Released,
+    /// Someone else's lease: who, and its token.
+    Taken(String, u64),
+    /// Nothing (an empty lock file: freed by hand).
+    Empty,
+    /// No lease record at all.
+    Missing,
+}
+
+/// Whether `content` (what the store holds) is our lease `lease_id`, and in what state.
+pub(crate) fn ours(content: &LockContent, lease_id: &str) -> Ours {
+    use crate::record::LeaseState;
+    match content {
+        LockContent::Lease(l, _) if l.lease_id == lease_id => match l.state {
+            LeaseState::Held => Ours::Held,
+            LeaseState::Revoked => Ours::Revoked(l.ended.as_ref().and_then(|e| e.by.clone())),
+            LeaseState::Released => Ours::Released,
+        },
+        LockContent::Lease(l, _) => Ours::Taken(l.holder.describe(), l.token),
+        LockContent::Empty => Ours::Empty,
+        LockContent::Missing => Ours::Missing,
+    }
+}

@@ -1,0 +1,464 @@
+/*
+ * leasehold's file protocol (docs/PROTOCOL.md), modelled for SPIN.
+ *
+ * One LOCK, NC contenders (`leasehold run`: acquire, run a command, renew, fence, release),
+ * an operator who may `break --force` once, a user of another uid who may plant an
+ * observation file once, a person who may delete the mutex file once, and chaos that may
+ * crash one contender and pause one contender (wrapper and command frozen together: SIGSTOP
+ * of the job, a paused VM) at any step. Time is discrete ticks; host 1's monotonic clock
+ * drifts from real time within DRIFT ticks; all timers are relative and saturate, so runs of
+ * any length are covered. Switches that leave an adversary out: -DNO_CRASH, -DNO_PAUSE,
+ * -DNO_BREAK, -DNO_RM, -DNO_FORGE. See model/README.md for the mapping of every variable to
+ * the code, the bounds and what is not modelled.
+ *
+ * Broken variants (each removes one safety step; SPIN must find a counterexample):
+ *   -DBROKEN_NO_MARGIN        renew deadline = start + TTL - grace (no margin)
+ *   -DBROKEN_WALL_CLOCK       foreign holders judged by their heartbeat_at wall clock
+ *   -DBROKEN_NO_INODE_CHECK   no re-check, after flock, that the locked inode is the mutex file's
+ *   -DBROKEN_BREAK_FREES      `break` of a live lease frees it at once instead of revoking it
+ *   -DBROKEN_TRUST_OTHER_UID  observation files of another uid are believed
+ */
+
+#ifndef NC
+#define NC 3
+#endif
+
+#define TTL    6
+#define GRACE  1
+#ifdef BROKEN_NO_MARGIN
+#define MARGIN 0
+#else
+#define MARGIN 2
+#endif
+#define DL     (TTL - GRACE - MARGIN)  /* renew window: deadline = renewal start + DL */
+#define HB     2      /* heartbeat interval: TTL/3 */
+#ifndef DRIFT
+#define DRIFT  1      /* host 1's clock = real time + off1, off1 in 0..DRIFT */
+#endif
+#define WSKEW  4      /* host 1's wall clock is this far ahead of host 0's (read only by BROKEN_WALL_CLOCK) */
+#ifndef LBOUND
+#define LBOUND (TTL + DRIFT + 2) /* bounded liveness: a dead holder's lock is taken within this */
+#endif
+
+#define NOBODY 255
+
+/* contender i's host: C0 and C2 on host 0, C1 on host 1 */
+#define HOST(i) ((i) == 1)
+
+/* ---------------------------------------------------------------- time
+ * There is no absolute time: every timer is relative and saturates, so the state space is
+ * finite without a horizon and the check covers runs of any length. Each tick advances real
+ * time by 1, host 0's clock by 1 and host 1's clock by 0, 1 or 2, keeping it within DRIFT of
+ * real time (off1). */
+byte off1;
+
+/* ---------------------------------------------------------------- LOCK (the lease record) */
+mtype = { FREE, HELD, REVOKED, RELEASED };
+mtype lk_state = FREE;          /* FREE = missing/empty; RELEASED includes the released bit */
+byte  lk_owner = NOBODY;        /* lease id: each contender takes at most once, so its index names its lease */
+byte  lk_tok;                   /* fencing token */
+bool  opened[NC];               /* i's renewal descriptor still names LOCK (cleared by any rename over LOCK) */
+bool  mine[NC];                 /* LOCK is still the file i renamed into place (cleared by any rename) */
+#ifdef BROKEN_WALL_CLOCK
+byte  hba;                      /* real ticks since heartbeat_at was written (saturates at TTL) */
+#define WOFF(h) ((h) -> WSKEW : 0)
+#endif
+
+/* ---------------------------------------------------------------- mutex file */
+byte mino;                      /* which inode the mutex file's name leads to (0, or 1 once replaced) */
+byte mlk[2] = NOBODY;           /* flock holder of each mutex inode */
+byte hwm[2];                    /* token high-water mark stored in each inode */
+byte myino[NC];                 /* the mutex inode i keeps open */
+bool mwait[NC];                 /* i is polling for the mutex */
+
+/* ---------------------------------------------------------------- observations (.NAME.leasehold-seen-<uid>), per host */
+byte oown[2] = NOBODY;          /* the lease id this host saw ... */
+bool orev[2];                   /* ... with this key: the revoked record's fingerprint, or a heartbeat seq ... */
+bool moved[2];                  /* ... which has moved since (a renewal landed in LOCK) ... */
+byte oage[2];                   /* ... for this long on the host's clock (saturates at TTL) */
+bool frg;                       /* a user of another uid planted an observation file at our name */
+byte frg_own;                   /* claiming this lease ... */
+bool frg_rev, frgm;             /* ... with this key, seen for a TTL already; frgm: the heartbeat moved since */
+
+/* ---------------------------------------------------------------- queue */
+byte qcnt;                      /* highest ticket number handed out */
+byte qno[NC];                   /* i's ticket number, 0 = none; live while i is not gone */
+
+/* ---------------------------------------------------------------- processes */
+bool gone[NC];                  /* the process is gone (crashed, killed, exited) */
+bool crashed[NC];               /* killed at an arbitrary step (crash, or SIGKILL of a hung holder) */
+bool paused[NC];                /* frozen: wrapper and command */
+bool pz;                        /* somebody is paused now */
+bool ready[NC];                 /* has taken its turn in this tick */
+bool waiting[NC];               /* still wants the lock */
+byte lvc;                       /* real ticks since the last death, resume or break (saturates at LBOUND) */
+
+/* ---------------------------------------------------------------- the guards and the commands */
+bool hold[NC];                  /* i has a guard: its timers run */
+short dlc[NC];                  /* ticks of i's clock left until its renew deadline; lost at <= 0;
+                                   its command is dead by -GRACE (saturates there) */
+byte due[NC];                   /* ticks of i's clock until its next renewal is due */
+bool fl[NC];                    /* a renewal (or the take) is in flight ... */
+byte rel[NC];                   /* ... since this many ticks of i's clock */
+bool running[NC];               /* i's command runs (set once its lease is durable) */
+byte tok[NC];                   /* the token i's command was started with */
+byte last_tok;                  /* token of the last command started */
+
+/* Never two commands running at once. A frozen command runs nothing; the invariant can only
+ * break where a command starts or a frozen one resumes, and is asserted exactly there. */
+#define R(i) (running[i] && !paused[i])
+#if NC == 3
+#define ONE_CMD (!(R(0) && R(1)) && !(R(0) && R(2)) && !(R(1) && R(2)))
+#else
+#define ONE_CMD (!(R(0) && R(1)))
+#endif
+
+/* A contender is done with this tick: it took its turn, is gone or frozen, or polls a mutex
+ * that a frozen process holds. */
+#define RDY(i) (ready[i] || gone[i] || paused[i] || \
+                (mwait[i] && mlk[myino[i]] < NC && paused[mlk[myino[i]]]))
+#define WT(i) (waiting[i] && !gone[i] && !paused[i])
+#define LT(i) (qno[i] && !gone[i])
+#define AH(i, me) (LT(i) && (qno[me] == 0 || qno[i] < qno[me]))
+#if NC == 3
+#define ALLRDY (RDY(0) && RDY(1) && RDY(2))
+#define WAITERS (WT(0) || WT(1) || WT(2))
+#define LIVE_TICKET (LT(0) || LT(1) || LT(2))
+#define AHEAD(me) (AH(0, me) || AH(1, me) || AH(2, me))
+#else
+#define ALLRDY (RDY(0) && RDY(1))
+#define WAITERS (WT(0) || WT(1))
+#define LIVE_TICKET (LT(0) || LT(1))
+#define AHEAD(me) (AH(0, me) || AH(1, me))
+#endif
+
+/* Every rename over LOCK: a new inode; descriptors on the old one now write where nobody reads. */
+#define RENAMED opened[0] = 0; opened[1] = 0; mine[0] = 0; mine[1] = 0; MORE_RENAMED
+#if NC == 3
+#define MORE_RENAMED opened[2] = 0; mine[2] = 0
+#else
+#define MORE_RENAMED skip
+#endif
+
+/* The process dies: the kernel drops its flocks; PR_SET_PDEATHSIG takes its command with it. */
+inline kill(j) {
+  crashed[j] = 1; gone[j] = 1; paused[j] = 0; running[j] = 0; waiting[j] = 0; mwait[j] = 0;
+  hold[j] = 0; dlc[j] = 0; due[j] = 0; fl[j] = 0; rel[j] = 0; lvc = 0;
+  if :: mlk[0] == j -> mlk[0] = NOBODY :: else fi;
+  if :: mlk[1] == j -> mlk[1] = NOBODY :: else fi
+}
+
+/* observe.rs: how long host h has seen exactly this record (lease id and key) */
+inline observe(h, age) {
+  if
+  :: oown[h] == lk_owner && orev[h] == (lk_state == REVOKED) && !moved[h] -> age = oage[h]
+  :: else -> oown[h] = lk_owner; orev[h] = (lk_state == REVOKED); moved[h] = 0; oage[h] = 0; age = 0
+  fi;
+#ifdef BROKEN_TRUST_OTHER_UID
+  if :: frg && frg_own == lk_owner && frg_rev == (lk_state == REVOKED) && !frgm -> age = TTL :: else fi
+#endif
+}
+
+/* verdict.rs judge: FREE, HELD, STALE or HUNG */
+mtype = { V_FREE, V_HELD, V_STALE, V_HUNG };
+inline judge(h, v, age) {
+  if
+  :: lk_state == FREE || lk_state == RELEASED -> v = V_FREE
+  :: else ->
+     observe(h, age);
+     if
+     :: HOST(lk_owner) == h ->                  /* same host: process liveness decides */
+        if
+        :: gone[lk_owner] -> v = V_STALE
+        :: else -> v = (age >= TTL -> V_HUNG : V_HELD)
+        fi
+     :: else ->                                 /* foreign: own observation for its TTL */
+        v = (age >= TTL -> V_STALE : V_HELD);
+#ifdef BROKEN_WALL_CLOCK                        /* ... or by its own wall-clock heartbeat_at */
+        v = (lk_state == HELD && hba + WOFF(h) >= TTL + WOFF(HOST(lk_owner)) -> V_STALE : v)
+#else
+        skip
+#endif
+     fi
+  fi
+}
+
+/* mutex.rs lock_with: try-lock the inode we keep open, then check the name still leads to it. */
+inline lock_mutex() {
+  mwait[me] = 1;
+  do
+  :: atomic { mlk[myino[me]] == NOBODY -> mlk[myino[me]] = me; mwait[me] = 0 };
+#ifdef BROKEN_NO_INODE_CHECK
+     break
+#else
+     if
+     :: myino[me] == mino -> break
+     :: else -> mlk[myino[me]] = NOBODY; myino[me] = mino; mwait[me] = 1
+     fi
+#endif
+  od;
+  skip
+}
+
+inline unlock_mutex() { mlk[myino[me]] = NOBODY }
+
+/* the deadline counts from the start of the renewal (or from just before the take's rename) */
+inline counted() {
+  dlc[me] = DL - rel[me];
+  due[me] = (rel[me] < HB -> HB - rel[me] : 0)
+}
+
+proctype contender(byte me) provided (!paused[me])
+{
+  byte h = HOST(me), age, t;
+  mtype v;
+  bool ok;
+
+  myino[me] = mino;
+  waiting[me] = 1;
+  {
+    skip;
+/* ------------------------------------------------ acquire (builder.rs attempt/take) */
+attempt:
+    lock_mutex();
+    d_step {                                    /* read LOCK (torn reads are retried) and judge */
+      judge(h, v, age);
+      ok = !AHEAD(me) && v != V_HELD;
+      age = 0
+    };
+    if
+    :: ok ->
+       if
+       :: v == V_HUNG || v == V_STALE && HOST(lk_owner) == h && !gone[lk_owner] ->
+          d_step { kill(lk_owner); v = 0; ok = 0 }  /* stop_hung: verified SIGKILL of wrapper and group */
+       :: else -> v = 0; ok = 0
+       fi;
+       t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
+       hwm[myino[me]] = t;                      /* high-water mark, fdatasync'ed */
+       d_step { fl[me] = 1; rel[me] = 0 };      /* the deadline counts from before the rename */
+       d_step {                                 /* rename of the new lease over LOCK */
+         RENAMED; mine[me] = 1;
+         lk_state = HELD; lk_owner = me; lk_tok = t;
+#ifdef BROKEN_WALL_CLOCK
+         hba = 0;
+#endif
+         counted(); hold[me] = 1; fl[me] = 0; rel[me] = 0;
+         /* FIFO: nobody who queued before us is still waiting */
+         assert(!AHEAD(me))
+       };
+       d_step { qno[me] = 0; waiting[me] = 0; unlock_mutex() }  /* unlink ticket, unlock */
+       goto start
+    :: else ->
+       d_step {
+         v = 0; ok = 0;
+         if :: qno[me] == 0 -> qcnt++; qno[me] = qcnt :: else fi;   /* join the queue */
+         unlock_mutex()
+       };
+       ready[me] = 1;
+endwait:
+       ready[me] == 0;
+       goto attempt
+    fi;
+
+/* ------------------------------------------------ run the command (supervise.rs, guard.rs) */
+start:
+    lock_mutex();                               /* set_child: under the mutex, ensure_ours, */
+    d_step {                                    /* rename the record naming the command */
+      ok = (lk_owner == me && lk_state == HELD);
+      if :: ok -> RENAMED; mine[me] = 1 :: else fi
+    };
+    unlock_mutex();
+    d_step {                                    /* not lost: open the start gate */
+      if
+      :: ok && dlc[me] > 0 ->
+         tok[me] = t;
+         assert(t > last_tok);                  /* tokens strictly increase in start order */
+         last_tok = t;
+         running[me] = 1;
+         assert(ONE_CMD)                        /* never two commands running at once */
+      :: else
+      fi;
+      t = 0; ok = 0
+    };
+held:
+    /* watchdog (lost once dlc <= 0) and fencing: SIGTERM at loss, SIGKILL `grace` later */
+    if
+    :: running[me] && dlc[me] <= 0 ->
+       if
+       :: dlc[me] <= -GRACE -> running[me] = 0
+       :: else -> if :: running[me] = 0 :: skip fi
+       fi
+    :: running[me] && dlc[me] > 0 -> if :: running[me] = 0 /* the command exits */ :: skip fi
+    :: else
+    fi;
+    if :: !running[me] -> goto release :: else fi;
+    /* renewal, every HB (guard.rs renew_once), without the mutex */
+    if
+    :: dlc[me] > 0 && due[me] == 0 ->
+       d_step { fl[me] = 1; rel[me] = 0 };      /* start of this renewal */
+       d_step { opened[me] = 1; ok = (lk_owner == me && lk_state == HELD) };  /* open, read */
+       if
+       :: !ok ->                                /* taken, revoked or released: lost, fence now */
+          d_step { if :: dlc[me] > 0 -> dlc[me] = 0 :: else fi; fl[me] = 0; rel[me] = 0 }
+       :: ok ->
+          if
+          :: d_step {                           /* pwrite of the header */
+               if
+               :: opened[me] ->                 /* ... into LOCK: seq + 1 */
+                  moved[0] = 1; moved[1] = 1; frgm = 1;
+#ifdef BROKEN_WALL_CLOCK
+                  hba = 0;
+#endif
+                  skip
+               :: else                          /* ... into a replaced inode nobody reads */
+               fi
+             };
+             d_step {                           /* counts only if done before the deadline */
+               if :: dlc[me] > 0 -> counted() :: else fi;
+               fl[me] = 0; rel[me] = 0; ok = 0
+             }
+          :: d_step { fl[me] = 0; rel[me] = 0; ok = 0 }  /* ENOSPC, EIO, storage gone: retry next turn */
+          fi
+       fi
+    :: else
+    fi;
+    ready[me] = 1;
+endheld:
+    ready[me] == 0;
+    goto held;
+
+/* ------------------------------------------------ release (guard.rs finish) */
+release:
+    skip;
+    d_step { hold[me] = 0; dlc[me] = 0; due[me] = 0 };   /* stop the guard threads */
+    if
+    :: LIVE_TICKET ->                           /* someone waits: released bit in place */
+       d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+    :: else ->
+       lock_mutex();
+       if
+       :: d_step {                              /* ensure_ours; rename a released record */
+            if
+            :: lk_owner == me && (lk_state == HELD || lk_state == REVOKED) ->
+               RENAMED; lk_state = RELEASED
+            :: else
+            fi
+          }
+       :: skip                                  /* full disk: header rewritten in place ... */
+          d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+       :: skip                                  /* ... or not even that */
+       fi;
+       unlock_mutex()
+    fi;
+    gone[me] = 1
+  } unless { crashed[me] }
+}
+
+/* ------------------------------------------------ time */
+inline advance(i, a) {
+  if
+  :: hold[i] -> dlc[i] = (dlc[i] - a > -GRACE -> dlc[i] - a : -GRACE);
+                due[i] = (due[i] > a -> due[i] - a : 0)
+  :: else
+  fi;
+  if :: fl[i] -> rel[i] = (rel[i] + a < TTL -> rel[i] + a : TTL) :: else fi
+}
+
+active proctype tick()
+{
+  byte a1;
+end:
+  do
+  :: atomic {
+       ALLRDY ->
+       /* bounded liveness: a dead holder's lock is taken by a live waiter within LBOUND */
+       assert(!((lk_state == HELD || lk_state == REVOKED) && gone[lk_owner] &&
+                WAITERS && !pz && lvc >= LBOUND));
+       ready[0] = 0; ready[1] = 0;
+#if NC == 3
+       ready[2] = 0;
+#endif
+       if
+       :: off1 > 0 -> off1--; a1 = 0
+       :: off1 < DRIFT -> off1++; a1 = 2
+       :: a1 = 1
+       fi;
+       advance(0, 1); advance(1, a1);
+#if NC == 3
+       advance(2, 1);
+#endif
+       oage[0] = (oage[0] < TTL -> oage[0] + 1 : TTL);
+       oage[1] = (oage[1] + a1 < TTL -> oage[1] + a1 : TTL);
+#ifdef BROKEN_WALL_CLOCK
+       hba = (hba < TTL -> hba + 1 : TTL);
+#endif
+       lvc = (lvc < LBOUND -> lvc + 1 : LBOUND);
+       a1 = 0
+     }
+  od
+}
+
+/* ------------------------------------------------ the operator: leasehold break --force (status.rs) */
+#ifndef NO_BREAK
+active proctype breaker()
+{
+end:
+  atomic {
+    mlk[mino] == NOBODY && lk_state == HELD ->
+#ifdef BROKEN_BREAK_FREES
+    RENAMED; lk_state = RELEASED; lvc = 0
+#else
+    RENAMED; lk_state = REVOKED; lvc = 0        /* same lease id, holder and token */
+#endif
+  }
+}
+#endif
+
+/* ------------------------------------------------ chaos: one crash, one pause, one mutex replacement, one planted file */
+active proctype chaos()
+{
+  byte j, pj = NOBODY;
+  bool crash = 1, pause = 1, rm = 1, forge = 1;
+#ifdef NO_PAUSE
+  pause = 0;
+#endif
+#ifdef NO_CRASH
+  crash = 0;
+#endif
+#ifdef NO_RM
+  rm = 0;
+#endif
+#ifdef NO_FORGE
+  forge = 0;
+#endif
+end:
+  do
+  :: atomic { crash -> select(j : 0 .. NC - 1);
+       if :: !gone[j] -> kill(j); crash = 0 :: else fi; j = 0 }
+  :: atomic { pause && pj == NOBODY -> select(j : 0 .. NC - 1);
+       if :: !gone[j] -> paused[j] = 1; pj = j; pz = 1; pause = 0 :: else fi; j = 0 }
+  :: atomic { pj != NOBODY ->                /* resume, any time later */
+       paused[pj] = 0; pz = 0; lvc = 0;
+       if                                       /* the watchdog fires first on resume */
+       :: running[pj] && dlc[pj] <= 0 -> running[pj] = 0
+       :: else
+       fi;
+       /* a resumed holder's command never runs beside a newer one */
+       assert(!running[pj] || last_tok == tok[pj]);
+       assert(ONE_CMD);
+       pj = NOBODY
+     }
+  :: atomic { rm && mlk[mino] == NOBODY -> mino = 1; rm = 0 }  /* rm the mutex file; the next open creates it anew */
+  :: atomic { forge && (lk_state == HELD || lk_state == REVOKED) ->
+       frg = 1; forge = 0; frg_own = lk_owner; frg_rev = (lk_state == REVOKED); frgm = 0 }
+  od
+}
+
+init {
+  atomic {
+    run contender(0); run contender(1);
+#if NC == 3
+    run contender(2);
+#endif
+  }
+}
