@@ -1,12 +1,13 @@
 //! Multi-process contention benchmark: leasehold against raw kernel flock (the floor) and Python
 //! filelock's `FileLock` and `SoftFileLease`, in the same run, on tmpfs and on the project's disk.
 //!
-//! `cargo bench --bench contention` runs it; `bash bench/run.sh` runs it with the Python venv and
-//! turns its JSON into docs/benchmarks.md and docs/bench.svg.
+//! `cargo bench --bench contention` runs it; `bash benches/compare/run.sh` runs it with the
+//! Python venv and turns its JSON into docs/benchmarks.md and docs/bench.svg.
 //!
 //! Every worker is a real process: this binary re-executed as `contention worker ...`, or
-//! `python bench/filelock_worker.py ...` for the Python locks. All timestamps are CLOCK_MONOTONIC
-//! nanoseconds, comparable across processes; each worker reports its own stamps on stdout.
+//! `python benches/compare/filelock_worker.py ...` for the Python locks. All timestamps are
+//! CLOCK_MONOTONIC nanoseconds, comparable across processes; each worker reports its own stamps
+//! on stdout.
 //!
 //! Phases, for N = 1, 2, 4, 8, 16 workers:
 //! - throughput: an empty critical section, no think time, for a fixed wall time; acquisitions
@@ -557,7 +558,7 @@ fn orchestrate() -> Res<()> {
     let s = Setup {
         quick,
         python,
-        py_worker: Path::new(MANIFEST_DIR).join("bench/filelock_worker.py"),
+        py_worker: Path::new(MANIFEST_DIR).join("benches/compare/filelock_worker.py"),
         impls,
         ns,
         self_exe: std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?,

@@ -2,14 +2,14 @@
 # THE benchmark command: runs every benchmark of issue 6 and writes docs/benchmarks.md and
 # docs/bench.svg.
 #
-#   bash bench/run.sh            # full run, ~10–15 min on 2 cores (includes a 60 s idle holder)
-#   QUICK=1 bash bench/run.sh    # ~2–3 min smoke run, same outputs with fewer samples
+#   bash benches/compare/run.sh            # full run, ~10–15 min on 2 cores (includes a 60 s idle holder)
+#   QUICK=1 bash benches/compare/run.sh    # ~2–3 min smoke run, same outputs with fewer samples
 #
 # Installs what it needs: hyperfine, lockfile-progs, liblockfile-bin (Debian, when root) and a
 # venv with Python filelock (target/bench-venv). Raw results go to target/bench/. Re-run it after
 # any change to waiting or release: every table and the plot are regenerated from scratch.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 QUICK=${QUICK:-0}
 export LEASEHOLD_BENCH_QUICK=$QUICK
@@ -49,7 +49,7 @@ cargo bench --no-run --bench ops --bench contention
 log "ops (criterion)"
 rm -rf target/criterion/ops_tmpfs target/criterion/ops_disk
 cargo bench --bench ops || echo "ops bench failed: its rows will be missing" >&2
-"$PY" bench/py_ops.py "$OUT/py_ops.json" "tmpfs=$TMPFS" "disk=$DISK" || echo "py_ops failed" >&2
+"$PY" benches/compare/py_ops.py "$OUT/py_ops.json" "tmpfs=$TMPFS" "disk=$DISK" || echo "py_ops failed" >&2
 
 log "contention"
 LEASEHOLD_BENCH_OUT=$OUT/contention.json cargo bench --bench contention ||
@@ -76,7 +76,7 @@ fi
 log "idle holder"
 if [ "$QUICK" = 1 ]; then WINDOW=10; else WINDOW=60; fi
 if "$LH" run "$TMPFS/probe.lock" -- true; then
-  "$PY" bench/idle.py "$LH" "$TMPFS/idle.lock" "$WINDOW" "$OUT/idle.json" || echo "idle measurement failed" >&2
+  "$PY" benches/compare/idle.py "$LH" "$TMPFS/idle.lock" "$WINDOW" "$OUT/idle.json" || echo "idle measurement failed" >&2
 fi
 
 log "where the time goes (strace -c)"
@@ -93,5 +93,5 @@ for l in sys.stdin:
 fi
 
 log "report"
-python3 bench/report.py "$OUT" docs/benchmarks.md docs/bench.svg
+python3 benches/compare/report.py "$OUT" docs/benchmarks.md docs/bench.svg
 echo "wrote docs/benchmarks.md and docs/bench.svg" >&2

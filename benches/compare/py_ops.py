@@ -1,5 +1,5 @@
 """Uncontended acquire+release of Python filelock's FileLock and SoftFileLease (library defaults),
-on each directory given, for bench/report.py. Median of per-run means.
+on each directory given, for benches/compare/report.py. Median of per-run means.
 
 usage: py_ops.py OUT.json LABEL=DIR [LABEL=DIR ...]   (LEASEHOLD_BENCH_QUICK=1 for a short run)
 """
