@@ -260,7 +260,7 @@ endwait:
        goto attempt
     fi;
 
-/* ------------------------------------------------ run the command (supervise.rs, guard.rs) */
+/* ------------------------------------------------ run the command (supervise/, guard.rs) */
 start:
     lock_mutex();                               /* set_child: under the mutex, ensure_ours, */
     d_step {                                    /* rename the record naming the command */

@@ -12,7 +12,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use leasehold::text::{self, escape, escape_path, scrub};
-use leasehold::{Broken, Error, Frees, LeaseState, State, TimingError, Verdict, human_duration};
+use leasehold::{
+    Broken, Error, Frees, Lease, LeaseState, State, TimingError, Verdict, human_duration,
+};
 
 /// `leasehold: <error>`.
 pub fn error_line(e: &Error) -> String {
@@ -287,88 +289,109 @@ fn strip_csi(s: &str) -> String {
 pub fn status_block(v: &Verdict) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{}: {}", escape_path(&v.path), v.state);
-    // `scrub` here is a second line of defence: every value below is escaped already.
-    let field = |s: &mut String, name: &str, value: &str| {
-        let _ = writeln!(s, "  {:<13}{}", format!("{name}:"), scrub(value));
-    };
     let Some(l) = &v.lease else {
         field(&mut s, "reason", &v.reason);
         return s;
     };
-    let h = &l.holder;
-    let cmd = text::quote_argv(&h.command);
-    let who = format!("{}@{} pid {}", escape(&h.user), escape(&h.host), h.pid);
     if v.state == State::Free {
-        field(&mut s, "last holder", &who);
-        if !cmd.is_empty() {
-            field(&mut s, "command", &cmd);
-        }
-        field(&mut s, "token", &l.token.to_string());
-        match &l.ended {
-            Some(e) => {
-                let by =
-                    e.by.as_ref()
-                        .map(|b| format!(" by {}", escape(b)))
-                        .unwrap_or_default();
-                let (how, at) = (escape(&e.how), escape(&e.at));
-                field(&mut s, "ended", &format!("{how}{by} at {at}"));
-            }
-            None => field(&mut s, "reason", &v.reason),
-        }
+        free_fields(&mut s, v, l);
     } else {
-        field(&mut s, "holder", &who);
-        if let Some(c) = h.child_pid {
-            let pg = h
-                .pgid
-                .map(|g| format!(", process group {g}"))
-                .unwrap_or_default();
-            field(&mut s, "child", &format!("pid {c}{pg}"));
-        }
-        if !cmd.is_empty() {
-            field(&mut s, "command", &cmd);
-        }
-        field(&mut s, "token", &l.token.to_string());
-        field(&mut s, "lease id", &escape(&l.lease_id));
-        let held = v
-            .held_for()
-            .map(|d| format!(" (held {})", human_duration(d)))
-            .unwrap_or_default();
-        field(
-            &mut s,
-            "acquired",
-            &format!("{}{held}", escape(&l.acquired_at)),
-        );
-        let age = v
-            .heartbeat_age
-            .map(|a| format!("{} ago", human_duration(a)))
-            .unwrap_or_else(|| "unknown".into());
-        field(
-            &mut s,
-            "heartbeat",
-            &format!(
-                "{age} (TTL {}, last written {})",
-                human_duration(std::time::Duration::from_millis(l.ttl_ms)),
-                escape(&l.heartbeat_at)
-            ),
-        );
-        field(&mut s, "reason", &v.reason);
+        held_fields(&mut s, v, l);
     }
-    if let Some(n) = &h.note {
+    if let Some(n) = &l.holder.note {
         field(&mut s, "note", &escape(n));
     }
-    if !v.queue.is_empty() {
-        field(&mut s, "waiting", &v.queue.len().to_string());
-        for w in &v.queue {
-            let _ = writeln!(
-                s,
-                "    {}@{} pid {} since {} ({})",
-                escape(&w.user),
-                escape(&w.host),
-                w.pid,
-                escape(&w.since),
-                text::quote_argv(&w.command)
-            );
-        }
-    }
+    queue_fields(&mut s, v);
     s
+}
+
+/// One `  name:        value` line of the `status` block.
+fn field(s: &mut String, name: &str, value: &str) {
+    // `scrub` here is a second line of defence: every value given is escaped already.
+    let _ = writeln!(s, "  {:<13}{}", format!("{name}:"), scrub(value));
+}
+
+/// `user@host pid N` of a lease's holder, escaped.
+fn holder_text(l: &Lease) -> String {
+    let h = &l.holder;
+    format!("{}@{} pid {}", escape(&h.user), escape(&h.host), h.pid)
+}
+
+/// The `status` fields of a free lock that keeps its last lease: who held it and how it ended.
+fn free_fields(s: &mut String, v: &Verdict, l: &Lease) {
+    let cmd = text::quote_argv(&l.holder.command);
+    field(s, "last holder", &holder_text(l));
+    if !cmd.is_empty() {
+        field(s, "command", &cmd);
+    }
+    field(s, "token", &l.token.to_string());
+    match &l.ended {
+        Some(e) => {
+            let by =
+                e.by.as_ref()
+                    .map(|b| format!(" by {}", escape(b)))
+                    .unwrap_or_default();
+            let (how, at) = (escape(&e.how), escape(&e.at));
+            field(s, "ended", &format!("{how}{by} at {at}"));
+        }
+        None => field(s, "reason", &v.reason),
+    }
+}
+
+/// The `status` fields of a lock with a lease in force (or stale): holder, child, command,
+/// token, lease id, when acquired, the heartbeat, and the verdict's reason.
+fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
+    let h = &l.holder;
+    let cmd = text::quote_argv(&h.command);
+    field(s, "holder", &holder_text(l));
+    if let Some(c) = h.child_pid {
+        let pg = h
+            .pgid
+            .map(|g| format!(", process group {g}"))
+            .unwrap_or_default();
+        field(s, "child", &format!("pid {c}{pg}"));
+    }
+    if !cmd.is_empty() {
+        field(s, "command", &cmd);
+    }
+    field(s, "token", &l.token.to_string());
+    field(s, "lease id", &escape(&l.lease_id));
+    let held = v
+        .held_for()
+        .map(|d| format!(" (held {})", human_duration(d)))
+        .unwrap_or_default();
+    field(s, "acquired", &format!("{}{held}", escape(&l.acquired_at)));
+    let age = v
+        .heartbeat_age
+        .map(|a| format!("{} ago", human_duration(a)))
+        .unwrap_or_else(|| "unknown".into());
+    field(
+        s,
+        "heartbeat",
+        &format!(
+            "{age} (TTL {}, last written {})",
+            human_duration(std::time::Duration::from_millis(l.ttl_ms)),
+            escape(&l.heartbeat_at)
+        ),
+    );
+    field(s, "reason", &v.reason);
+}
+
+/// The `waiting` count and one line per queued contender, if any wait.
+fn queue_fields(s: &mut String, v: &Verdict) {
+    if v.queue.is_empty() {
+        return;
+    }
+    field(s, "waiting", &v.queue.len().to_string());
+    for w in &v.queue {
+        let _ = writeln!(
+            s,
+            "    {}@{} pid {} since {} ({})",
+            escape(&w.user),
+            escape(&w.host),
+            w.pid,
+            escape(&w.since),
+            text::quote_argv(&w.command)
+        );
+    }
 }

@@ -10,7 +10,8 @@ use crate::cli::exit;
 use crate::cli::progress::WaitDisplay;
 use crate::cli::report;
 use crate::supervise::{Job, Outcome, Supervisor};
-use leasehold::{Error, LeaseBuilder};
+use leasehold::{Error, LeaseBuilder, LeaseGuard, LossReason};
+use std::path::Path;
 
 /// Whether an acquisition error means "the lock could not be had" (exit -E, default 75).
 fn is_conflict(e: &Error) -> bool {
@@ -25,19 +26,9 @@ fn is_conflict(e: &Error) -> bool {
 
 /// Runs `leasehold run` and returns the exit status.
 pub(super) fn run(a: &RunArgs) -> i32 {
-    let argv = a.argv();
-    if argv.is_empty() {
-        say!(
-            "leasehold: no command given: use `run LOCK -- CMD [ARGS...]` or `run LOCK -c 'SHELL COMMAND'`"
-        );
-        return exit::USAGE;
-    }
-    let job = match Job::new(&argv) {
+    let job = match resolve(a) {
         Ok(j) => j,
-        Err(n) => {
-            say!("{}", report::not_started_line(&n.why));
-            return n.code;
-        }
+        Err(code) => return code,
     };
     let mut sup = match Supervisor::new() {
         Ok(s) => s,
@@ -46,47 +37,9 @@ pub(super) fn run(a: &RunArgs) -> i32 {
             return exit::exit_code(&e);
         }
     };
-    let display = WaitDisplay::new(a.quiet);
-    let shown = display.clone();
-    let mut b = LeaseBuilder::new(&a.lock)
-        .ttl(a.ttl)
-        .command(job.argv_lossy())
-        .poll(a.poll)
-        .on_lost(sup.loss_notifier())
-        .on_wait(move |v| shown.waiting(v));
-    if let Some(h) = a.heartbeat {
-        b = b.heartbeat(h);
-    }
-    if let Some(g) = a.grace {
-        b = b.grace(g);
-    }
-    if let Some(n) = &a.note {
-        b = b.note(n.clone());
-    }
-    if let Err(e) = b.timing() {
-        say!("{}", report::error_line(&e));
-        return exit::exit_code(&e);
-    }
-    let got = if a.no_wait {
-        b.try_acquire()
-    } else if let Some(w) = a.wait {
-        b.acquire_timeout(w)
-    } else {
-        b.acquire()
-    };
-    display.done();
-    let guard = match got {
+    let guard = match take(a, &job, &sup) {
         Ok(g) => g,
-        Err(e) if is_conflict(&e) => {
-            if !a.quiet {
-                say!("{}", report::error_line(&e));
-            }
-            return i32::from(a.conflict_exit_code);
-        }
-        Err(e) => {
-            say!("{}", report::error_line(&e));
-            return exit::exit_code(&e);
-        }
+        Err(code) => return code,
     };
     if let (Some(v), false) = (guard.broke(), a.quiet) {
         say!("{}", report::broke_line(v, false));
@@ -106,31 +59,107 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     let how = outcome.ending();
     let lost = guard.loss();
     let released = guard.release_with(&how);
-    match &outcome {
-        Outcome::Fenced { reason, survivors } => {
-            say!(
-                "{}",
-                report::fenced_line(&job.display(), reason, &lock, *survivors)
-            );
-        }
-        Outcome::NotStarted(n) => say!("{}", report::not_started_line(&n.why)),
-        Outcome::Exited(_) | Outcome::Signaled(_) => {
-            let left = sup.leftovers_stopped();
-            if left > 0 && !a.quiet {
-                say!("{}", report::leftovers_line(&job.display(), left, &lock));
-            }
-            if let Some(r) = lost {
-                say!(
-                    "{}",
-                    report::lost_at_end_line(&lock, &r.to_string(), &job.display())
-                );
-            }
-        }
-    }
+    report_ending(a, &job, &sup, &outcome, lost, &lock);
     if let Err(e) = released {
         say!("{}", report::error_line(&e));
     } else if a.verbose {
         say!("{}", report::released_line(&lock, &how));
     }
     outcome.exit_code()
+}
+
+/// The command to run, resolved before any lock is taken; `Err` is the exit status, the
+/// problem already said.
+fn resolve(a: &RunArgs) -> Result<Job, i32> {
+    let argv = a.argv();
+    if argv.is_empty() {
+        say!(
+            "leasehold: no command given: use `run LOCK -- CMD [ARGS...]` or `run LOCK -c 'SHELL COMMAND'`"
+        );
+        return Err(exit::USAGE);
+    }
+    Job::new(&argv).map_err(|n| {
+        say!("{}", report::not_started_line(&n.why));
+        n.code
+    })
+}
+
+/// Takes the lease as the flags ask (at once, with a time limit, or waiting for ever), showing
+/// the wait; `Err` is the exit status (-E for a conflict), the problem already said.
+fn take(a: &RunArgs, job: &Job, sup: &Supervisor) -> Result<LeaseGuard, i32> {
+    let display = WaitDisplay::new(a.quiet);
+    let shown = display.clone();
+    let mut b = LeaseBuilder::new(&a.lock)
+        .ttl(a.ttl)
+        .command(job.argv_lossy())
+        .poll(a.poll)
+        .on_lost(sup.loss_notifier())
+        .on_wait(move |v| shown.waiting(v));
+    if let Some(h) = a.heartbeat {
+        b = b.heartbeat(h);
+    }
+    if let Some(g) = a.grace {
+        b = b.grace(g);
+    }
+    if let Some(n) = &a.note {
+        b = b.note(n.clone());
+    }
+    if let Err(e) = b.timing() {
+        say!("{}", report::error_line(&e));
+        return Err(exit::exit_code(&e));
+    }
+    let got = if a.no_wait {
+        b.try_acquire()
+    } else if let Some(w) = a.wait {
+        b.acquire_timeout(w)
+    } else {
+        b.acquire()
+    };
+    display.done();
+    match got {
+        Ok(g) => Ok(g),
+        Err(e) if is_conflict(&e) => {
+            if !a.quiet {
+                say!("{}", report::error_line(&e));
+            }
+            Err(i32::from(a.conflict_exit_code))
+        }
+        Err(e) => {
+            say!("{}", report::error_line(&e));
+            Err(exit::exit_code(&e))
+        }
+    }
+}
+
+/// Says how the job ended, after the lease was released: fenced, not started, or (when it ended
+/// by itself) what it left running and whether the lease was lost at the very end.
+fn report_ending(
+    a: &RunArgs,
+    job: &Job,
+    sup: &Supervisor,
+    outcome: &Outcome,
+    lost: Option<LossReason>,
+    lock: &Path,
+) {
+    match outcome {
+        Outcome::Fenced { reason, survivors } => {
+            say!(
+                "{}",
+                report::fenced_line(&job.display(), reason, lock, *survivors)
+            );
+        }
+        Outcome::NotStarted(n) => say!("{}", report::not_started_line(&n.why)),
+        Outcome::Exited(_) | Outcome::Signaled(_) => {
+            let left = sup.leftovers_stopped();
+            if left > 0 && !a.quiet {
+                say!("{}", report::leftovers_line(&job.display(), left, lock));
+            }
+            if let Some(r) = lost {
+                say!(
+                    "{}",
+                    report::lost_at_end_line(lock, &r.to_string(), &job.display())
+                );
+            }
+        }
+    }
 }
