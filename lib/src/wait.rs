@@ -133,7 +133,7 @@ impl Waiter {
             return; // changed since it was judged (or inotify just failed): look again
         }
         if self.poll_mode {
-            let nap = self.poll_interval();
+            let nap = self.poll_interval().min(stale_in(seen));
             std::thread::sleep(Self::until(deadline, nap));
             return;
         }
@@ -155,7 +155,7 @@ impl Waiter {
             }
         }
         let pidfds = &self.pidfds;
-        let end = Instant::now() + Self::until(deadline, self.tick());
+        let end = Instant::now() + Self::until(deadline, self.tick().min(stale_in(seen)));
         let Some(ino) = &self.inotify else {
             return;
         };
@@ -331,5 +331,19 @@ fn pidfd((pid, start): (i32, u64)) -> Watch {
         // Re-check after opening: the PID may have been reused in between.
         Ok(fd) if process::liveness(pid, start) == Liveness::Alive => Watch::Alive(fd),
         _ => Watch::DiedNow,
+    }
+}
+
+/// How long until a held lease turns stale (a foreign holder) or hung (a same-host one) by its
+/// *holder's* TTL on our clock, if its heartbeat does not move: the waiter looks again then
+/// rather than at its own tick, which follows the waiter's TTL and may be far longer (a waiter
+/// with the default 30 s TTL ticks every 5 s; a holder with `--ttl 2s` is stale after 2 s).
+/// Waking early costs one judgement; it never makes anything stale sooner.
+fn stale_in(seen: &Verdict) -> Duration {
+    match (&seen.lease, seen.heartbeat_age) {
+        (Some(l), Some(age)) if seen.state == State::Held => Duration::from_millis(l.ttl_ms)
+            .saturating_sub(age)
+            .saturating_add(Duration::from_millis(1)),
+        _ => Duration::MAX,
     }
 }

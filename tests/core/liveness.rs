@@ -9,6 +9,9 @@
 //!   renews, and is taken over about a TTL after it stops (SIGSTOP, SIGKILL).
 //! - One-shot callers: fresh processes calling `try_acquire` once each, every TTL/4, take over a
 //!   dead foreign holder once this host has seen no heartbeat for a TTL across those calls.
+//! - A waiter wakes when the holder's lease turns stale by the *holder's* TTL, not at its own
+//!   tick: a waiter with a long TTL takes over a silent foreign holder with a short one soon after
+//!   that holder's TTL.
 
 use crate::support;
 
@@ -326,4 +329,43 @@ fn dead_foreign_holder_is_taken_over_by_one_shot_callers() {
         taken_at <= ttl + every * 2 + Duration::from_millis(500),
         "late: {taken_at:?}"
     );
+}
+
+/// A blocking waiter with the default 30 s TTL (its own tick: TTL/4 capped at 5 s) takes over a
+/// silent foreign holder whose lease has a 400 ms TTL soon after those 400 ms — it wakes at the
+/// holder's deadline on its own clock — not at its own next tick. The bound is derived from the
+/// holder's settings (its TTL plus a second of slack for a loaded machine), far below the
+/// waiter's 5 s tick, which is where the take-over landed when the waiter slept its own tick.
+#[test]
+fn a_long_ttl_waiter_takes_over_a_short_ttl_foreign_holder_at_the_holders_deadline() {
+    let dir = support::tempdir();
+    let lock = dir.path().join("short.lock");
+    let mut elsewhere = Identity::current();
+    elsewhere.host = "elsewhere".into();
+    let holder_ttl = Duration::from_millis(400);
+    support::write_atomic(
+        &lock,
+        &support::crafted(support::dead_pid(), 0, &elsewhere, holder_ttl, 100).to_bytes(),
+    );
+    let waiter = LeaseBuilder::new(&lock).ttl(Duration::from_secs(30));
+    let waiter_tick = Duration::from_secs(5);
+    let t0 = Instant::now();
+    let g = waiter
+        .acquire_timeout(Duration::from_secs(20))
+        .expect("the silent foreign holder is taken over");
+    let took = t0.elapsed();
+    eprintln!("deadline wake: taken {took:?} after the first look (holder TTL {holder_ttl:?})");
+    assert!(
+        took + Duration::from_millis(2) >= holder_ttl,
+        "taken early: {took:?}"
+    );
+    let bound = holder_ttl + Duration::from_secs(1);
+    assert!(bound < waiter_tick);
+    assert!(
+        took <= bound,
+        "taken {took:?} after the first look: the waiter slept past the holder's deadline \
+         ({holder_ttl:?}); bound {bound:?}"
+    );
+    assert!(g.token() > 100);
+    g.release().unwrap();
 }
