@@ -104,19 +104,51 @@ impl LeaseBuilder {
 
     /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
     pub fn try_acquire(&self) -> Result<LeaseGuard> {
-        self.acquirer().try_acquire()
+        self.with_cached(|a| a.try_acquire())
     }
 
     /// Waits as long as it takes.
     pub fn acquire(&self) -> Result<LeaseGuard> {
-        self.acquirer().acquire()
+        self.with_cached(|a| a.acquire())
     }
 
     /// Waits at most `timeout`; `Error::Timeout` after that.
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<LeaseGuard> {
-        self.acquirer()
-            .acquire_until(Some(Instant::now() + timeout))
+        self.with_cached(|a| a.acquire_until(Some(Instant::now() + timeout)))
     }
+
+    /// Runs `f` on an [`Acquirer`] seeded with what this builder's earlier calls resolved (so
+    /// that a program calling `try_acquire` on one builder in a loop pays for resolving LOCK's
+    /// path and reading the mount table once, as with an `Acquirer`), and keeps it for the next.
+    fn with_cached<T>(&self, f: impl FnOnce(&mut Acquirer) -> Result<T>) -> Result<T> {
+        let cached = self.cache.lock().ok().and_then(|mut c| c.take());
+        let mut a = Acquirer::new(self.clone());
+        if let Some(r) = cached {
+            let storage = r.fs.storage();
+            let store = FileStore::new(r.paths, storage, storage.fsyncs(self.durable));
+            a.resolved = Some((store, r.fs));
+            a.kept = r.kept;
+        }
+        let out = f(&mut a);
+        if let Some((store, fs)) = a.resolved.take()
+            && let Ok(mut c) = self.cache.lock()
+        {
+            *c = Some(Resolved {
+                paths: store.paths().clone(),
+                fs,
+                kept: std::mem::take(&mut a.kept),
+            });
+        }
+        out
+    }
+}
+
+/// What a builder keeps between its own calls (see [`LeaseBuilder::try_acquire`]).
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    paths: LockPaths,
+    fs: FsInfo,
+    kept: <FileStore as Store>::Kept,
 }
 
 impl Acquirer {

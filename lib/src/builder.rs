@@ -62,6 +62,11 @@ pub struct LeaseBuilder {
     pub(crate) poll: bool,
     pub(crate) durable: bool,
     pub(crate) allow_host_local_locks: bool,
+    /// What the builder's own `try_acquire`/`acquire` worked out about LOCK (its resolved
+    /// paths and file-system facts) and kept open (the mutex file), for its next call: shared
+    /// by clones, which all name the same LOCK. A call that finds it taken (another thread is
+    /// acquiring through a clone) resolves afresh.
+    pub(crate) cache: Arc<Mutex<Option<crate::acquire::Resolved>>>,
 }
 
 impl std::fmt::Debug for LeaseBuilder {
@@ -95,6 +100,7 @@ impl LeaseBuilder {
             poll: false,
             durable: true,
             allow_host_local_locks: false,
+            cache: Arc::default(),
         }
     }
 
