@@ -235,18 +235,11 @@ pub struct JobEvidence {
 impl JobEvidence {
     /// Evidence for the lease `lease_id`/`uid` of the lock `lock`, whose mutex file is `mutex`.
     pub fn new(lease_id: &str, uid: u32, lock: &Path, mutex: &Path) -> JobEvidence {
-        let me = std::process::id() as i32;
-        JobEvidence {
-            lease_id: lease_id.to_string(),
-            uid,
-            lock: lock.to_path_buf(),
-            mutex: fs::symlink_metadata(mutex)
-                .ok()
-                .filter(|m| m.file_type().is_file())
-                .map(|m| (m.dev(), m.ino())),
-            protected: self_and_ancestors(),
-            own_group: stat(me).ok().flatten().map(|s| s.pgrp),
-        }
+        let id = fs::symlink_metadata(mutex)
+            .ok()
+            .filter(|m| m.file_type().is_file())
+            .map(|m| (m.dev(), m.ino()));
+        JobEvidence::with_mutex(lease_id, uid, lock.to_path_buf(), id)
     }
 
     /// Evidence for the lease `lease_id`/`uid` of the lock of `paths`, its mutex file stated
@@ -256,18 +249,24 @@ impl JobEvidence {
         uid: u32,
         paths: &crate::paths::LockPaths,
     ) -> JobEvidence {
+        let id = paths.handle().stat(paths.mutex_name());
+        let id = id.ok().flatten().filter(|m| m.is_file()).map(|m| m.id());
+        JobEvidence::with_mutex(lease_id, uid, paths.lock.clone(), id)
+    }
+
+    /// The one constructor: the caller's own process, ancestors and group are never signalled.
+    fn with_mutex(
+        lease_id: &str,
+        uid: u32,
+        lock: std::path::PathBuf,
+        mutex: Option<(u64, u64)>,
+    ) -> JobEvidence {
         let me = std::process::id() as i32;
         JobEvidence {
             lease_id: lease_id.to_string(),
             uid,
-            lock: paths.lock.clone(),
-            mutex: paths
-                .handle()
-                .stat(paths.mutex_name())
-                .ok()
-                .flatten()
-                .filter(|m| m.is_file())
-                .map(|m| m.id()),
+            lock,
+            mutex,
             protected: self_and_ancestors(),
             own_group: stat(me).ok().flatten().map(|s| s.pgrp),
         }

@@ -273,7 +273,15 @@ fn a_leftover_temp_file_of_a_crashed_writer_is_removed_when_its_stale_lease_is_t
     fs::write(&leftover, b"half a lease").expect("write");
     let fixed = s.dir.join(".job.lock.leasehold-tmp");
     fs::write(&fixed, b"another half").expect("write");
-    fs::write(&s.lock, dead_holders_lease()).expect("forge");
+    // A held lease of this host whose holder is gone (our PID with another start time).
+    let dead = crate::support::crafted(
+        std::process::id() as i32,
+        1,
+        &leasehold::Identity::current(),
+        Duration::from_secs(30),
+        7,
+    );
+    fs::write(&s.lock, dead.to_bytes()).expect("forge");
     // Also an innocent file with a similar name but another shape is left alone.
     let innocent = s.dir.join(".job.lock.leasehold-tmp-notes");
     fs::write(&innocent, b"mine").expect("write");
@@ -285,36 +293,4 @@ fn a_leftover_temp_file_of_a_crashed_writer_is_removed_when_its_stale_lease_is_t
     );
     assert!(!fixed.exists(), "the recycled temp name is still there");
     assert!(innocent.exists());
-}
-
-/// A held lease of this host whose holder is gone (a PID with another start time).
-fn dead_holders_lease() -> Vec<u8> {
-    let me = leasehold::Identity::current();
-    let now = leasehold::format_rfc3339(std::time::SystemTime::now());
-    leasehold::Lease {
-        state: leasehold::LeaseState::Held,
-        heartbeat_seq: 1,
-        heartbeat_at: now.clone(),
-        lease_id: "0123456789abcdef0123456789abcdef".into(),
-        token: 7,
-        ttl_ms: 30_000,
-        acquired_at: now,
-        holder: leasehold::Holder {
-            pid: std::process::id() as i32,
-            pid_start: 1,
-            child_pid: None,
-            child_start: None,
-            pgid: None,
-            host: me.host.clone(),
-            boot_id: me.boot_id.clone(),
-            pid_ns: me.pid_ns,
-            uid: me.uid,
-            user: me.user.clone(),
-            command: vec!["crashed".into()],
-            note: None,
-        },
-        ended: None,
-        damaged: false,
-    }
-    .to_bytes()
 }
