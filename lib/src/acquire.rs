@@ -14,6 +14,7 @@
 //! durable; take over while a verified process of the old job still runs; let a one-shot
 //! caller queue or overtake a live waiter.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::builder::LeaseBuilder;
@@ -24,10 +25,10 @@ use crate::fsio::LockContent;
 use crate::guard::{LeaseGuard, Start};
 use crate::identity::Identity;
 use crate::judge::Judge;
-use crate::mutex::StuckPolicy;
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::record::{Draft, Lease, LeaseState};
+use crate::store::StuckPolicy;
 use crate::store::file::FileStore;
 use crate::store::{Joiner, Store};
 use crate::takeover;
@@ -168,7 +169,7 @@ impl Acquirer {
         match one_shot(&ctx, &mut self.kept, deadline)? {
             Attempt::Taken(start) => LeaseGuard::start(*start),
             Attempt::Busy(v, _) => Err(Error::WouldBlock {
-                path: ctx.store.paths().lock.clone(),
+                path: ctx.store.binding().lock().to_path_buf(),
                 verdict: v,
             }),
         }
@@ -249,7 +250,7 @@ fn blocking<S: Store>(
 ) -> Result<Start<S::Holding>> {
     let start = Instant::now();
     let timeout = |verdict| Error::Timeout {
-        path: ctx.store.paths().lock.clone(),
+        path: ctx.store.binding().lock().to_path_buf(),
         waited: start.elapsed(),
         verdict,
     };
@@ -412,7 +413,7 @@ fn decide<S: Store>(
         State::Free => Some(None),
         State::Held => None,
         State::Hung if !ctx.s.take_over_hung => None,
-        State::Stale | State::Hung => match takeover::stop_old_job(v, ctx.store.paths()) {
+        State::Stale | State::Hung => match takeover::stop_old_job(v, ctx.store.binding()) {
             Ok(_) => {
                 // A writer that died mid-write left at most a temp file: remove it now.
                 ctx.store.clean_after_crash();
@@ -422,7 +423,7 @@ fn decide<S: Store>(
                 v.reason = format!("{}; not taking over: {why}", v.reason);
                 None
             }
-            Err(why) => return Err(refused(ctx.store.paths(), v, &why)),
+            Err(why) => return Err(refused(ctx.store.binding().lock(), v, &why)),
         },
     })
 }
@@ -455,7 +456,7 @@ fn take<S: Store>(
     let prev = prev.map_or(0, |l| l.token);
     let (lease, bytes, started, holding) = ctx.store.take(section, place, prev, &mut make)?;
     Ok(Attempt::Taken(Box::new(Start {
-        path: ctx.store.paths().lock.clone(),
+        path: ctx.store.binding().lock().to_path_buf(),
         timing: ctx.timing,
         clock: std::sync::Arc::clone(&s.clock),
         lease,
@@ -525,9 +526,9 @@ fn refuse_unshareable(paths: &LockPaths) -> Result<()> {
     Ok(())
 }
 
-fn refused(paths: &LockPaths, v: &Verdict, why: &str) -> Error {
+fn refused(lock: &Path, v: &Verdict, why: &str) -> Error {
     Error::Refused {
-        path: paths.lock.clone(),
+        path: lock.to_path_buf(),
         why: format!("not taking over ({v}): {why}"),
     }
 }

@@ -17,9 +17,9 @@ use crate::clock::{Clock, human_duration, parse_rfc3339};
 use crate::fsio::LockContent;
 use crate::identity::Identity;
 use crate::observe::{self, Memory};
-use crate::paths::LockPaths;
 use crate::process::{self, Liveness};
 use crate::record::{Lease, LeaseState, fingerprint};
+use crate::store::Binding;
 use crate::verdict::{State, Verdict};
 
 /// Where the judge learns whether a same-host holder's processes live.
@@ -28,7 +28,7 @@ pub(crate) trait Processes: Sync {
     fn liveness(&self, pid: i32, start: u64) -> Liveness;
     /// The live members of the old job's process group `pgid`, as judged against this lock's
     /// evidence for `lease` (see `process::JobEvidence`).
-    fn leftovers(&self, lease: &Lease, pgid: i32, paths: &LockPaths) -> Leftovers;
+    fn leftovers(&self, lease: &Lease, pgid: i32, binding: &dyn Binding) -> Leftovers;
 }
 
 /// What is left alive in a dead holder's process group.
@@ -50,10 +50,9 @@ impl Processes for Proc {
     fn liveness(&self, pid: i32, start: u64) -> Liveness {
         process::liveness(pid, start)
     }
-    fn leftovers(&self, lease: &Lease, pgid: i32, paths: &LockPaths) -> Leftovers {
+    fn leftovers(&self, lease: &Lease, pgid: i32, binding: &dyn Binding) -> Leftovers {
         let h = &lease.holder;
-        let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, paths);
-        let judged = process::judge_group(pgid, &ev);
+        let judged = process::judge_group(pgid, &binding.evidence(lease));
         Leftovers {
             belongs: judged.belongs.iter().map(|p| p.pid).collect(),
             unknown: judged.unknown.len(),
@@ -65,7 +64,8 @@ impl Processes for Proc {
 /// Inputs for judging that stay the same between judgements.
 #[derive(Debug)]
 pub(crate) struct Judge<'a> {
-    pub paths: &'a LockPaths,
+    /// How this lock's jobs are bound to it, and where observations are kept.
+    pub binding: &'a dyn Binding,
     pub me: &'a Identity,
     pub clock: &'a dyn Clock,
     /// Opt-in: a foreign lease whose wall-clock heartbeat is older than TTL + this is stale.
@@ -98,7 +98,7 @@ impl Judge<'_> {
         procs: &dyn Processes,
     ) -> Verdict {
         let mut v = Verdict {
-            path: self.paths.lock.clone(),
+            path: self.binding.lock().to_path_buf(),
             state: State::Free,
             reason: String::new(),
             lease: None,
@@ -157,7 +157,7 @@ impl Judge<'_> {
             lease.heartbeat_seq
         };
         let age = observe::observe(
-            self.paths,
+            self.binding.observations(),
             self.me,
             self.clock,
             &lease.lease_id,
@@ -215,7 +215,7 @@ impl Judge<'_> {
             // Only processes provably of this job count: a reused group id must neither be
             // signalled nor keep the lock forever. Those that cannot be checked are neither
             // signalled nor ignored: a takeover is refused while they live.
-            let left = procs.leftovers(s.lease, g, self.paths);
+            let left = procs.leftovers(s.lease, g, self.binding);
             v.remnants = left.belongs;
             v.unchecked = left.line;
             if !v.remnants.is_empty() {

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::lockdir::{Meta, user_name};
 use crate::paths::LockPaths;
 use crate::process;
+use crate::store::StuckPolicy;
 
 const HWM_PREFIX: &str = "leasehold-mutex 1 token ";
 const HWM_LEN: usize = HWM_PREFIX.len() + 20 + 1;
@@ -73,15 +74,6 @@ impl MutexFile {
 pub(crate) struct MutexGuard {
     file: MutexFile,
     path: PathBuf,
-}
-
-/// What to do about a process that has held the mutex for longer than a TTL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StuckPolicy {
-    /// Report it and give up.
-    Report,
-    /// SIGKILL it if the kernel names it as the holder, it runs as our uid, and it is stopped.
-    KillStopped,
 }
 
 /// Takes the mutex of `path`, polling try-lock with backoff, never past `deadline`. After

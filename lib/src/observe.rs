@@ -45,10 +45,11 @@ pub(crate) struct Memory {
 }
 
 /// Records that this host sees `(lease_id, key)` now and returns how long it has seen exactly
-/// that, on this host's CLOCK_BOOTTIME. Writes the file only when the observation changes.
+/// that, on this host's CLOCK_BOOTTIME. Writes the file only when the observation changes;
+/// without `paths` (a store that keeps no observation files) only `mem` remembers.
 /// Failures to read or write the file are not errors: the in-process memory still counts.
 pub(crate) fn observe(
-    paths: &LockPaths,
+    paths: Option<&LockPaths>,
     me: &Identity,
     clock: &dyn Clock,
     lease_id: &str,
@@ -66,6 +67,10 @@ pub(crate) fn observe(
         return now - *s;
     }
     let mut since = now;
+    let Some(paths) = paths else {
+        mem.seen = Some((lease_id.to_string(), key, since));
+        return Duration::ZERO;
+    };
     let mut file: SeenFile = fsio::read_small(paths, paths.seen_name(), 64 * 1024, trusted)
         .ok()
         .flatten()

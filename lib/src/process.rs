@@ -457,7 +457,7 @@ impl GroupEvidence {
             n => format!(" (and {} more)", n - 1),
         };
         Some(format!(
-            "pid {} (uid {} {user_of_lease}) in the old job's process group {pgid} cannot be checked{more}: {why}; run leasehold as root{}, stop it, or use leasehold break --force",
+            "pid {} (uid {} {user_of_lease}) in the old job's process group {pgid} cannot be checked{more}: {why}; check it as root{}, stop it, or break the lease by force",
             p.pid,
             p.uid,
             if me == p.uid {

@@ -16,13 +16,12 @@ use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsio::LockContent;
 use crate::identity::Identity;
-use crate::mutex::StuckPolicy;
 use crate::observe::Memory;
 use crate::paths::LockPaths;
 use crate::process::{self, Evidence};
 use crate::record::{Ending, Lease, LeaseState};
-use crate::store::Store;
 use crate::store::file::FileStore;
+use crate::store::{Binding, Store, StuckPolicy};
 use crate::takeover;
 use crate::verdict::{State, Verdict};
 
@@ -247,7 +246,7 @@ impl<S: Store> Breaker<'_, S> {
 
     fn refuse(&self, why: String) -> Error {
         Error::Refused {
-            path: self.store.paths().lock.clone(),
+            path: self.store.binding().lock().to_path_buf(),
             why,
         }
     }
@@ -263,7 +262,7 @@ impl<S: Store> Breaker<'_, S> {
             }
             Some(line) => out.unchecked = Some(line.clone()),
             None => {
-                out.stopped = takeover::stop_old_job(v, self.store.paths())
+                out.stopped = takeover::stop_old_job(v, self.store.binding())
                     .map_err(|why| self.refuse(format!("cannot stop the old job ({v}): {why}")))?;
             }
         }
@@ -274,10 +273,10 @@ impl<S: Store> Breaker<'_, S> {
     /// A live lease (held or hung): revoked — or, same host, released when it is forged or
     /// copied (signalling nothing) or hung with a command that can be stopped (verified).
     fn live(&self, mode: &BreakMode, mut out: Broken) -> Result<Broken> {
-        let (v, lease, paths) = (self.v, self.lease, self.store.paths());
+        let (v, lease, binding) = (self.v, self.lease, self.store.binding());
         let ttl = Duration::from_millis(lease.ttl_ms);
         if v.same_host {
-            let found = judge_live(lease, paths);
+            let found = judge_live(lease, binding);
             if let Some(forged) = found.forged() {
                 let how = format!("broken: {forged} (forged or copied lease)");
                 self.write(LeaseState::Released, how)?;
@@ -290,7 +289,7 @@ impl<S: Store> Breaker<'_, S> {
                 out.unchecked = found.unknown.clone();
             }
             if v.state == State::Hung && found.unknown.is_none() {
-                match takeover::stop_hung(lease, paths) {
+                match takeover::stop_hung(lease, binding) {
                     Ok(n) => {
                         out.stopped = n;
                         self.write(LeaseState::Released, format!("broken: {}", v.reason))?;
@@ -341,9 +340,9 @@ impl LiveJob {
     }
 }
 
-fn judge_live(lease: &Lease, paths: &LockPaths) -> LiveJob {
+fn judge_live(lease: &Lease, binding: &dyn Binding) -> LiveJob {
     let h = &lease.holder;
-    let ev = process::JobEvidence::for_lock(&lease.lease_id, h.uid, paths);
+    let ev = binding.evidence(lease);
     let mut out = LiveJob::default();
     let recorded = [Some((h.pid, h.pid_start)), h.child_pid.zip(h.child_start)];
     for (i, (pid, start)) in recorded.into_iter().flatten().enumerate() {

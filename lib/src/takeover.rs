@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use crate::paths::LockPaths;
-use crate::process::{self, JobEvidence};
+use crate::process;
 use crate::record::Lease;
+use crate::store::Binding;
 use crate::verdict::{State, Verdict};
 
 /// Before a stale or hung same-host lease is taken over or broken: stops what is left of its
@@ -21,18 +21,20 @@ use crate::verdict::{State, Verdict};
 /// many were stopped; nothing to do for foreign or free leases. Refuses (with the line to show)
 /// when a live process of the old job's group cannot be checked: taking over would leave it
 /// running beside the new job, and it must not be signalled unverified either.
-pub(crate) fn stop_old_job(v: &Verdict, paths: &LockPaths) -> std::result::Result<usize, String> {
+pub(crate) fn stop_old_job(
+    v: &Verdict,
+    binding: &dyn Binding,
+) -> std::result::Result<usize, String> {
     let Some(l) = &v.lease else {
         return Ok(0);
     };
     match (v.state, l.holder.pgid) {
-        (State::Hung, _) if v.same_host => stop_hung(l, paths),
+        (State::Hung, _) if v.same_host => stop_hung(l, binding),
         (State::Stale, _) if v.same_host && v.unchecked.is_some() => {
             Err(v.unchecked.clone().unwrap_or_default())
         }
         (State::Stale, Some(pg)) if v.same_host && !v.remnants.is_empty() => {
-            let ev = JobEvidence::for_lock(&l.lease_id, l.holder.uid, paths);
-            process::kill_group_verified(pg, &ev, Duration::from_secs(2))
+            process::kill_group_verified(pg, &binding.evidence(l), Duration::from_secs(2))
         }
         _ => Ok(0),
     }
@@ -44,9 +46,9 @@ pub(crate) fn stop_old_job(v: &Verdict, paths: &LockPaths) -> std::result::Resul
 /// file) when it recorded no command. The frozen wrapper is left alone: when resumed it finds
 /// its lease gone and fences itself. Refuses when the recorded command lives but is not
 /// provably this lock's, or when a member of the group cannot be checked.
-pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usize, String> {
+pub(crate) fn stop_hung(l: &Lease, binding: &dyn Binding) -> std::result::Result<usize, String> {
     let h = &l.holder;
-    let ev = JobEvidence::for_lock(&l.lease_id, h.uid, paths);
+    let ev = binding.evidence(l);
     let wait = Duration::from_secs(2);
     match h.pgid {
         Some(pg) => {
@@ -60,12 +62,12 @@ pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usi
                     process::Evidence::Belongs => {}
                     process::Evidence::NotOurs(why) => {
                         return Err(format!(
-                            "{why}: not this lock's job (a forged or copied lease?); not signalling anything; leasehold break --force replaces such a lease"
+                            "{why}: not this lock's job (a forged or copied lease?); not signalling anything; a forced break replaces such a lease"
                         ));
                     }
                     process::Evidence::Unknown(why) => {
                         return Err(format!(
-                            "pid {c} cannot be checked: {why}; not signalling anything; run leasehold as root or as {}, stop it, or use leasehold break --force",
+                            "pid {c} cannot be checked: {why}; not signalling anything; check it as root or as {}, stop it, or break the lease by force",
                             h.user
                         ));
                     }

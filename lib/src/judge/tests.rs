@@ -4,6 +4,7 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use super::*;
+use crate::paths::LockPaths;
 use crate::record::{Ending, Holder};
 
 #[derive(Debug)]
@@ -36,7 +37,7 @@ impl Processes for FakeProcs {
             Liveness::Dead("process gone")
         }
     }
-    fn leftovers(&self, _: &Lease, pgid: i32, _: &LockPaths) -> Leftovers {
+    fn leftovers(&self, _: &Lease, pgid: i32, _: &dyn Binding) -> Leftovers {
         self.left.get(&pgid).cloned().unwrap_or_default()
     }
 }
@@ -110,7 +111,7 @@ fn world() -> World {
 impl World {
     fn judge(&self, c: &LockContent, mem: &mut Memory, p: &FakeProcs) -> Verdict {
         let j = Judge {
-            paths: &self.paths,
+            binding: &self.paths,
             me: &self.me,
             clock: &self.clock,
             wall_skew: None,
@@ -231,7 +232,7 @@ fn foreign_dead_holder_goes_stale_for_one_shot_callers_together() {
     let p = FakeProcs::default();
     let c = content(&lease("there", LeaseState::Held));
     let j = Judge {
-        paths: &w.paths,
+        binding: &w.paths,
         me: &w.me,
         clock: &w.clock,
         wall_skew: None,
@@ -318,7 +319,7 @@ fn wall_clock_shortcut_is_opt_in() {
     let p = FakeProcs::default();
     let c = content(&lease("there", LeaseState::Held)); // written long before "now"
     let mut j = Judge {
-        paths: &w.paths,
+        binding: &w.paths,
         me: &w.me,
         clock: &w.clock,
         wall_skew: None,

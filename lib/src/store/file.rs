@@ -17,14 +17,14 @@ use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Holding, Joiner, Ours, Release, Renewal, Store, ours};
+use super::{Binding, Holding, Joiner, Ours, Release, Renewal, Store, StuckPolicy, ours};
 use crate::clock::format_rfc3339;
 use crate::error::{Error, Result};
 use crate::fsinfo::Storage;
 use crate::fsio::{self, LockContent, Seen, Written};
 use crate::handover;
 use crate::loss::LossReason;
-use crate::mutex::{self, MutexFile, MutexGuard, MutexWait, StuckPolicy};
+use crate::mutex::{self, MutexFile, MutexGuard, MutexWait};
 use crate::paths::LockPaths;
 use crate::queue::{self, Ahead, Observed, Ticket};
 use crate::record::{Ending, Lease, LeaseState, MUTABLE_RANGE};
@@ -59,6 +59,11 @@ pub(crate) struct Place {
 }
 
 impl FileStore {
+    /// LOCK's path, its directory and its helper names.
+    pub(crate) fn paths(&self) -> &LockPaths {
+        &self.paths
+    }
+
     /// The store of an acquirer, on storage it inspected.
     pub(crate) fn new(paths: LockPaths, storage: Storage, sync: bool) -> FileStore {
         FileStore {
@@ -105,7 +110,7 @@ impl Store for FileStore {
     type Waker = Waiter;
     type Holding = FileHolding;
 
-    fn paths(&self) -> &LockPaths {
+    fn binding(&self) -> &dyn Binding {
         &self.paths
     }
 

@@ -10,18 +10,61 @@
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
 
+use std::path::Path;
 use std::time::Instant;
 
 use crate::error::Result;
 use crate::fsio::LockContent;
 use crate::judge::Judge;
 use crate::loss::LossReason;
-use crate::mutex::StuckPolicy;
 use crate::paths::LockPaths;
+use crate::process::JobEvidence;
 use crate::record::Lease;
 use crate::verdict::Verdict;
 
 pub(crate) mod file;
+
+/// What a store does about a contender that has sat in the exclusive section for longer than a
+/// TTL (the file store: a process holding the mutex's flock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StuckPolicy {
+    /// Report it and give up.
+    Report,
+    /// Stop it if the store's own authority names it as the section's holder, it runs as our
+    /// uid, and it is stopped (SIGSTOP, a frozen cgroup): it can never leave by itself.
+    KillStopped,
+}
+
+/// How a lock's jobs are bound to it, and where this host's observations of it are kept: what
+/// judging and stopping an old job need from a store besides its leases.
+///
+/// The file store answers with LOCK's path, the evidence of `process.rs` (the job's environment
+/// naming this LOCK and lease id, or the holder's `O_PATH` mark on this lock's mutex file) and
+/// the per-uid observation files beside LOCK; a store without files (etcd) would name its lock
+/// by its URL, bind jobs by their environment alone, and keep observations in memory.
+pub(crate) trait Binding: Sync + std::fmt::Debug {
+    /// The lock's name: what errors and verdicts name, and what its jobs carry in
+    /// `LEASEHOLD_LOCK`.
+    fn lock(&self) -> &Path;
+    /// The kernel evidence that a process belongs to `lease`'s job on this lock, made now (a
+    /// replaced mutex file is noticed).
+    fn evidence(&self, lease: &Lease) -> JobEvidence;
+    /// Where this host keeps its observations of a foreign heartbeat, if the store keeps them
+    /// across processes (`None`: each process remembers only what it saw itself).
+    fn observations(&self) -> Option<&LockPaths>;
+}
+
+impl Binding for LockPaths {
+    fn lock(&self) -> &Path {
+        &self.lock
+    }
+    fn evidence(&self, lease: &Lease) -> JobEvidence {
+        JobEvidence::for_lock(&lease.lease_id, lease.holder.uid, self)
+    }
+    fn observations(&self) -> Option<&LockPaths> {
+        Some(self)
+    }
+}
 
 /// Where leases on one lock are kept, as the protocol needs it.
 ///
@@ -62,9 +105,8 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// A held lease's link to the store.
     type Holding: Holding;
 
-    /// The lock's names: what its jobs carry (`LEASEHOLD_LOCK`), and where this host's
-    /// observations are kept.
-    fn paths(&self) -> &LockPaths;
+    /// How this lock's jobs are bound to it (see [`Binding`]).
+    fn binding(&self) -> &dyn Binding;
 
     /// The judge of this store's leases (see `judge.rs`).
     fn judge<'a>(
@@ -73,7 +115,7 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
         clock: &'a dyn crate::clock::Clock,
     ) -> Judge<'a> {
         Judge {
-            paths: self.paths(),
+            binding: self.binding(),
             me,
             clock,
             wall_skew: None,
