@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::boottime::BootInstant;
+
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::keeper::{self, Kept};
@@ -36,7 +38,7 @@ pub(crate) struct Start<H> {
     pub lease: Lease,
     pub bytes: Vec<u8>,
     /// When the acquiring write began: the first renew deadline counts from here.
-    pub started: Instant,
+    pub started: BootInstant,
     pub on_lost: Option<LostCallback>,
     pub broke: Option<Verdict>,
     /// The lease's link to its store.
@@ -49,9 +51,10 @@ struct Record {
 }
 
 struct Control {
-    deadline: Instant,
+    /// The renew deadline, on CLOCK_BOOTTIME (see `boottime.rs`).
+    deadline: BootInstant,
     /// When the keeper should next renew this guard.
-    next_renew: Instant,
+    next_renew: BootInstant,
     stop: bool,
     /// Threads inside `wait_lost` (notified only when there are any).
     waiting: usize,
@@ -347,11 +350,11 @@ impl<H: Holding> Kept for Inner<H> {
         self.lost.load(Ordering::Acquire) || lock(&self.control).stop
     }
 
-    fn next_renew(&self) -> Instant {
+    fn next_renew(&self) -> BootInstant {
         lock(&self.control).next_renew
     }
 
-    fn live_deadline(&self) -> Option<Instant> {
+    fn live_deadline(&self) -> Option<BootInstant> {
         if self.lost.load(Ordering::Acquire) {
             return None;
         }
@@ -363,10 +366,10 @@ impl<H: Holding> Kept for Inner<H> {
     /// the deadline; the new deadline then counts from its start.
     fn renew_turn(&self) -> bool {
         let t = self.timing;
-        let started = Instant::now();
+        let started = BootInstant::now();
         match self.renew_once() {
             Ok(()) => {
-                let done = Instant::now();
+                let done = BootInstant::now();
                 let mut c = lock(&self.control);
                 let counted = done < c.deadline && !self.lost.load(Ordering::Acquire);
                 if counted {
@@ -381,7 +384,7 @@ impl<H: Holding> Kept for Inner<H> {
                 false
             }
             Err(None) => {
-                lock(&self.control).next_renew = Instant::now() + t.renew_retry();
+                lock(&self.control).next_renew = BootInstant::now() + t.renew_retry();
                 false
             }
         }

@@ -3,28 +3,30 @@
 //!
 //! Owns: the list of live guards; the renewer (renews each guard when it is due, one after
 //! another) and the watchdog (declares a guard lost when its deadline passes; it never does I/O,
-//! so a renewal stuck in I/O cannot hold it up, and it sleeps on a timerfd set to the earliest
-//! deadline, which counted renewals move without waking it). What a renewal is, and when it
-//! counts, is the guard's business ([`Kept`]).
+//! so a renewal stuck in I/O cannot hold it up, and it sleeps on a CLOCK_BOOTTIME timerfd set to
+//! the earliest deadline, which counted renewals move without waking it; a suspend counts, so
+//! the alarm fires on resume). What a renewal is, and when it counts, is the guard's business
+//! ([`Kept`]).
 //! Must never: keep a guard past its deadline (a stuck renewal may make others lost early, never
 //! late); set the alarm later than a live guard's deadline; wake a thread that need not wake.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{
     ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
 };
+
+use crate::boottime::BootInstant;
 
 /// A guard as the keeper sees it.
 pub(crate) trait Kept: Send + Sync {
     /// Lost or released: the keeper lets go of it.
     fn done(&self) -> bool;
     /// When it is next due for renewal.
-    fn next_renew(&self) -> Instant;
+    fn next_renew(&self) -> BootInstant;
     /// Its renew deadline, while it is live (neither lost nor released).
-    fn live_deadline(&self) -> Option<Instant>;
+    fn live_deadline(&self) -> Option<BootInstant>;
     /// One renewal and the scheduling of the next; true when it counted (the deadline moved).
     fn renew_turn(&self) -> bool;
     /// Its deadline has passed: it is lost.
@@ -37,7 +39,7 @@ fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
 
 /// Takes `g` into the keeper of this process (starting its threads on first use), due for its
 /// first renewal at `renew_at`.
-pub(crate) fn keep(g: Arc<dyn Kept>, renew_at: Instant) -> std::io::Result<()> {
+pub(crate) fn keep(g: Arc<dyn Kept>, renew_at: BootInstant) -> std::io::Result<()> {
     let k = keeper()?;
     let mut st = lock(&k.state);
     st.guards.push(g);
@@ -75,7 +77,7 @@ struct KeeperState {
     guards: Vec<Arc<dyn Kept>>,
     renewer: Sleep,
     /// What the alarm is set to (`None`: unset, or unknown).
-    armed: Option<Instant>,
+    armed: Option<BootInstant>,
 }
 
 impl Keeper {
@@ -98,7 +100,7 @@ impl Keeper {
         }
         let set = match earliest {
             Some(d) => self.alarm.set(
-                Expiration::OneShot(monotonic_at(d)),
+                Expiration::OneShot(d.timespec()),
                 TimerSetTimeFlags::TFD_TIMER_ABSTIME,
             ),
             None => self.alarm.unset(),
@@ -108,32 +110,20 @@ impl Keeper {
     }
 }
 
-/// `at` as an absolute CLOCK_MONOTONIC time (std's `Instant` runs on that clock on Linux, but
-/// does not expose it); a time already past maps to now, which fires at once.
-fn monotonic_at(at: Instant) -> TimeSpec {
-    let now = Instant::now();
-    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .unwrap_or_else(|_| TimeSpec::new(0, 1));
-    let ahead = at.saturating_duration_since(now);
-    let t = Duration::new(mono.tv_sec().max(0) as u64, mono.tv_nsec().max(0) as u32) + ahead;
-    // Never all zero: a zero expiration would disarm the timer instead.
-    TimeSpec::from_duration(t.max(Duration::from_nanos(1)))
-}
-
 /// What the renewer is doing, so that a new guard wakes it only when it must.
 #[derive(Clone, Copy)]
 enum Sleep {
     /// Awake: it looks at the guard list again before it sleeps.
     Awake,
     /// Asleep until then.
-    Until(Instant),
+    Until(BootInstant),
     /// Asleep until woken.
     Forever,
 }
 
 impl Sleep {
     /// Whether a thread in this state would wake up too late for something due at `due`.
-    fn later_than(self, due: Instant) -> bool {
+    fn later_than(self, due: BootInstant) -> bool {
         match self {
             Sleep::Awake => false,
             Sleep::Until(t) => t > due,
@@ -160,7 +150,7 @@ fn keeper() -> std::io::Result<&'static Keeper> {
             armed: None,
         }),
         renew: Condvar::new(),
-        alarm: TimerFd::new(TimerClock::CLOCK_MONOTONIC, TimerFlags::TFD_CLOEXEC)?,
+        alarm: TimerFd::new(TimerClock::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
     }));
     for (name, body) in [
         ("leasehold-renew", renewer as fn(&'static Keeper)),
@@ -182,7 +172,7 @@ fn renewer(k: &'static Keeper) {
             let mut st = lock(&k.state);
             loop {
                 st.guards.retain(|g| !g.done());
-                let now = Instant::now();
+                let now = BootInstant::now();
                 let next = st.guards.iter().map(|g| g.next_renew()).min();
                 match next {
                     Some(n) if n <= now => break,
@@ -201,7 +191,7 @@ fn renewer(k: &'static Keeper) {
                 }
                 st.renewer = Sleep::Awake;
             }
-            let now = Instant::now();
+            let now = BootInstant::now();
             st.guards
                 .iter()
                 .filter(|g| g.next_renew() <= now)
@@ -225,7 +215,7 @@ fn watchdog(k: &'static Keeper) {
             std::thread::sleep(Duration::from_millis(10));
         }
         let st = lock(&k.state);
-        let now = Instant::now();
+        let now = BootInstant::now();
         let expired: Vec<Arc<dyn Kept>> = st
             .guards
             .iter()
@@ -237,5 +227,27 @@ fn watchdog(k: &'static Keeper) {
             g.expire();
         }
         k.arm(&mut lock(&k.state), false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsFd, AsRawFd};
+
+    use super::*;
+
+    /// The watchdog's alarm runs on CLOCK_BOOTTIME (clock id 7), so a suspend counts towards a
+    /// renew deadline; CLOCK_MONOTONIC (1) would stop while the host sleeps, and a holder would
+    /// run on after resuming as if no time had passed while others took the lock over.
+    #[test]
+    fn watchdog_alarm_counts_time_spent_suspended() {
+        let k = keeper().expect("keeper");
+        let fd = k.alarm.as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).expect("fdinfo");
+        let clock = info
+            .lines()
+            .find_map(|l| l.strip_prefix("clockid:"))
+            .map(str::trim);
+        assert_eq!(clock, Some("7"), "timerfd fdinfo: {info}");
     }
 }

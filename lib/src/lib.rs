@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 
 mod acquire;
+mod boottime;
 mod builder;
 mod clock;
 mod error;

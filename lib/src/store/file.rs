@@ -18,6 +18,7 @@ use std::sync::{Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{Binding, Holding, Joiner, Ours, Release, Renewal, Store, StuckPolicy, ours};
+use crate::boottime::BootInstant;
 use crate::clock::format_rfc3339;
 use crate::error::{Error, Result};
 use crate::fsinfo::Storage;
@@ -248,7 +249,7 @@ impl Store for FileStore {
         place: Place,
         prev_token: u64,
         lease: &mut dyn FnMut(u64) -> (Lease, Vec<u8>),
-    ) -> Result<(Lease, Vec<u8>, Instant, FileHolding)> {
+    ) -> Result<(Lease, Vec<u8>, BootInstant, FileHolding)> {
         let Place {
             seen: replaced,
             mut ticket,
@@ -270,7 +271,7 @@ impl Store for FileStore {
         // Our holder's mark, before the lease becomes visible (see [`holder_mark`]).
         let mark = holder_mark(&self.paths);
         // The renew deadline counts from before the lease becomes visible: conservative.
-        let started = Instant::now();
+        let started = BootInstant::now();
         let prepared = ticket
             .as_mut()
             .and_then(|t| t.install(&bytes, self.sync, &self.paths));

@@ -13,6 +13,7 @@
 use std::path::Path;
 use std::time::Instant;
 
+use crate::boottime::BootInstant;
 use crate::error::Result;
 use crate::fsio::LockContent;
 use crate::judge::Judge;
@@ -193,7 +194,7 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
         place: Self::Place,
         prev_token: u64,
         lease: &mut dyn FnMut(u64) -> (Lease, Vec<u8>),
-    ) -> Result<(Lease, Vec<u8>, Instant, Self::Holding)>;
+    ) -> Result<(Lease, Vec<u8>, BootInstant, Self::Holding)>;
 
     /// Inside the section: replaces the current lease with `lease` (a break: released or
     /// revoked, its token kept), durably.
