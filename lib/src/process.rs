@@ -520,8 +520,9 @@ pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Resul
         }
         if Instant::now() >= deadline {
             return Err(format!(
-                "process group {pgid} still has {} live process(es) {wait:?} after SIGKILL",
-                members.len()
+                "process group {pgid} still has {} live process(es) {} after SIGKILL",
+                members.len(),
+                crate::clock::human_duration(wait)
             ));
         }
         for m in &members {
@@ -587,7 +588,10 @@ pub(crate) fn kill_checked(pid: i32, start: u64, wait: Duration) -> Result<(), S
     let deadline = Instant::now() + wait;
     while liveness(pid, start) == Liveness::Alive {
         if Instant::now() >= deadline {
-            return Err(format!("pid {pid} still alive {wait:?} after SIGKILL"));
+            return Err(format!(
+                "pid {pid} still alive {} after SIGKILL",
+                crate::clock::human_duration(wait)
+            ));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
