@@ -11,6 +11,7 @@ mod fencing;
 mod manual;
 mod messages;
 mod readme;
+mod skips;
 mod terminal;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
