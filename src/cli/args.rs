@@ -12,10 +12,11 @@ use clap::{Args, Parser, Subcommand};
 
 use super::duration::parse_duration;
 
-/// The exit statuses of every subcommand, as printed at the end of `leasehold --help`.
-pub const EXIT_CODES: &str = "\
-Exit status of `run`:
-  N        the command's own exit status
+/// The exit statuses of `run`, one per line: in `leasehold --help`, `run --help` and the man
+/// page alike (a macro, so that `concat!` can build the texts from one list).
+macro_rules! run_exit_codes {
+    () => {
+        "  N        the command's own exit status
   128+N    the command died of signal N
   75       the lock could not be had (--no-wait, or --wait ran out); see -E
   74       the lease was lost (taken, or could not be renewed) and the command was fenced
@@ -28,36 +29,37 @@ Exit status of `run`:
   77       permission denied (leasehold needs write access to LOCK's directory), or a helper
            file of another user it may not share
   78       LOCK's file system cannot make the lock safe (NFS with host-local locks)
-  126/127  the command could not be run / was not found
+  126/127  the command could not be run / was not found"
+    };
+}
+
+/// What a DURATION is (a macro for `concat!`, like [`run_exit_codes`]).
+macro_rules! duration_help {
+    () => {
+        "DURATION is a number of seconds (`1.5`, as flock -w takes it) or numbers with units: `500ms`,
+`30s`, `5m`, `2h`, `1d`, combined as `1h30m`."
+    };
+}
+
+/// The exit statuses of every subcommand, as printed at the end of `leasehold --help`.
+pub const EXIT_CODES: &str = concat!(
+    "Exit status of `run`:\n",
+    run_exit_codes!(),
+    "
 `status` exits 0 when every LOCK could be read; `break` exits 75 when it refuses.
 See `leasehold run --help` (and status, break) for examples; `leasehold --generate man` for
-the manual page.";
+the manual page."
+);
 
-/// What a DURATION is, as each subcommand that takes one explains it.
-pub const DURATION_HELP: &str = "\
-DURATION is a number of seconds (`1.5`, as flock -w takes it) or numbers with units: `500ms`,
-`30s`, `5m`, `2h`, `1d`, combined as `1h30m`.";
+/// What a DURATION is, as `run --help` and the man page explain it.
+pub const DURATION_HELP: &str = duration_help!();
 
 /// The end of `leasehold run --help`: DURATION, its exit statuses, examples.
-const RUN_HELP: &str = "\
-DURATION is a number of seconds (`1.5`, as flock -w takes it) or numbers with units: `500ms`,
-`30s`, `5m`, `2h`, `1d`, combined as `1h30m`.
-
-Exit status:
-  N        the command's own exit status
-  128+N    the command died of signal N
-  75       the lock could not be had (--no-wait, or --wait ran out); see -E
-  74       the lease was lost (taken, or could not be renewed) and the command was fenced
-  64       usage error (bad flag, DURATION, no command, or timing that cannot fit)
-  65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO),
-           or something not leasehold's own sits at a helper name (.LOCK.leasehold-*)
-  66       cannot open LOCK or its directory
-  70       internal error
-  73       cannot create a file, or no space
-  77       permission denied (leasehold needs write access to LOCK's directory), or a helper
-           file of another user it may not share
-  78       LOCK's file system cannot make the lock safe (NFS with host-local locks)
-  126/127  the command could not be run / was not found
+const RUN_HELP: &str = concat!(
+    duration_help!(),
+    "\n\nExit status:\n",
+    run_exit_codes!(),
+    "
 
 Examples:
   leasehold run -n /var/lock/backup.lock -- /usr/local/bin/backup --full
@@ -65,7 +67,8 @@ Examples:
   leasehold run -w 5m --note \"CI run $CI_PIPELINE_ID\" /srv/deploy.lock -c 'make deploy'
       wait up to 5 minutes, then give up; `status` and waiters show the note
   leasehold run --ttl 10s /mnt/nfs/jobs/report.lock -- ./report.sh
-      a shorter TTL: a dead holder on another host is noticed after 10s";
+      a shorter TTL: a dead holder on another host is noticed after 10s"
+);
 
 /// The end of `leasehold status --help`: its exit statuses, examples.
 const STATUS_HELP: &str = "\
@@ -78,7 +81,9 @@ Exit status:
 
 Examples:
   leasehold status /srv/deploy.lock
-  leasehold status --json /srv/*.lock | jq -r '.[] | select(.state == \"held\") | .path'";
+      who holds it, since when, its lease id, how long this host has seen its heartbeat
+  leasehold status --json /srv/deploy.lock | jq -r .state
+      free, held, stale or hung (several LOCKs: an array of objects)";
 
 /// The end of `leasehold break --help`: its exit statuses, examples.
 const BREAK_HELP: &str = "\

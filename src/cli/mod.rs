@@ -82,7 +82,7 @@ where
         return match generate::generate(kind, &mut std::io::stdout().lock()) {
             Ok(()) => 0,
             Err(e) => {
-                say!("leasehold: cannot write to stdout: {e}");
+                say!("{}", report::stdout_error_line(&e));
                 exit::SOFTWARE
             }
         };

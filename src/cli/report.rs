@@ -97,6 +97,11 @@ fn timing_text(t: &TimingError) -> String {
     }
 }
 
+/// `--generate` could not write its output.
+pub fn stdout_error_line(e: &std::io::Error) -> String {
+    scrub(&format!("leasehold: cannot write to stdout: {e}")).into_owned()
+}
+
 /// `run LOCK` with neither `-- CMD` nor `-c`.
 pub fn no_command_line() -> String {
     "leasehold: no command: put it after `--`, or use -c 'SHELL COMMAND'".into()
