@@ -260,7 +260,6 @@ fn blocking<S: Store>(
         place: Default::default(),
         draft: None,
     };
-    let mut reported: Option<(String, State, Option<u64>)> = None;
     loop {
         let (mut v, ahead) = match queued(ctx, kept, deadline, &mut mem, &mut q) {
             Ok(Attempt::Taken(start)) => return Ok(*start),
@@ -282,16 +281,9 @@ fn blocking<S: Store>(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(timeout(v));
         }
-        let lease_id = v.lease.as_ref().map(|l| l.lease_id.clone());
-        let key = (
-            lease_id.unwrap_or_default(),
-            v.state,
-            ahead.as_ref().map(|a| ctx.store.position(a)),
-        );
-        if reported.as_ref() != Some(&key) {
-            report(ctx.s, &v);
-            reported = Some(key);
-        }
+        // Every look is reported (a display keeps its heartbeat age and "held" current from
+        // it); the caller decides which changes deserve a new line.
+        report(ctx.s, &v);
         ctx.store
             .wait(&mut waker, &mut q.place, ahead.as_ref(), &v, deadline);
     }

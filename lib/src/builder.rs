@@ -151,7 +151,10 @@ impl LeaseBuilder {
         self.on_lost = Some(Arc::new(f));
         self
     }
-    /// Called when we must wait, and again whenever the holder or its state changes.
+    /// Called when we must wait, and again after every look at the lock while waiting: at
+    /// least whenever the holder or its state changes, and at least once per waiter tick
+    /// (TTL/4, at most 5s), so that a display can keep ages current. A caller that prints a
+    /// line per call should print only when what it shows changes.
     pub fn on_wait(mut self, f: impl FnMut(&Verdict) + Send + 'static) -> Self {
         self.on_wait = Some(Arc::new(Mutex::new(f)));
         self

@@ -8,6 +8,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::clock::human_duration;
 use crate::verdict::Verdict;
 
 /// Everything that can go wrong while taking, renewing, judging or releasing a lease.
@@ -68,7 +69,7 @@ pub enum Error {
         verdict: Box<Verdict>,
     },
     /// The caller's wait ran out.
-    #[error("{path}: gave up after {waited:?}: {verdict}")]
+    #[error("{path}: gave up after {}: {verdict}", human_duration(*.waited))]
     Timeout {
         /// The lock path.
         path: PathBuf,
@@ -78,7 +79,10 @@ pub enum Error {
         verdict: Box<Verdict>,
     },
     /// Some process has sat on the short internal mutex far longer than any lease operation takes.
-    #[error("{path}: could not take the lease mutex within {waited:?}: it is held by {holder}")]
+    #[error(
+        "{path}: could not take the lease mutex within {}: it is held by {holder}",
+        human_duration(*.waited)
+    )]
     MutexStuck {
         /// The mutex file.
         path: PathBuf,
@@ -261,7 +265,11 @@ impl std::fmt::Display for TimingError {
                 ..
             } => write!(
                 f,
-                "heartbeat {heartbeat:?} + grace {grace:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {} or lengthen the TTL",
+                "heartbeat {} + grace {} + safety margin {} must be less than the TTL {}; shorten {} or lengthen the TTL",
+                human_duration(heartbeat),
+                human_duration(grace),
+                human_duration(margin),
+                human_duration(ttl),
                 self.culprit()
             ),
         }

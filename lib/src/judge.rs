@@ -127,7 +127,17 @@ impl Judge<'_> {
         v.same_host = self.me.same_host_as(&h.host, &h.boot_id, h.pid_ns);
         if lease.state == LeaseState::Released {
             v.reason = match &lease.ended {
-                Some(e) => format!("released by {} at {} ({})", h.describe(), e.at, e.how),
+                // Ended by someone else (`leasehold break`): name who, then whose it was.
+                Some(e) => match &e.by {
+                    Some(by) => format!(
+                        "ended by {} at {} ({}); last held by {}",
+                        crate::text::escape(by),
+                        e.at,
+                        e.how,
+                        h.describe()
+                    ),
+                    None => format!("released by {} at {} ({})", h.describe(), e.at, e.how),
+                },
                 None => format!("released by {}", h.describe()),
             };
             return v;

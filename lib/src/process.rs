@@ -519,9 +519,9 @@ pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Resul
             return Ok(killed.len());
         }
         if Instant::now() >= deadline {
+            let (n, w) = (members.len(), crate::clock::human_duration(wait));
             return Err(format!(
-                "process group {pgid} still has {} live process(es) {wait:?} after SIGKILL",
-                members.len()
+                "process group {pgid} still has {n} live process(es) {w} after SIGKILL"
             ));
         }
         for m in &members {
@@ -587,7 +587,8 @@ pub(crate) fn kill_checked(pid: i32, start: u64, wait: Duration) -> Result<(), S
     let deadline = Instant::now() + wait;
     while liveness(pid, start) == Liveness::Alive {
         if Instant::now() >= deadline {
-            return Err(format!("pid {pid} still alive {wait:?} after SIGKILL"));
+            let w = crate::clock::human_duration(wait);
+            return Err(format!("pid {pid} still alive {w} after SIGKILL"));
         }
         std::thread::sleep(Duration::from_millis(1));
     }

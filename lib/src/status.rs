@@ -48,7 +48,19 @@ pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
 
 /// [`status`] as seen by an injected identity and clock (for tests and tools).
 pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
-    let store = FileStore::looking(LockPaths::new(path)?);
+    let paths = LockPaths::new(path)?;
+    // A LOCK that does not exist is said to be so, and looking creates nothing beside it (no
+    // mutex, no observation file): there is no lease to observe.
+    let missing = matches!(paths.handle().stat(paths.lock_name()), Ok(None));
+    let store = FileStore::looking(paths);
+    if missing {
+        let mut judge = store.judge(me, clock);
+        judge.persist = false;
+        let mut v = judge.judge(&LockContent::Missing, &mut Memory::default());
+        v.reason = "does not exist (no lease yet; nothing was created)".into();
+        v.queue = store.waiting();
+        return Ok(v);
+    }
     // Take the mutex if we can (so the observation file is written by one process at a time);
     // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
     let m = enter(&store).ok();
@@ -212,8 +224,10 @@ fn permitted(v: &Verdict, lease: &Lease, mode: &BreakMode) -> std::result::Resul
             lease.lease_id
         )),
         BreakMode::LeaseId(id) if !id.eq_ignore_ascii_case(&lease.lease_id) => Err(format!(
-            "the lease id is {}, not {id}: the lease changed hands; nothing broken",
-            lease.lease_id
+            "lease id {} does not match the lease on this lock (id {}, {}): check the id for a typo; nothing broken",
+            crate::text::escape(id),
+            lease.lease_id,
+            v.holder()
         )),
         _ => Ok(()),
     }

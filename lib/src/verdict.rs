@@ -115,7 +115,8 @@ impl Verdict {
 }
 
 impl fmt::Display for Verdict {
-    /// One line: `held by alice@web1 pid 4242 (terraform apply), heartbeat 3s ago, held 12m`.
+    /// One line: `held by alice@web1 pid 4242 (terraform apply), heartbeat unchanged here for 3s,
+    /// held 12m, token 17`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(b) = &self.behind {
             // Waiting behind something other than the lease: say that first, then the lease.
@@ -129,7 +130,9 @@ impl fmt::Display for Verdict {
             _ => {
                 write!(f, "{} by {}", self.state, self.holder())?;
                 if let Some(a) = self.heartbeat_age {
-                    write!(f, ", heartbeat {} ago", human_duration(a))?;
+                    // The observer's measure, never the holder's clock: how long this host
+                    // has seen the heartbeat stay the same.
+                    write!(f, ", heartbeat unchanged here for {}", human_duration(a))?;
                 }
                 if let Some(h) = self.held_for() {
                     write!(f, ", held {}", human_duration(h))?;

@@ -12,23 +12,96 @@ use clap::{Args, Parser, Subcommand};
 
 use super::duration::parse_duration;
 
-/// The exit statuses, as printed at the end of `--help`.
-pub const EXIT_CODES: &str = "\
-Exit status of `run`:
-  N        the command's own exit status
+/// The exit statuses of `run`, one per line: in `leasehold --help`, `run --help` and the man
+/// page alike (a macro, so that `concat!` can build the texts from one list).
+macro_rules! run_exit_codes {
+    () => {
+        "  N        the command's own exit status
   128+N    the command died of signal N
   75       the lock could not be had (--no-wait, or --wait ran out); see -E
   74       the lease was lost (taken, or could not be renewed) and the command was fenced
-  64       usage error (bad flag, DURATION, or timing that cannot fit)
+  64       usage error (bad flag, DURATION, no command, or timing that cannot fit)
   65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO),
            or something not leasehold's own sits at a helper name (.LOCK.leasehold-*)
   66       cannot open LOCK or its directory
   70       internal error
   73       cannot create a file, or no space
-  77       permission denied, or a helper file of another user it may not share
+  77       permission denied (leasehold needs write access to LOCK's directory), or a helper
+           file of another user it may not share
   78       LOCK's file system cannot make the lock safe (NFS with host-local locks)
-  126/127  the command could not be run / was not found
-`status` exits 0 when every LOCK could be read; `break` exits 75 when it refuses.";
+  126/127  the command could not be run / was not found"
+    };
+}
+
+/// What a DURATION is (a macro for `concat!`, like [`run_exit_codes`]).
+macro_rules! duration_help {
+    () => {
+        "DURATION is a number of seconds (`1.5`, as flock -w takes it) or numbers with units: `500ms`,
+`30s`, `5m`, `2h`, `1d`, combined as `1h30m`."
+    };
+}
+
+/// The exit statuses of every subcommand, as printed at the end of `leasehold --help`.
+pub const EXIT_CODES: &str = concat!(
+    "Exit status of `run`:\n",
+    run_exit_codes!(),
+    "
+`status` exits 0 when every LOCK could be read; `break` exits 75 when it refuses.
+See `leasehold run --help` (and status, break) for examples; `leasehold --generate man` for
+the manual page."
+);
+
+/// What a DURATION is, as `run --help` and the man page explain it.
+pub const DURATION_HELP: &str = duration_help!();
+
+/// The end of `leasehold run --help`: DURATION, its exit statuses, examples.
+const RUN_HELP: &str = concat!(
+    duration_help!(),
+    "\n\nExit status:\n",
+    run_exit_codes!(),
+    "
+
+Examples:
+  leasehold run -n /var/lock/backup.lock -- /usr/local/bin/backup --full
+      skip this run (exit 75) if the last backup still runs
+  leasehold run -w 5m --note \"CI run $CI_PIPELINE_ID\" /srv/deploy.lock -c 'make deploy'
+      wait up to 5 minutes, then give up; `status` and waiters show the note
+  leasehold run --ttl 10s /mnt/nfs/jobs/report.lock -- ./report.sh
+      a shorter TTL: a dead holder on another host is noticed after 10s"
+);
+
+/// The end of `leasehold status --help`: its exit statuses, examples.
+const STATUS_HELP: &str = "\
+Exit status:
+  0        every LOCK could be read (free, held, stale or hung: the state is in the output;
+           a LOCK that does not exist is shown free, and nothing is created)
+  65       LOCK is not a leasehold lease;  66  its directory cannot be opened
+  77       permission denied;              70  internal error
+  (with several LOCKs, the first failure's status)
+
+Examples:
+  leasehold status /srv/deploy.lock
+      who holds it, since when, its lease id, how long this host has seen its heartbeat
+  leasehold status --json /srv/deploy.lock | jq -r .state
+      free, held, stale or hung (several LOCKs: an array of objects)";
+
+/// The end of `leasehold break --help`: its exit statuses, examples.
+const BREAK_HELP: &str = "\
+Without --lease-id or --force only a stale lease is broken (its holder's processes are gone,
+or it has been silent a full TTL). A live lease broken by id or by force is revoked: its
+holder fences its command at its next renewal; the lock frees once the old job is gone.
+
+Exit status:
+  0        broken (or revoked) as asked
+  75       refused: the lease is live (name its id, or --force), the id does not match, or
+           nothing is there to break
+  65, 66, 70, 77  as for `run`
+
+Examples:
+  leasehold break /srv/deploy.lock
+      break it only if it is stale
+  leasehold break --lease-id 6f1c0e9a2b7d4c85a3e1f0b2c4d6e8fa /srv/deploy.lock
+      revoke exactly that lease (the id is in `status` and in the job's $LEASEHOLD_LEASE_ID)";
 
 /// `leasehold`: guard a job with a heartbeat lease on a file.
 #[derive(Debug, Parser)]
@@ -36,25 +109,44 @@ Exit status of `run`:
     name = "leasehold",
     version,
     about = "Guard a job with a heartbeat lease on a file: stale locks broken safely, holders fenced, fencing tokens",
-    after_help = EXIT_CODES
+    after_help = EXIT_CODES,
+    subcommand_required = false,
+    arg_required_else_help = true,
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
+    /// Print a manual page (roff) or a shell completion script on stdout, and exit.
+    #[arg(long, value_name = "KIND", value_enum)]
+    pub generate: Option<Generate>,
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+}
+
+/// What `--generate` prints (as ripgrep's `--generate` does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generate {
+    /// leasehold(1), as roff: `leasehold --generate man > leasehold.1`.
+    Man,
+    /// A bash completion script.
+    CompleteBash,
+    /// A zsh completion script (`_leasehold`).
+    CompleteZsh,
+    /// A fish completion script.
+    CompleteFish,
 }
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command while holding the lease on LOCK; fence it if the lease is lost.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show who holds each LOCK, and since when.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// Break the lease on LOCK: a stale one, one named by its id, or (--force) any.
-    #[command(name = "break", after_help = EXIT_CODES)]
+    #[command(name = "break", after_help = BREAK_HELP)]
     Break(BreakArgs),
 }
 
@@ -102,11 +194,10 @@ pub struct RunArgs {
         short = 'c',
         long = "command",
         value_name = "SHELL COMMAND",
-        conflicts_with = "cmd",
-        required_unless_present = "cmd"
+        conflicts_with = "cmd"
     )]
     pub shell: Option<String>,
-    /// The command and its arguments, after `--`.
+    /// The command and its arguments, after `--` (or use -c).
     #[arg(value_name = "CMD", last = true)]
     pub cmd: Vec<OsString>,
 }

@@ -30,6 +30,7 @@ pub mod args;
 mod brk;
 pub mod duration;
 pub mod exit;
+pub mod generate;
 pub mod json;
 mod progress;
 pub mod report;
@@ -66,14 +67,35 @@ where
                     for line in report::usage_error_lines(&styled, &argv) {
                         say!("{line}");
                     }
+                    // `run LOCK CMD`: the command was taken for an unexpected argument.
+                    if e.kind() == ErrorKind::UnknownArgument
+                        && argv.get(1).is_some_and(|a| a == "run")
+                    {
+                        say!("{}", report::no_command_line());
+                    }
                     exit::USAGE
                 }
             };
         }
     };
+    if let Some(kind) = cli.generate {
+        return match generate::generate(kind, &mut std::io::stdout().lock()) {
+            Ok(()) => 0,
+            Err(e) => {
+                say!("{}", report::stdout_error_line(&e));
+                exit::SOFTWARE
+            }
+        };
+    }
     match cli.command {
-        args::Command::Run(a) => run::run(&a),
-        args::Command::Status(a) => status::status(&a),
-        args::Command::Break(a) => brk::brk(&a),
+        Some(args::Command::Run(a)) if a.argv().is_empty() => {
+            say!("{}", report::no_command_line());
+            exit::USAGE
+        }
+        Some(args::Command::Run(a)) => run::run(&a),
+        Some(args::Command::Status(a)) => status::status(&a),
+        Some(args::Command::Break(a)) => brk::brk(&a),
+        // clap shows the help when nothing is given; `--generate` was handled above.
+        None => exit::USAGE,
     }
 }

@@ -10,6 +10,7 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 use leasehold::text::{self, escape, escape_path, scrub};
 use leasehold::{
@@ -21,7 +22,48 @@ pub fn error_line(e: &Error) -> String {
     if let Error::Timing(t) = e {
         return format!("leasehold: invalid settings: {}", timing_text(t));
     }
+    if let Some(line) = permission_line(e) {
+        return line;
+    }
     scrub(&format!("leasehold: {e}")).into_owned()
+}
+
+/// A permission error on one of the files leasehold keeps beside LOCK, in the user's terms:
+/// `leasehold: permission denied: leasehold needs write access to DIR (it keeps
+/// .NAME.leasehold-* files there); cannot create the mutex file DIR/.NAME.leasehold-mutex`.
+/// `None` for any other error (a LOCK that cannot be read says so plainly).
+fn permission_line(e: &Error) -> Option<String> {
+    const EACCES: i32 = nix::errno::Errno::EACCES as i32;
+    const EPERM: i32 = nix::errno::Errno::EPERM as i32;
+    let Error::Io { path, op, source } = e else {
+        return None;
+    };
+    if !matches!(source.raw_os_error(), Some(EACCES | EPERM)) {
+        return None;
+    }
+    let helper = |p: &Path| -> Option<String> {
+        let name = p.file_name()?.to_string_lossy();
+        let rest = name.strip_prefix('.')?;
+        Some(rest[..rest.find(".leasehold-")?].to_string())
+    };
+    let parent = path.parent()?;
+    let (dir, lock) = if let Some(lock) = helper(path) {
+        (parent, lock)
+    } else if let Some(lock) = helper(parent) {
+        // A ticket in the wait queue directory.
+        (parent.parent()?, lock)
+    } else if op.starts_with("create") || op.starts_with("rename") {
+        (parent, path.file_name()?.to_string_lossy().into_owned())
+    } else {
+        return None;
+    };
+    Some(format!(
+        "leasehold: permission denied: leasehold needs write access to {} (it keeps .{}.leasehold-* files there); cannot {} {}",
+        escape_path(dir),
+        escape(&lock),
+        op,
+        escape_path(path)
+    ))
 }
 
 /// What is wrong with the timing, naming the flags to change (the library names the settings).
@@ -43,11 +85,26 @@ fn timing_text(t: &TimingError) -> String {
                 (true, true) => "--heartbeat and --grace",
                 (false, false) => "--ttl",
             };
+            let d = human_duration;
             format!(
-                "{flag}: heartbeat {heartbeat:?} + grace {grace:?} + safety margin {margin:?} must be less than the TTL {ttl:?}; shorten {flag} or lengthen --ttl"
+                "{flag}: heartbeat {} + grace {} + safety margin {} must be less than the TTL {}; shorten {flag} or lengthen --ttl",
+                d(heartbeat),
+                d(grace),
+                d(margin),
+                d(ttl)
             )
         }
     }
+}
+
+/// `--generate` could not write its output.
+pub fn stdout_error_line(e: &std::io::Error) -> String {
+    scrub(&format!("leasehold: cannot write to stdout: {e}")).into_owned()
+}
+
+/// `run LOCK` with neither `-- CMD` nor `-c`.
+pub fn no_command_line() -> String {
+    "leasehold: no command: put it after `--`, or use -c 'SHELL COMMAND'".into()
 }
 
 /// `leasehold: <why>`, for a command that could not be started (`why` names it already).
@@ -55,14 +112,33 @@ pub fn not_started_line(why: &str) -> String {
     format!("leasehold: {}", scrub(why))
 }
 
-/// The cargo-style contention line:
-/// `Blocking waiting for lock /srv/deploy.lock held by alice@web1 pid 4242 (terraform apply), heartbeat 3s ago, held 12m, token 17`.
+/// The cargo-style contention line, with the holder's `--note`:
+/// `Blocking waiting for lock /srv/deploy.lock held by alice@web1 pid 4242 (terraform apply)
+/// [note: CI run 5], heartbeat unchanged here for 3s, held 12m, token 17`.
 pub fn blocking_line(v: &Verdict) -> String {
+    let mut shown = v.to_string();
+    if let Some(note) = v.lease.as_ref().and_then(|l| l.holder.note.as_ref())
+        && v.state != State::Free
+    {
+        let holder = v.holder();
+        let noted = format!("{holder} [note: {}]", escape(note));
+        shown = shown.replacen(&holder, &noted, 1);
+    }
     format!(
         "Blocking waiting for lock {} {}",
         escape_path(&v.path),
-        scrub(&v.to_string())
+        scrub(&shown)
     )
+}
+
+/// [`blocking_line`] for a verdict judged `since` ago: its heartbeat age and "held" advanced by
+/// that much, so that a spinner's line stays current between two looks at the lock (a waiter
+/// looks again at least every TTL/4, at most 5s, and its new verdict replaces this one).
+pub fn blocking_line_after(v: &Verdict, since: Duration) -> String {
+    let mut v = v.clone();
+    v.heartbeat_age = v.heartbeat_age.map(|a| a.saturating_add(since));
+    v.judged_at = v.judged_at.checked_add(since).unwrap_or(v.judged_at);
+    blocking_line(&v)
 }
 
 /// One line for a lease broken to take the lock, or by `leasehold break`:
@@ -361,15 +437,17 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
         .map(|d| format!(" (held {})", human_duration(d)))
         .unwrap_or_default();
     field(s, "acquired", &format!("{}{held}", escape(&l.acquired_at)));
+    // The age is this host's observation (how long it has seen the heartbeat unchanged); the
+    // time written is the holder's clock: labelled so that the two never seem to disagree.
     let age = v
         .heartbeat_age
-        .map(|a| format!("{} ago", human_duration(a)))
-        .unwrap_or_else(|| "unknown".into());
+        .map(|a| format!("unchanged for {} as seen from this host", human_duration(a)))
+        .unwrap_or_else(|| "not yet observed from this host".into());
     field(
         s,
         "heartbeat",
         &format!(
-            "{age} (TTL {}, last written {})",
+            "{age} (TTL {}, last written {} by the holder's clock)",
             human_duration(std::time::Duration::from_millis(l.ttl_ms)),
             escape(&l.heartbeat_at)
         ),

@@ -1,5 +1,6 @@
 //! The `leasehold` command line: run, status and break, contention between runs, fencing of the
-//! command, the terminal, and the README's examples.
+//! command, the terminal, the README's examples, the manual page, completions and systemd recipe
+//! (`manual`), and the messages a first-time user reads (`messages`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -7,7 +8,10 @@ mod support;
 mod basics;
 mod contention;
 mod fencing;
+mod manual;
+mod messages;
 mod readme;
+mod skips;
 mod terminal;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary

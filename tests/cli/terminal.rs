@@ -146,3 +146,56 @@ fn ctrl_z_stops_the_job_and_fg_resumes_it() {
     let st = t.kid.wait_timeout(Duration::from_secs(10));
     assert_eq!(st.code(), Some(0), "{}", t.transcript());
 }
+
+/// The distinct `held …` values shown on the terminal so far.
+fn held_values(transcript: &str) -> std::collections::BTreeSet<String> {
+    transcript
+        .split("held ")
+        .skip(1)
+        .filter_map(|rest| rest.split(',').next())
+        .filter(|v| v.len() < 12 && v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(str::to_string)
+        .collect()
+}
+
+/// On a terminal the wait line shows the holder's `--note`, labels the heartbeat age as this
+/// host's observation, and keeps "held …" current while the spinner runs — even when the
+/// waiter looks at the lock only every few seconds (TTL 60s: a look every 5s at most), as it
+/// did not when the line froze at its first value.
+#[test]
+fn the_wait_line_shows_the_note_and_stays_current() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("wait.lock");
+    let mut h = Holder::start(&lock, &["--ttl", "60s", "--note", "CI run 4242"]);
+    let mut t = OnPty::start(&["run", "-w", "30s", lock.to_str().unwrap(), "--", "true"]);
+    t.expect("[note: CI run 4242]");
+    t.expect("heartbeat unchanged here for");
+    ensure_within(
+        "the wait line to show three different 'held' values",
+        Duration::from_secs(10),
+        || held_values(&t.transcript()).len() >= 3,
+    );
+    assert_eq!(h.finish().code(), Some(0));
+    let st = t.kid.wait_timeout(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "{}", t.transcript());
+}
+
+/// Without a terminal (CI logs) the line is printed once per holder and state, however often
+/// the waiter looks (a 400ms TTL: a look every 100ms).
+#[test]
+fn without_a_terminal_the_wait_line_is_printed_once_per_holder() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("plain.lock");
+    let mut h = Holder::start(&lock, &["--ttl", "400ms", "--note", "CI run 7"]);
+    let out = lh_assert()
+        .args(["run", "-w", "1.5s"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .assert()
+        .code(75);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("Blocking")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("[note: CI run 7]"), "{err}");
+    assert_eq!(h.finish().code(), Some(0));
+}

@@ -8,8 +8,9 @@
 //!   the test's own, which would die of a SIGKILL or SIGTERM and show a SIGSTOP, are never
 //!   signalled; a lease naming pid 1 or another user's process is never taken over (one naming
 //!   a process of the contender's own uid, checkable as no holder of this lock, may be).
-//! - The lock directory is not writable; LOCK is owned by another user (contender run as
-//!   `nobody` with setpriv).
+//! - The lock directory is not writable (the error names the directory and the
+//!   `.NAME.leasehold-*` files leasehold keeps there); LOCK is owned by another user (contender
+//!   run as `nobody` with setpriv).
 
 use crate::support;
 
@@ -427,6 +428,12 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
             err.to_lowercase().contains("permission denied"),
             "unclear: {err}"
         );
+        // In the user's terms: which directory, and why leasehold writes there.
+        let want = format!(
+            "leasehold needs write access to {} (it keeps .job.lock.leasehold-* files there)",
+            fs::canonicalize(d.path()).unwrap().display()
+        );
+        assert!(err.contains(&want), "not in the user's terms: {err}");
         assert!(!marker.exists(), "the command ran");
         assert_eq!(
             listing(d.path()),

@@ -6,9 +6,15 @@ pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 
-/// When `missing` is true: in CI, fail; otherwise print the reason and return true (skip).
+/// When `missing` is true: in CI, fail; otherwise say so on the terminal and return true (skip).
+///
+/// The line is `SKIPPED <test name> (<file:line>): <why>`, and it shows in the default
+/// `cargo test` output: libtest captures what the print macros (`eprintln!`) write, showing it
+/// only for a failing test or with `--nocapture`, but not writes to the stderr handle itself,
+/// which go straight to the terminal. (libtest runs each test on a thread named after it.)
 #[track_caller]
 pub fn skip(missing: bool, why: &str) -> bool {
+    use std::io::Write as _;
     if !missing {
         return false;
     }
@@ -16,7 +22,10 @@ pub fn skip(missing: bool, why: &str) -> bool {
     if ci() {
         panic!("required in CI but missing ({at}): {why}");
     }
-    eprintln!("SKIP ({at}): {why}");
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or("a test");
+    let line = format!("SKIPPED {name} ({at}): {why}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
     true
 }
 

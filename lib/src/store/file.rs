@@ -192,10 +192,6 @@ impl Store for FileStore {
         format!("queued waiter #{}, {}", ahead.seq, ahead.who())
     }
 
-    fn position(&self, ahead: &Ahead) -> u64 {
-        ahead.seq
-    }
-
     fn polls(&self) -> bool {
         self.storage.network
     }
@@ -413,14 +409,14 @@ impl FileHolding {
     }
 
     /// Errors with `Error::Lost` unless LOCK holds our lease, still held (or, with
-    /// `revoked_ok`, for a release, revoked).
-    fn ensure_ours(&self, mine: &Lease, revoked_ok: bool) -> Result<()> {
+    /// `revoked_ok`, for a release, revoked: then who revoked it, if recorded).
+    fn ensure_ours(&self, mine: &Lease, revoked_ok: bool) -> Result<Option<String>> {
         let why = match ours(&fsio::read_lock(&self.paths)?, &mine.lease_id) {
-            Ours::Held => return Ok(()),
+            Ours::Held => return Ok(None),
             // Revoked is still ours to release: a holder releases when its job is over, and a
             // released record frees the lock at once instead of after its processes are gone
             // (or, on other hosts, after a TTL).
-            Ours::Revoked(_) if revoked_ok => return Ok(()),
+            Ours::Revoked(by) if revoked_ok => return Ok(by),
             Ours::Revoked(_) => "it was revoked".to_string(),
             Ours::Released => "it was released or broken".into(),
             Ours::Taken(by, _) => format!("held by {by}"),
@@ -453,7 +449,13 @@ impl FileHolding {
             None,
             self.storage.network,
         )?;
-        self.ensure_ours(r.mine, true)?;
+        if let Some(by) = self.ensure_ours(r.mine, true)?
+            && let Some(e) = released.ended.as_mut()
+        {
+            // Revoked by an operator: the released record keeps who ended the lease.
+            e.how = format!("{}, after it was revoked", e.how);
+            e.by = Some(by);
+        }
         let bytes = released.to_bytes();
         fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| ())
     }

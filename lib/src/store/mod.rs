@@ -160,10 +160,6 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// Who `ahead` is, by the kernel's (or server's) word: for wait lines.
     fn describe(&self, ahead: &Self::Ahead) -> String;
 
-    /// `ahead`'s position in line (unique among the places present): to tell when the one
-    /// ahead changed.
-    fn position(&self, ahead: &Self::Ahead) -> u64;
-
     /// Whether a waiter must poll: other hosts' changes are not notified (a network file
     /// system).
     fn polls(&self) -> bool;

@@ -1,0 +1,224 @@
+//! `leasehold --generate KIND`: the manual page and the shell completions, made from the
+//! command-line grammar itself (as ripgrep's `--generate` does), so that they cannot drift from
+//! what `leasehold` accepts.
+//!
+//! Owns: leasehold(1) as roff — every subcommand with its options, exit statuses and examples,
+//! DURATION, the top-level options, the exit statuses, the environment the command gets, the
+//! files kept beside LOCK — and the bash, zsh and fish completion scripts (`clap_complete`).
+//! Must never: describe a flag by hand that clap already knows (options come from `args`), or
+//! write anywhere but the writer given. A later page for the `flock` name belongs here too, as
+//! another [`Generate`] kind with its own `man_*` function.
+
+use std::io::{self, Write};
+
+use clap::CommandFactory;
+use clap_complete::Shell;
+use clap_mangen::Man;
+use clap_mangen::roff::{Roff, bold, roman};
+
+use super::args::{Cli, DURATION_HELP, EXIT_CODES, Generate};
+
+/// Writes what `kind` asks for to `w`.
+pub fn generate(kind: Generate, w: &mut dyn Write) -> io::Result<()> {
+    let mut cmd = Cli::command();
+    let shell = match kind {
+        Generate::Man => return man_leasehold(w),
+        Generate::CompleteBash => Shell::Bash,
+        Generate::CompleteZsh => Shell::Zsh,
+        Generate::CompleteFish => Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "leasehold", w);
+    Ok(())
+}
+
+/// The environment a guarded command gets, as (variable, meaning).
+const ENVIRONMENT: &[(&str, &str)] = &[
+    (
+        "LEASEHOLD_LOCK",
+        "the absolute LOCK path (directory part canonicalised, final component never followed)",
+    ),
+    (
+        "LEASEHOLD_TOKEN",
+        "the fencing token, decimal: strictly greater than every earlier holder's; pass it to \
+         the resource you guard so that it can refuse a late write from an older holder",
+    ),
+    (
+        "LEASEHOLD_LEASE_ID",
+        "this holding's random id (32 hex digits), for leasehold break --lease-id",
+    ),
+];
+
+/// The files leasehold keeps beside LOCK, as (name, role). NAME is LOCK's file name.
+pub const FILES: &[(&str, &str)] = &[
+    (
+        "LOCK",
+        "the JSON lease: holder, token, heartbeat; created if missing",
+    ),
+    (
+        ".NAME.leasehold-mutex",
+        "a short flock mutex around every change of the lease, and the fencing-token high-water \
+         mark; never renamed or deleted",
+    ),
+    (
+        ".NAME.leasehold-queue/",
+        "the wait queue: one ticket file per waiter, served in arrival order",
+    ),
+    (
+        ".NAME.leasehold-seen-UID",
+        "what user UID's processes have seen of a holder's heartbeat on another host",
+    ),
+    (
+        ".NAME.leasehold-tmp-RANDOM",
+        "for a moment during each write: the new lease, renamed over LOCK",
+    ),
+];
+
+/// leasehold(1).
+fn man_leasehold(w: &mut dyn Write) -> io::Result<()> {
+    let cmd = Cli::command();
+    let man = Man::new(cmd.clone());
+    let mut page = Page::default();
+    man.render_title(&mut page.chunk())?;
+    man.render_name_section(&mut page.chunk())?;
+    man.render_synopsis_section(&mut page.chunk())?;
+    let mut r = Roff::new();
+    r.control("SH", ["DESCRIPTION"]);
+    paragraph(
+        &mut r,
+        "leasehold run LOCK -- CMD runs CMD while holding a heartbeat lease on the file LOCK, \
+         where you would use flock(1): crontabs, CI steps, deploy scripts. The lease names its \
+         holder (pid, host, user, command), carries a fencing token that grows with every new \
+         holder, and is renewed while CMD runs. A holder that dies is noticed at once on the \
+         same host and after one TTL of silence from any other (so it works on NFS); a holder \
+         that can no longer renew fences CMD (SIGTERM, grace, SIGKILL of its process group) \
+         before anyone else may take over.",
+    );
+    paragraph(
+        &mut r,
+        "Only when the lock is contended does run print one line saying who holds it, with \
+         the --note of the holder, how long this host has seen its heartbeat unchanged, and \
+         how long it has been held.",
+    );
+    r.control("SH", ["COMMANDS"]);
+    page.push(r.render());
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        subcommand(&mut page, sub)?;
+    }
+    man.render_options_section(&mut page.chunk())?;
+    let mut r = Roff::new();
+    section(&mut r, "DURATION", DURATION_HELP);
+    section(&mut r, "EXIT STATUS", EXIT_CODES);
+    r.control("SH", ["ENVIRONMENT"]);
+    paragraph(
+        &mut r,
+        "The guarded command gets leasehold's environment plus:",
+    );
+    for (var, what) in ENVIRONMENT {
+        r.control("TP", []).text([bold(*var)]).text([roman(*what)]);
+    }
+    r.control("SH", ["FILES"]);
+    paragraph(
+        &mut r,
+        "Beside LOCK, in its directory (which leasehold needs write access to), for \
+         LOCK = DIR/NAME:",
+    );
+    for (file, what) in FILES {
+        r.control("TP", []).text([bold(*file)]).text([roman(*what)]);
+    }
+    r.control("SH", ["SEE ALSO"]);
+    paragraph(&mut r, "flock(1), systemd.timer(5), crontab(5)");
+    page.push(r.render());
+    man.render_version_section(&mut page.chunk())?;
+    w.write_all(page.text().as_bytes())
+}
+
+/// One subcommand: `.SS leasehold NAME`, its usage, what it does, its options, and its own
+/// exit statuses and examples (its `--help` epilogue).
+fn subcommand(page: &mut Page, sub: &clap::Command) -> io::Result<()> {
+    let mut r = Roff::new();
+    let name = format!("leasehold {}", sub.get_name());
+    r.control("SS", [name.as_str()]);
+    let usage = sub
+        .clone()
+        .bin_name(&name)
+        .render_usage()
+        .to_string()
+        .replace("Usage: ", "");
+    let usage: Vec<&str> = usage.lines().map(str::trim).collect();
+    preformatted(&mut r, &usage.join("\n"));
+    if let Some(about) = sub.get_about() {
+        paragraph(&mut r, &about.to_string());
+    }
+    page.push(r.render());
+    let mut opts = Vec::new();
+    Man::new(sub.clone()).render_options_section(&mut opts)?;
+    // Its options under this subcommand's heading rather than a top-level OPTIONS section.
+    page.push(String::from_utf8_lossy(&opts).replace(".SH OPTIONS\n", ""));
+    if let Some(after) = sub.get_after_help() {
+        let mut r = Roff::new();
+        // Back to the section's margin after the option list.
+        r.control("PP", []);
+        preformatted(&mut r, &after.to_string());
+        page.push(r.render());
+    }
+    Ok(())
+}
+
+/// A `.SH` section holding `text` as it is laid out (tables of statuses, examples).
+fn section(r: &mut Roff, title: &str, text: &str) {
+    r.control("SH", [title]);
+    preformatted(r, text);
+}
+
+/// `text` kept line for line (`.nf` … `.fi`), each line escaped by roff.
+fn preformatted(r: &mut Roff, text: &str) {
+    r.control("nf", []);
+    for line in text.lines() {
+        r.text([roman(line)]);
+    }
+    r.control("fi", []);
+}
+
+/// A filled paragraph.
+fn paragraph(r: &mut Roff, text: &str) {
+    r.control("PP", []).text([roman(text)]);
+}
+
+/// The page being assembled from roff chunks, each rendered with the roff crate's apostrophe
+/// preamble: kept once, at the top.
+#[derive(Default)]
+struct Page {
+    chunks: Vec<String>,
+    pending: Vec<u8>,
+}
+
+impl Page {
+    /// A writer for the next chunk (the previous pending one is kept first).
+    fn chunk(&mut self) -> &mut Vec<u8> {
+        self.flush();
+        &mut self.pending
+    }
+
+    fn push(&mut self, s: String) {
+        self.flush();
+        self.chunks.push(s);
+    }
+
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            let s = String::from_utf8_lossy(&self.pending).into_owned();
+            self.chunks.push(s);
+            self.pending.clear();
+        }
+    }
+
+    fn text(mut self) -> String {
+        self.flush();
+        let preamble = Roff::new().render();
+        let mut out = preamble.clone();
+        for c in &self.chunks {
+            out.push_str(c.strip_prefix(preamble.as_str()).unwrap_or(c));
+        }
+        out
+    }
+}

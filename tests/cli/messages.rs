@@ -1,0 +1,207 @@
+//! What a first-time user reads, through the real binary:
+//! - `run LOCK` with no command (or with the command but no `--`) says how to give one, exit 64;
+//! - durations are printed rounded (`gave up after 1.5s`, timing refusals), never as Rust's
+//!   `1.500907219s`;
+//! - `break --lease-id` with an id that does not match says so (it may be a typo), never that
+//!   the lease "changed hands"; a broken or revoked lease's record and `status` (readable and
+//!   `--json` reason) name who broke it (user, host, pid);
+//! - `status` on a LOCK that does not exist says so and creates nothing beside it.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8_lossy(&a.get_output().stderr).into_owned()
+}
+
+#[test]
+fn a_missing_command_says_how_to_give_one_with_exit_64() {
+    let d = tmp();
+    let lock = d.path().join("x.lock");
+    let want = "no command: put it after `--`, or use -c 'SHELL COMMAND'";
+    let a = lh_assert().arg("run").arg(&lock).assert().code(64);
+    let err = stderr_of(&a);
+    assert!(err.contains(want), "run LOCK: {err}");
+    assert!(!err.contains("--command <"), "clap's own wording: {err}");
+    // The command given without `--`.
+    let a = lh_assert()
+        .arg("run")
+        .arg(&lock)
+        .args(["echo", "hi"])
+        .assert()
+        .code(64);
+    assert!(
+        stderr_of(&a).contains(want),
+        "run LOCK CMD: {}",
+        stderr_of(&a)
+    );
+    assert!(!lock.exists(), "a usage error took the lock");
+}
+
+/// True when `s` holds a duration printed with more than 3 decimals (Rust's `{:?}`).
+fn has_raw_duration(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.windows(5).enumerate().any(|(i, w)| {
+        w[0] == b'.'
+            && w[1..].iter().all(u8::is_ascii_digit)
+            && b[i + 5..]
+                .iter()
+                .find(|c| !c.is_ascii_digit())
+                .is_some_and(|&c| c == b's' || c == b'm' || c == b'n' || c == b'\xc2')
+    })
+}
+
+#[test]
+fn durations_are_printed_rounded() {
+    let d = tmp();
+    let lock = d.path().join("x.lock");
+    let mut h = Holder::start(&lock, &[]);
+    let a = lh_assert()
+        .arg("run")
+        .args(["-w", "0.3"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .assert()
+        .code(75);
+    let err = stderr_of(&a);
+    assert!(err.contains("gave up after 3"), "{err}");
+    assert!(!has_raw_duration(&err), "a raw duration: {err}");
+    h.finish();
+    // A timing refusal names rounded values too.
+    let a = lh_assert()
+        .arg("run")
+        .args(["--ttl", "1.0001", "--heartbeat", "0.9001"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .assert()
+        .code(64);
+    let err = stderr_of(&a);
+    assert!(err.contains("--heartbeat"), "{err}");
+    assert!(!has_raw_duration(&err), "a raw duration: {err}");
+}
+
+#[test]
+fn raw_duration_detector_detects() {
+    assert!(has_raw_duration("gave up after 1.500907219s: held"));
+    assert!(!has_raw_duration("gave up after 1.5s: held"));
+    assert!(!has_raw_duration("at 2026-11-30T22:09:02.182691Z"));
+}
+
+#[test]
+fn a_wrong_lease_id_is_called_a_mismatch_and_breaks_nothing() {
+    let d = tmp();
+    let lock = d.path().join("x.lock");
+    let mut h = Holder::start(&lock, &[]);
+    let before = lease(&lock).expect("lease");
+    let wrong = "0123456789abcdef0123456789abcdef";
+    let a = lh_assert()
+        .args(["break", "--lease-id", wrong])
+        .arg(&lock)
+        .assert()
+        .code(75);
+    let err = stderr_of(&a);
+    assert!(err.contains("does not match"), "{err}");
+    assert!(err.contains("typo"), "{err}");
+    assert!(err.contains(wrong), "{err}");
+    assert!(!err.contains("changed hands"), "{err}");
+    assert_eq!(lease(&lock).expect("lease")["state"], "held");
+    assert_eq!(lease(&lock).expect("lease")["lease_id"], before["lease_id"]);
+    h.finish();
+}
+
+/// `user@host pid N` of this test's `leasehold break`, as the record names it.
+fn breaker_prefix() -> String {
+    let me = leasehold::Identity::current();
+    format!("{}@{} pid ", me.user, me.host)
+}
+
+#[test]
+fn a_broken_lease_names_who_broke_it_in_record_and_status() {
+    let d = tmp();
+    let lock = d.path().join("x.lock");
+    // A live lease revoked by force: its holder's release keeps who revoked it.
+    let mut h = Holder::start(&lock, &[]);
+    let a = lh_assert()
+        .args(["break", "--force"])
+        .arg(&lock)
+        .assert()
+        .success();
+    let who = stderr_of(&a);
+    assert!(who.contains("revoked"), "{who}");
+    h.finish();
+    ensure_within(
+        "the revoked lease to be released",
+        Duration::from_secs(20),
+        || lease(&lock).is_some_and(|l| l["state"] == "released"),
+    );
+    let l = lease(&lock).expect("lease");
+    let by = l["ended"]["by"].as_str().unwrap_or_default().to_string();
+    assert!(by.starts_with(&breaker_prefix()), "ended.by = {by:?}");
+    let out = lh_assert()
+        .args(["status", "--json"])
+        .arg(&lock)
+        .assert()
+        .success();
+    let j: serde_json::Value =
+        serde_json::from_slice(&out.get_output().stdout).expect("status JSON");
+    let reason = j["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!("ended by {by}")),
+        "reason: {reason}"
+    );
+    assert_eq!(j["ended"]["by"], by.as_str());
+    let out = lh_assert().arg("status").arg(&lock).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.contains(&by),
+        "status does not name the breaker:\n{text}"
+    );
+}
+
+#[test]
+fn status_of_a_missing_lock_says_so_and_creates_nothing() {
+    let d = tmp();
+    let list = || {
+        let mut v: Vec<String> = std::fs::read_dir(d.path())
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let lock = d.path().join("never-used.lock");
+    let before = list();
+    let out = lh_assert().arg("status").arg(&lock).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(text.contains("does not exist"), "{text}");
+    let out = lh_assert()
+        .args(["status", "--json"])
+        .arg(&lock)
+        .assert()
+        .success();
+    let j: serde_json::Value =
+        serde_json::from_slice(&out.get_output().stdout).expect("status JSON");
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("does not exist"),
+        "{j}"
+    );
+    assert_eq!(list(), before, "status created something");
+    // A missing directory: said so (exit 66), and not created.
+    let gone = d.path().join("no-such-dir");
+    let a = lh_assert()
+        .arg("status")
+        .arg(gone.join("x.lock"))
+        .assert()
+        .code(66);
+    assert!(stderr_of(&a).contains("No such file"), "{}", stderr_of(&a));
+    assert!(!gone.exists(), "status created the directory");
+    assert_eq!(list(), before, "status created something");
+}
