@@ -17,7 +17,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::support::{Cs, Proc};
 use leasehold::{BreakMode, Identity, LeaseBuilder, LeaseState, State};
@@ -67,34 +67,12 @@ fn wait_for_child(lock: &Path) -> (String, i32, i32) {
 
 /// A held lease record for this host, forged by hand.
 fn forged(pid: i32, start: u64, pgid: Option<i32>, ttl: Duration) -> Vec<u8> {
-    let me = Identity::current();
-    let now = leasehold::format_rfc3339(SystemTime::now());
-    leasehold::Lease {
-        state: LeaseState::Held,
-        heartbeat_seq: 1,
-        heartbeat_at: now.clone(),
-        lease_id: "00112233445566778899aabbccddeeff".into(),
-        token: 7,
-        ttl_ms: ttl.as_millis() as u64,
-        acquired_at: now,
-        holder: leasehold::Holder {
-            pid,
-            pid_start: start,
-            child_pid: None,
-            child_start: None,
-            pgid,
-            host: me.host,
-            boot_id: me.boot_id,
-            pid_ns: me.pid_ns,
-            uid: me.uid,
-            user: me.user,
-            command: vec!["forged".into()],
-            note: None,
-        },
-        ended: None,
-        damaged: false,
-    }
-    .to_bytes()
+    let mut l = support::crafted(pid, start, &Identity::current(), ttl, 7);
+    l.lease_id = "00112233445566778899aabbccddeeff".into();
+    l.holder.pgid = pgid;
+    l.holder.command = vec!["forged".into()];
+    l.holder.note = None;
+    l.to_bytes()
 }
 
 fn start_of(pid: i32) -> u64 {
