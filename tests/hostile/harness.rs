@@ -367,13 +367,7 @@ pub fn chmod(p: &Path, mode: u32) {
 /// Pids whose real uid is one of `uids`.
 pub fn processes_of(uids: &[u32]) -> Vec<i32> {
     let mut v = Vec::new();
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return v;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
+    for pid in support::pids() {
         let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
             continue;
         };
