@@ -318,16 +318,6 @@ fn dead_pid() -> i32 {
     pid
 }
 
-/// A directory every user may write (not sticky: a contender of another uid replaces files).
-fn shared_dir(mode: u32) -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("break-safety-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(d.path(), fs::Permissions::from_mode(mode)).unwrap();
-    d
-}
-
 fn as_uid(uid: u32, bin: &Path) -> Command {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={uid}"))
@@ -347,11 +337,11 @@ fn a_remnant_of_another_users_job_is_refused_unchecked_and_stopped_by_root() {
         return;
     }
     // The binary where other users can execute it.
-    let bindir = shared_dir(0o755);
+    let bindir = support::tmp_dir_with_mode("break-safety-", 0o755);
     let bin: PathBuf = bindir.path().join("leasehold");
     fs::copy(support::bin(), &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-    let d = shared_dir(0o777);
+    let d = support::tmp_dir_with_mode("break-safety-", 0o777);
     let lock = d.path().join("job.lock");
     let pidfile = d.path().join("remnant.pid");
     // The old job, as nobody: its command leaves a grandchild in its group.

@@ -173,6 +173,21 @@ fn run_cmd(lock: &Path, ttl: &str, extra: &[&str], cmd: &[&str]) -> Command {
     c
 }
 
+/// Starts `leasehold run --ttl TTL LOCK -- sh -c SCRIPT` and waits (5 s at most) until its
+/// script has created `ready`.
+#[track_caller]
+fn start_holder(lock: &Path, ttl: &str, script: &str, ready: &Path) -> Proc {
+    let holder = Proc::spawn(
+        &mut run_cmd(lock, ttl, &[], &["sh", "-c", script]),
+        "holder",
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(5), || ready.exists()),
+        "holder never ran"
+    );
+    holder
+}
+
 fn stderr_of(k: &mut Proc) -> String {
     k.stderr()
 }
@@ -194,14 +209,7 @@ fn full_disk_cli_run_keeps_lease_and_new_run_exits_73() {
         r = ready.display(),
         g = go.display()
     );
-    let mut holder = Proc::spawn(
-        &mut run_cmd(&lock, "400ms", &[], &["sh", "-c", &script]),
-        "holder",
-    );
-    assert!(
-        support::wait_until(Duration::from_secs(5), || ready.exists()),
-        "holder never ran"
-    );
+    let mut holder = start_holder(&lock, "400ms", &script, &ready);
     fs_.fill("fill");
     let moved = watch_heartbeats(&lock, ttl * 4);
     assert!(
@@ -341,14 +349,7 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
         "echo $$ > {r}.pid; sleep 60 & sleep 60 & echo x > {r}; wait",
         r = ready.display()
     );
-    let mut holder = Proc::spawn(
-        &mut run_cmd(&lock, "800ms", &[], &["sh", "-c", &script]),
-        "holder",
-    );
-    assert!(
-        support::wait_until(Duration::from_secs(5), || ready.exists()),
-        "holder never ran"
-    );
+    let mut holder = start_holder(&lock, "800ms", &script, &ready);
     let cmd_pid: i32 = fs::read_to_string(PathBuf::from(format!("{}.pid", ready.display())))
         .unwrap()
         .trim()

@@ -14,7 +14,6 @@
 use crate::support;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -353,15 +352,6 @@ fn as_nobody(lock: &Path, marker: &Path) -> (i32, String) {
     )
 }
 
-fn public_dir(mode: u32) -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("faults-perm-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(d.path(), fs::Permissions::from_mode(mode)).unwrap();
-    d
-}
-
 #[test]
 fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
     if support::need_root() || support::need_tools(&["setpriv"]) {
@@ -389,7 +379,7 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
     let mut lines = Vec::new();
     // 1. A directory nobody cannot write, no LOCK yet.
     {
-        let d = public_dir(0o755);
+        let d = support::tmp_dir_with_mode("faults-perm-", 0o755);
         let lock = d.path().join("job.lock");
         let marker = Path::new("/tmp").join(format!("faults-ran-{}", std::process::id()));
         let before = listing(d.path());
@@ -412,7 +402,7 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
     }
     // 2. LOCK (a released lease) owned by root in a sticky world-writable dir.
     {
-        let d = public_dir(0o1777);
+        let d = support::tmp_dir_with_mode("faults-perm-", 0o1777);
         let lock = d.path().join("job.lock");
         let root = leasehold::Identity {
             uid: 0,

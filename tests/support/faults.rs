@@ -447,3 +447,15 @@ impl<'a> LastChange<'a> {
         self.at
     }
 }
+
+/// A fresh directory under /tmp (outside /root, so that other users can reach it) named
+/// `prefix...`, with `mode`.
+pub fn tmp_dir_with_mode(prefix: &str, mode: u32) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(mode)).unwrap();
+    d
+}
