@@ -43,21 +43,10 @@ fn command_exit_status_is_passed_through() {
     let d = tmp();
     let lock = d.path().join("x.lock");
     for code in [0, 1, 3, 42, 255] {
-        lh_assert()
-            .arg("run")
-            .arg(&lock)
-            .arg("--")
-            .args(["sh", "-c", &format!("exit {code}")])
-            .assert()
-            .code(code);
+        lh_run(&[], &lock, &["--", "sh", "-c", &format!("exit {code}")]).code(code);
     }
     // -c runs a shell command.
-    lh_assert()
-        .arg("run")
-        .arg(&lock)
-        .args(["-c", "exit 9"])
-        .assert()
-        .code(9);
+    lh_run(&[], &lock, &["-c", "exit 9"]).code(9);
 }
 
 #[test]
@@ -65,12 +54,7 @@ fn death_signal_becomes_128_plus_n_and_is_recorded() {
     let d = tmp();
     let lock = d.path().join("x.lock");
     for (sig, code) in [("KILL", 137), ("TERM", 143), ("SEGV", 139)] {
-        lh_assert()
-            .arg("run")
-            .arg(&lock)
-            .args(["-c", &format!("kill -{sig} $$")])
-            .assert()
-            .code(code);
+        lh_run(&[], &lock, &["-c", &format!("kill -{sig} $$")]).code(code);
     }
     // The released lease says how the job ended.
     let l = lease(&lock).expect("lease");
@@ -136,13 +120,7 @@ fn durations_parse_and_bad_ones_are_usage_errors_naming_the_flag() {
         vec!["--ttl", "1h30m", "-w", "2.5"],
         vec!["--ttl", "2s", "--heartbeat", "500ms", "--grace", "0.5"],
     ] {
-        lh_assert()
-            .arg("run")
-            .args(&ok)
-            .arg(&lock)
-            .args(["--", "true"])
-            .assert()
-            .success();
+        lh_run(&ok, &lock, &["--", "true"]).success();
     }
     for (args, flag) in [
         (vec!["--ttl", "5x"], "--ttl"),
@@ -154,12 +132,7 @@ fn durations_parse_and_bad_ones_are_usage_errors_naming_the_flag() {
         (vec!["--ttl", "0"], "--ttl"),
         (vec!["-E", "300"], "--conflict-exit-code"),
     ] {
-        lh_assert()
-            .arg("run")
-            .args(&args)
-            .arg(&lock)
-            .args(["--", "true"])
-            .assert()
+        lh_run(&args, &lock, &["--", "true"])
             .code(64)
             .stderr_has(flag);
     }
@@ -171,19 +144,8 @@ fn usage_errors_exit_64() {
     let lock = d.path().join("x.lock");
     lh_assert().args(["run"]).assert().code(64);
     lh_assert().arg("run").arg(&lock).assert().code(64);
-    lh_assert()
-        .arg("run")
-        .arg(&lock)
-        .args(["-c", "true", "--", "true"])
-        .assert()
-        .code(64);
-    lh_assert()
-        .arg("run")
-        .args(["-n", "-w", "1s"])
-        .arg(&lock)
-        .args(["--", "true"])
-        .assert()
-        .code(64);
+    lh_run(&[], &lock, &["-c", "true", "--", "true"]).code(64);
+    lh_run(&["-n", "-w", "1s"], &lock, &["--", "true"]).code(64);
     lh_assert().args(["frobnicate"]).assert().code(64);
     lh_assert().args(["status"]).assert().code(64);
     lh_assert()
@@ -198,19 +160,10 @@ fn lock_that_is_not_a_lease_or_cannot_be_opened() {
     let d = tmp();
     let dir_lock = d.path().join("dir.lock");
     std::fs::create_dir(&dir_lock).unwrap();
-    lh_assert()
-        .arg("run")
-        .arg(&dir_lock)
-        .args(["--", "true"])
-        .assert()
-        .code(65);
+    lh_run(&[], &dir_lock, &["--", "true"]).code(65);
     let junk = d.path().join("junk.lock");
     std::fs::write(&junk, "this is somebody else's file\n").unwrap();
-    lh_assert()
-        .arg("run")
-        .arg(&junk)
-        .args(["--", "true"])
-        .assert()
+    lh_run(&[], &junk, &["--", "true"])
         .code(65)
         .stderr_has("not a leasehold lease");
     assert_eq!(
@@ -220,27 +173,17 @@ fn lock_that_is_not_a_lease_or_cannot_be_opened() {
     );
     let link = d.path().join("link.lock");
     std::os::unix::fs::symlink(&junk, &link).unwrap();
-    lh_assert()
-        .arg("run")
-        .arg(&link)
-        .args(["--", "true"])
-        .assert()
-        .code(65);
+    lh_run(&[], &link, &["--", "true"]).code(65);
     let missing = d.path().join("no/such/dir/x.lock");
-    lh_assert()
-        .arg("run")
-        .arg(&missing)
-        .args(["--", "true"])
-        .assert()
-        .code(66);
+    lh_run(&[], &missing, &["--", "true"]).code(66);
     // The command itself cannot be found: 127, and nothing was run.
-    lh_assert()
-        .arg("run")
-        .arg(d.path().join("ok.lock"))
-        .args(["--", "leasehold-no-such-command"])
-        .assert()
-        .code(127)
-        .stderr_has("command not found");
+    lh_run(
+        &[],
+        &d.path().join("ok.lock"),
+        &["--", "leasehold-no-such-command"],
+    )
+    .code(127)
+    .stderr_has("command not found");
     // status of a non-lease fails, with its exit status.
     lh_assert().arg("status").arg(&junk).assert().code(65);
 }

@@ -314,12 +314,7 @@ fn break_refuses_a_live_lease_unless_named_or_forced() {
     assert!(err.contains("fenced"), "{err}");
     assert!(!alive(child));
     // The token sequence goes on.
-    let out = lh_assert()
-        .arg("run")
-        .arg(&lock)
-        .args(["-c", "echo $LEASEHOLD_TOKEN"])
-        .assert()
-        .success();
+    let out = lh_run(&[], &lock, &["-c", "echo $LEASEHOLD_TOKEN"]).success();
     let next: u64 = String::from_utf8_lossy(&out.get_output().stdout)
         .trim()
         .parse()
@@ -334,37 +329,19 @@ fn break_of_a_stale_lease_and_run_reports_what_it_broke() {
     let d = tmp();
     let lock = d.path().join("stale.lock");
     // A holder that is SIGKILLed leaves a stale lease (its command dies with it).
-    let h = Holder::start(&lock, &["--ttl", "30s"]);
+    let mut h = Holder::start(&lock, &["--ttl", "30s"]);
     let (wrapper, child, _) = wait_for_child(&lock);
-    let mut kid = h.kid;
-    kid.signal(Signal::SIGKILL);
-    kid.wait_timeout(Duration::from_secs(5));
-    ensure_within(
-        "the command to die with its wrapper",
-        Duration::from_secs(5),
-        || !alive(child),
-    );
+    kill_wrapper(&mut h.kid, child);
     // `run` breaks it at once (same host, processes gone) and says so.
-    let out = lh_assert()
-        .arg("run")
-        .arg(&lock)
-        .args(["--", "true"])
-        .assert()
+    let out = lh_run(&[], &lock, &["--", "true"])
         .success()
         .stderr_has("broke stale lease");
     let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(err.contains(&format!("pid {wrapper}")), "{err}");
     // And `break` breaks a stale lease without confirmation.
-    let h = Holder::start(&lock, &["--ttl", "30s"]);
+    let mut h = Holder::start(&lock, &["--ttl", "30s"]);
     let (_, child, _) = wait_for_child(&lock);
-    let mut kid = h.kid;
-    kid.signal(Signal::SIGKILL);
-    kid.wait_timeout(Duration::from_secs(5));
-    ensure_within(
-        "the command to die with its wrapper",
-        Duration::from_secs(5),
-        || !alive(child),
-    );
+    kill_wrapper(&mut h.kid, child);
     lh_assert()
         .arg("break")
         .arg(&lock)

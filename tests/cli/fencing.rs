@@ -62,6 +62,22 @@ fn read_pid(f: &Path) -> i32 {
         .expect("pid")
 }
 
+/// Waits (10 s at most) for wrapper `w` to exit 74 saying it fenced its command, and asserts
+/// that nothing is left of the command's process group `pgid`. Returns its stderr.
+#[track_caller]
+fn assert_fenced(w: &mut Proc, pgid: i32) -> String {
+    let st = w.wait_timeout(Duration::from_secs(10));
+    let err = w.stderr();
+    assert_eq!(st.code(), Some(74), "{err}");
+    assert!(err.contains("fenced"), "{err}");
+    assert!(
+        group(pgid).is_empty(),
+        "left of the fenced job: {:?}",
+        group(pgid)
+    );
+    err
+}
+
 #[test]
 fn kill_9_of_the_wrapper_kills_the_command_and_the_next_run_stops_leftovers_first() {
     let d = tmp();
@@ -69,14 +85,8 @@ fn kill_9_of_the_wrapper_kills_the_command_and_the_next_run_stops_leftovers_firs
     let (mut w1, child, pgid, grandchild) =
         start_job(d.path(), "k9", &lock, "30s", Stdio::null(), "first wrapper");
     assert!(group(pgid).contains(&grandchild));
-    w1.signal(Signal::SIGKILL);
-    w1.wait_timeout(Duration::from_secs(5));
     // PDEATHSIG: the command dies with its wrapper; the grandchild is left behind.
-    ensure_within(
-        "the command to die with its wrapper",
-        Duration::from_secs(5),
-        || !alive(child),
-    );
+    kill_wrapper(&mut w1, child);
     assert!(alive(grandchild), "the grandchild outlives PDEATHSIG");
     // The next run's command starts only once the old job's group is dead.
     let out = lh_assert()
@@ -116,11 +126,9 @@ fn a_stolen_lease_fences_the_command_and_all_its_grandchildren() {
         .success()
         .stderr_has("revoked held lease");
     let t = Instant::now();
-    let st = w.wait_timeout(Duration::from_secs(10));
-    assert_eq!(st.code(), Some(74));
+    let err = assert_fenced(&mut w, pgid);
     // Noticed at the next renewal (TTL/3), then SIGTERM: well within a TTL.
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    let err = w.stderr();
     assert!(err.contains("leasehold: fenced "), "{err}");
     assert!(
         err.contains(&format!("lease on {} lost", lock.display())),
@@ -129,7 +137,6 @@ fn a_stolen_lease_fences_the_command_and_all_its_grandchildren() {
     for p in members.iter().chain([&child, &grandchild]) {
         assert!(!alive(*p), "pid {p} survived the fence");
     }
-    assert!(group(pgid).is_empty());
 }
 
 #[test]
@@ -304,11 +311,7 @@ fn a_sigstopped_wrapper_is_taken_over_after_a_ttl_and_exits_74_when_resumed() {
         "for p in {}; do s=$(awk '{{print $3}}' /proc/$p/stat 2>/dev/null); [ -z \"$s\" ] || [ \"$s\" = Z ] || {{ echo alive:$p:$s; exit 9; }}; done; echo clean",
         pids.join(" ")
     );
-    let out = lh_assert()
-        .args(["run", "-w", "10s", "--ttl", "800ms"])
-        .arg(&lock)
-        .args(["-c", &check])
-        .assert()
+    let out = lh_run(&["-w", "10s", "--ttl", "800ms"], &lock, &["-c", &check])
         .success()
         .stderr_has("broke hung lease");
     let took = stopped_at.elapsed();
@@ -321,11 +324,7 @@ fn a_sigstopped_wrapper_is_taken_over_after_a_ttl_and_exits_74_when_resumed() {
     assert!(took < ttl * 5, "taken over after {took:?}");
     // Resumed, the frozen wrapper finds its lease gone and exits 74.
     w1.signal(Signal::SIGCONT);
-    let st = w1.wait_timeout(Duration::from_secs(10));
-    let err = w1.stderr();
-    assert_eq!(st.code(), Some(74), "{err}");
-    assert!(err.contains("fenced"), "{err}");
-    assert!(group(pgid).is_empty());
+    assert_fenced(&mut w1, pgid);
 }
 
 #[test]

@@ -77,6 +77,18 @@ impl OnPty {
     fn transcript(&self) -> String {
         self.seen.lock().unwrap().clone()
     }
+
+    /// `leasehold run --ttl TTL LOCK -c SCRIPT` on a terminal of its own.
+    fn run(ttl: &str, lock: &std::path::Path, script: &str) -> OnPty {
+        OnPty::start(&["run", "--ttl", ttl, lock.to_str().unwrap(), "-c", script])
+    }
+
+    /// Waits (10 s at most) for leasehold to exit, and asserts that it exited `code`.
+    #[track_caller]
+    fn exits(&mut self, code: i32) {
+        let st = self.kid.wait_timeout(Duration::from_secs(10));
+        assert_eq!(st.code(), Some(code), "{}", self.transcript());
+    }
 }
 
 const PROMPT: &str = "printf 'Apply? '; read a; echo \"got:$a\"";
@@ -85,26 +97,18 @@ const PROMPT: &str = "printf 'Apply? '; read a; echo \"got:$a\"";
 fn an_interactive_prompt_gets_its_answer() {
     let d = tempfile::tempdir().unwrap();
     let lock = d.path().join("tty.lock");
-    let mut t = OnPty::start(&["run", "--ttl", "2s", lock.to_str().unwrap(), "-c", PROMPT]);
+    let mut t = OnPty::run("2s", &lock, PROMPT);
     t.expect("Apply? ");
     t.type_(b"yes\n");
     t.expect("got:yes");
-    let st = t.kid.wait_timeout(Duration::from_secs(10));
-    assert_eq!(st.code(), Some(0), "{}", t.transcript());
+    t.exits(0);
 }
 
 #[test]
 fn ctrl_c_reaches_the_command() {
     let d = tempfile::tempdir().unwrap();
     let lock = d.path().join("int.lock");
-    let mut t = OnPty::start(&[
-        "run",
-        "--ttl",
-        "2s",
-        lock.to_str().unwrap(),
-        "-c",
-        "echo ready; exec sleep 100",
-    ]);
+    let mut t = OnPty::run("2s", &lock, "echo ready; exec sleep 100");
     t.expect("ready");
     ensure_within("the command to run sleep", Duration::from_secs(10), || {
         lease(&lock)
@@ -113,8 +117,7 @@ fn ctrl_c_reaches_the_command() {
             .is_some_and(|c| c.trim() == "sleep")
     });
     t.type_(b"\x03");
-    let st = t.kid.wait_timeout(Duration::from_secs(10));
-    assert_eq!(st.code(), Some(130), "{}", t.transcript());
+    t.exits(130);
 }
 
 #[test]
@@ -122,7 +125,7 @@ fn ctrl_z_stops_the_job_and_fg_resumes_it() {
     let d = tempfile::tempdir().unwrap();
     let lock = d.path().join("tstp.lock");
     // A TTL long enough that the suspension does not cost the lease.
-    let mut t = OnPty::start(&["run", "--ttl", "30s", lock.to_str().unwrap(), "-c", PROMPT]);
+    let mut t = OnPty::run("30s", &lock, PROMPT);
     t.expect("Apply? ");
     let (_, child, _) = wait_for_child(&lock);
     t.type_(b"\x1a");
@@ -143,8 +146,7 @@ fn ctrl_z_stops_the_job_and_fg_resumes_it() {
     );
     t.type_(b"yes\n");
     t.expect("got:yes");
-    let st = t.kid.wait_timeout(Duration::from_secs(10));
-    assert_eq!(st.code(), Some(0), "{}", t.transcript());
+    t.exits(0);
 }
 
 /// The distinct `held …` values shown on the terminal so far.

@@ -8,10 +8,13 @@ use crate::support;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::support::bounded;
 use leasehold::{BreakMode, Error, LeaseBuilder};
+
+/// How long a call may take before it counts as hung (an open of a FIFO blocks).
+const LIMIT: Duration = Duration::from_secs(5);
 
 /// Everything we can observe of LOCK (without following it) and of what it points to.
 #[derive(Debug, PartialEq, Eq)]
@@ -55,16 +58,6 @@ fn snapshot(p: &Path) -> Snapshot {
             v
         }),
     }
-}
-
-/// Runs `f` on a thread and fails if it does not return within 5 s (a FIFO open would hang).
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .unwrap_or_else(|_| panic!("{what}: did not return within 5 s (hung?)"))
 }
 
 /// Makes one kind of non-lease at the path given.
@@ -125,7 +118,7 @@ fn non_leases_at_lock_are_refused_and_left_untouched() {
         mk(&lock);
         let before = snapshot(&lock);
         let l = lock.clone();
-        let e = bounded(name, move || {
+        let e = bounded(name, LIMIT, move || {
             LeaseBuilder::new(&l).try_acquire().map(|g| g.token())
         })
         .expect_err(name);
@@ -144,10 +137,10 @@ fn non_leases_at_lock_are_refused_and_left_untouched() {
             "{name}: error must name the path: {e}"
         );
         let l = lock.clone();
-        let s = bounded(name, move || leasehold::status(&l).map(|v| v.state));
+        let s = bounded(name, LIMIT, move || leasehold::status(&l).map(|v| v.state));
         assert!(s.is_err(), "{name}: status judged it: {s:?}");
         let l = lock.clone();
-        let b = bounded(name, move || {
+        let b = bounded(name, LIMIT, move || {
             leasehold::break_lease(&l, BreakMode::Force).map(|b| b.was_live)
         });
         assert!(b.is_err(), "{name}: break_lease broke it: {b:?}");

@@ -68,6 +68,17 @@ fn checksum_ok(bytes: &[u8]) -> Option<bool> {
     Some(h ^ (h >> 33) == want)
 }
 
+/// Fails, showing the first five, unless `found` (errors, invalid reads) is empty.
+#[track_caller]
+fn assert_none(what: &str, found: &[String]) {
+    assert!(
+        found.is_empty(),
+        "{} {what}, first: {:?}",
+        found.len(),
+        &found[..found.len().min(5)]
+    );
+}
+
 #[test]
 fn status_reads_never_see_a_torn_lease_under_1ms_renewals() {
     let _serial = serial();
@@ -129,18 +140,8 @@ fn status_reads_never_see_a_torn_lease_under_1ms_renewals() {
         invalid.len(),
         100.0 * raw_torn as f64 / raw_reads.max(1) as f64,
     );
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
-    assert!(
-        invalid.is_empty(),
-        "{} invalid, first: {:?}",
-        invalid.len(),
-        &invalid[..invalid.len().min(5)]
-    );
+    assert_none("errors", &errors);
+    assert_none("invalid", &invalid);
     assert!(
         moves >= 1_000,
         "heartbeat seen moving only {moves} times: the test proves nothing"
@@ -218,18 +219,8 @@ fn status_reads_never_see_a_torn_lease_under_in_place_hammering() {
         saw[1],
         100.0 * raw_torn as f64 / raw_reads.max(1) as f64,
     );
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
-    assert!(
-        invalid.is_empty(),
-        "{} invalid, first: {:?}",
-        invalid.len(),
-        &invalid[..invalid.len().min(5)]
-    );
+    assert_none("errors", &errors);
+    assert_none("invalid", &invalid);
     assert!(
         saw[0] > 0 && saw[1] > 0,
         "only one record ever seen: {saw:?}"

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::support::{Cs, Proc};
 use leasehold::{BreakMode, Identity, LeaseBuilder, LeaseState, State};
@@ -67,34 +67,12 @@ fn wait_for_child(lock: &Path) -> (String, i32, i32) {
 
 /// A held lease record for this host, forged by hand.
 fn forged(pid: i32, start: u64, pgid: Option<i32>, ttl: Duration) -> Vec<u8> {
-    let me = Identity::current();
-    let now = leasehold::format_rfc3339(SystemTime::now());
-    leasehold::Lease {
-        state: LeaseState::Held,
-        heartbeat_seq: 1,
-        heartbeat_at: now.clone(),
-        lease_id: "00112233445566778899aabbccddeeff".into(),
-        token: 7,
-        ttl_ms: ttl.as_millis() as u64,
-        acquired_at: now,
-        holder: leasehold::Holder {
-            pid,
-            pid_start: start,
-            child_pid: None,
-            child_start: None,
-            pgid,
-            host: me.host,
-            boot_id: me.boot_id,
-            pid_ns: me.pid_ns,
-            uid: me.uid,
-            user: me.user,
-            command: vec!["forged".into()],
-            note: None,
-        },
-        ended: None,
-        damaged: false,
-    }
-    .to_bytes()
+    let mut l = support::crafted(pid, start, &Identity::current(), ttl, 7);
+    l.lease_id = "00112233445566778899aabbccddeeff".into();
+    l.holder.pgid = pgid;
+    l.holder.command = vec!["forged".into()];
+    l.holder.note = None;
+    l.to_bytes()
 }
 
 fn start_of(pid: i32) -> u64 {
@@ -340,16 +318,6 @@ fn dead_pid() -> i32 {
     pid
 }
 
-/// A directory every user may write (not sticky: a contender of another uid replaces files).
-fn shared_dir(mode: u32) -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("break-safety-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(d.path(), fs::Permissions::from_mode(mode)).unwrap();
-    d
-}
-
 fn as_uid(uid: u32, bin: &Path) -> Command {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={uid}"))
@@ -369,11 +337,11 @@ fn a_remnant_of_another_users_job_is_refused_unchecked_and_stopped_by_root() {
         return;
     }
     // The binary where other users can execute it.
-    let bindir = shared_dir(0o755);
+    let bindir = support::tmp_dir_with_mode("break-safety-", 0o755);
     let bin: PathBuf = bindir.path().join("leasehold");
     fs::copy(support::bin(), &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-    let d = shared_dir(0o777);
+    let d = support::tmp_dir_with_mode("break-safety-", 0o777);
     let lock = d.path().join("job.lock");
     let pidfile = d.path().join("remnant.pid");
     // The old job, as nobody: its command leaves a grandchild in its group.

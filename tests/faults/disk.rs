@@ -36,34 +36,17 @@ fn key_fd(f: &fs::File) -> Option<(String, u64, String)> {
     ))
 }
 
-/// Watches LOCK's heartbeat sequence every millisecond for `dur`; returns how many times it
-/// moved, when it was last seen to move, and the last key seen.
-fn watch_heartbeats(lock: &Path, dur: Duration) -> (u64, Instant) {
-    let end = Instant::now() + dur;
-    let mut last = support::lease_key(lock);
-    let mut moved = 0;
-    let mut at = Instant::now();
-    while Instant::now() < end {
-        let k = support::lease_key(lock);
-        if k.is_some() && k != last {
-            moved += 1;
-            at = Instant::now();
-            last = k;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    (moved, at)
-}
-
 type Key = Option<(String, u64, String)>;
 
-fn watch_fd(f: &fs::File, dur: Duration) -> (u64, Instant, Key) {
+/// Reads the lease key with `read` every millisecond for `dur`; returns how many times it
+/// moved, when it was last seen to move, and the last key seen.
+fn watch(read: impl Fn() -> Key, dur: Duration) -> (u64, Instant, Key) {
     let end = Instant::now() + dur;
-    let mut last = key_fd(f);
+    let mut last = read();
     let mut moved = 0;
     let mut at = Instant::now();
     while Instant::now() < end {
-        let k = key_fd(f);
+        let k = read();
         if k.is_some() && k != last {
             moved += 1;
             at = Instant::now();
@@ -72,6 +55,11 @@ fn watch_fd(f: &fs::File, dur: Duration) -> (u64, Instant, Key) {
         std::thread::sleep(Duration::from_millis(1));
     }
     (moved, at, last)
+}
+
+/// [`watch`] of LOCK's heartbeats by path: how many times they moved.
+fn watch_heartbeats(lock: &Path, dur: Duration) -> u64 {
+    watch(|| support::lease_key(lock), dur).0
 }
 
 /// After the storage was pulled: if a heartbeat landed between the end of watching and the
@@ -98,7 +86,7 @@ fn full_disk_library_holder_keeps_lease_and_new_acquire_fails_cleanly() {
         .try_acquire()
         .expect("acquire before the disk is full");
     fs_.fill("fill");
-    let (moved, _) = watch_heartbeats(&lock, ttl * 4);
+    let moved = watch_heartbeats(&lock, ttl * 4);
     assert!(!g.is_lost(), "lost on a full disk: {:?}", g.loss());
     assert!(
         moved >= 6,
@@ -185,6 +173,21 @@ fn run_cmd(lock: &Path, ttl: &str, extra: &[&str], cmd: &[&str]) -> Command {
     c
 }
 
+/// Starts `leasehold run --ttl TTL LOCK -- sh -c SCRIPT` and waits (5 s at most) until its
+/// script has created `ready`.
+#[track_caller]
+fn start_holder(lock: &Path, ttl: &str, script: &str, ready: &Path) -> Proc {
+    let holder = Proc::spawn(
+        &mut run_cmd(lock, ttl, &[], &["sh", "-c", script]),
+        "holder",
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(5), || ready.exists()),
+        "holder never ran"
+    );
+    holder
+}
+
 fn stderr_of(k: &mut Proc) -> String {
     k.stderr()
 }
@@ -206,16 +209,9 @@ fn full_disk_cli_run_keeps_lease_and_new_run_exits_73() {
         r = ready.display(),
         g = go.display()
     );
-    let mut holder = Proc::spawn(
-        &mut run_cmd(&lock, "400ms", &[], &["sh", "-c", &script]),
-        "holder",
-    );
-    assert!(
-        support::wait_until(Duration::from_secs(5), || ready.exists()),
-        "holder never ran"
-    );
+    let mut holder = start_holder(&lock, "400ms", &script, &ready);
     fs_.fill("fill");
-    let (moved, _) = watch_heartbeats(&lock, ttl * 4);
+    let moved = watch_heartbeats(&lock, ttl * 4);
     assert!(
         holder.try_wait().is_none(),
         "holder exited on a full disk: {}",
@@ -284,6 +280,27 @@ fn pull_storage(fs_: &Tmpfs, read_only: bool) -> &'static str {
     }
 }
 
+/// Watches LOCK's heartbeats (through an open descriptor) for `dur`, then pulls the storage
+/// ([`pull_storage`]); returns how, and when the last heartbeat was seen ([`last_heartbeat`]).
+/// A holder keeps nothing open for writing, so the file system must be able to go read-only
+/// under it.
+fn pull_storage_watched(
+    fs_: &Tmpfs,
+    lock: &Path,
+    dur: Duration,
+    read_only: bool,
+) -> (&'static str, Instant) {
+    let f = fs::File::open(lock).expect("open LOCK");
+    let (_, at, key) = watch(|| key_fd(&f), dur);
+    let watch_end = Instant::now();
+    let how = pull_storage(fs_, read_only);
+    assert!(
+        !read_only || how == "remounted read-only",
+        "the holder kept the file system from going read-only: {how}"
+    );
+    (how, last_heartbeat(&f, at, &key, watch_end))
+}
+
 fn storage_fails_library(read_only: bool) -> (Duration, &'static str) {
     let ttl = Duration::from_millis(600);
     let fs_ = Tmpfs::new("4m");
@@ -293,16 +310,7 @@ fn storage_fails_library(read_only: bool) -> (Duration, &'static str) {
         .try_acquire()
         .expect("acquire");
     // Let a few heartbeats pass and note when the last one was seen.
-    let f = fs::File::open(&lock).expect("open LOCK");
-    let (_, at, key) = watch_fd(&f, ttl);
-    let watch_end = Instant::now();
-    let how = pull_storage(&fs_, read_only);
-    // A holder keeps nothing open for writing, so the file system can go read-only under it.
-    assert!(
-        !read_only || how == "remounted read-only",
-        "the holder kept the file system from going read-only: {how}"
-    );
-    let last_seen = last_heartbeat(&f, at, &key, watch_end);
+    let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl, read_only);
     let reason = g.wait_lost(ttl * 2);
     let lost_at = Instant::now();
     assert!(reason.is_some(), "{how}: guard not lost within 2 TTLs");
@@ -341,14 +349,7 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
         "echo $$ > {r}.pid; sleep 60 & sleep 60 & echo x > {r}; wait",
         r = ready.display()
     );
-    let mut holder = Proc::spawn(
-        &mut run_cmd(&lock, "800ms", &[], &["sh", "-c", &script]),
-        "holder",
-    );
-    assert!(
-        support::wait_until(Duration::from_secs(5), || ready.exists()),
-        "holder never ran"
-    );
+    let mut holder = start_holder(&lock, "800ms", &script, &ready);
     let cmd_pid: i32 = fs::read_to_string(PathBuf::from(format!("{}.pid", ready.display())))
         .unwrap()
         .trim()
@@ -363,16 +364,7 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
             .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
     });
     assert!(recorded, "the lease never named the command (child_pid)");
-    let f = fs::File::open(&lock).expect("open LOCK");
-    let (_, at, key) = watch_fd(&f, ttl / 2);
-    let watch_end = Instant::now();
-    let how = pull_storage(&fs_, read_only);
-    // A holder keeps nothing open for writing, so the file system can go read-only under it.
-    assert!(
-        !read_only || how == "remounted read-only",
-        "the holder kept the file system from going read-only: {how}"
-    );
-    let last_seen = last_heartbeat(&f, at, &key, watch_end);
+    let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl / 2, read_only);
     let st = holder.wait_timeout(ttl * 4);
     let exited = Instant::now();
     let err = stderr_of(&mut holder);

@@ -13,14 +13,10 @@ use super::ns;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::Proc;
+use crate::support::{LastChange, Proc};
 
 fn prerequisites() -> bool {
     support::need_root() || support::need_tools(&["unshare", "hostname", "mount", "sh", "sleep"])
-}
-
-fn contender(lock: &std::path::Path, ttl: Duration) -> leasehold::Result<leasehold::LeaseGuard> {
-    leasehold::LeaseBuilder::new(lock).ttl(ttl).try_acquire()
 }
 
 #[test]
@@ -36,13 +32,8 @@ fn live_foreign_holder_is_never_broken_over_5_ttls() {
     // Same host name as ours, a PID that does not exist here: a local PID check would call
     // it dead at once.
     let spec = ns::Spec {
-        lock: &lock,
-        work: work.path(),
-        host: &me.host,
-        inner_pid: ns::unused_pid(),
-        ttl_ms: ttl.as_millis() as u64,
         hold_ms: ttl.as_millis() as u64 * 6,
-        faketime: None,
+        ..ns::Spec::new(&lock, work.path(), &me.host, ttl)
     };
     let t0 = Instant::now();
     let mut f = ns::spawn(&spec);
@@ -50,7 +41,7 @@ fn live_foreign_holder_is_never_broken_over_5_ttls() {
     let (mut attempts, mut broken, mut cli_attempts) = (0u64, Vec::new(), 0u64);
     let mut next_cli = Instant::now();
     while f.kid.try_wait().is_none() {
-        match contender(&lock, ttl) {
+        match ns::contender(&lock, ttl) {
             Err(leasehold::Error::WouldBlock { verdict, .. }) => {
                 assert!(
                     !verdict.same_host,
@@ -135,58 +126,22 @@ fn killed_foreign_host_is_taken_over_after_a_ttl_never_before() {
             Command::new("sleep").arg("600").stdin(Stdio::null()),
             "bystander",
         );
-        let spec = ns::Spec {
-            lock: &lock,
-            work: work.path(),
-            host: &format!("faults-remote-{trial}"),
+        let host = format!("faults-remote-{trial}");
+        let mut f = ns::spawn(&ns::Spec {
             inner_pid: bystander.pid(),
-            ttl_ms: ttl.as_millis() as u64,
-            hold_ms: 600_000,
-            faketime: None,
-        };
-        let mut f = ns::spawn(&spec);
+            ..ns::Spec::new(&lock, work.path(), &host, ttl)
+        });
         ns::check_lease_is_foreign(&lock, &f);
         // Contend for one TTL: always refused. Note when each heartbeat is first seen.
-        let mut last = support::lease_key(&lock);
-        let mut last_change = Instant::now();
-        let until = Instant::now() + ttl;
-        while Instant::now() < until {
-            let k = support::lease_key(&lock);
-            if k != last {
-                last = k;
-                last_change = Instant::now();
-            }
-            assert!(
-                matches!(
-                    contender(&lock, ttl),
-                    Err(leasehold::Error::WouldBlock { .. })
-                ),
-                "a live foreign holder was broken"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let what = format!("trial {trial}");
+        let mut seen = LastChange::new(&lock);
+        ns::never_broken(&lock, ttl, ttl, &mut seen, &what);
         // The foreign host dies.
         f.kid.kill();
         let killed = Instant::now();
-        let g = loop {
-            let k = support::lease_key(&lock);
-            if k != last {
-                last = k;
-                last_change = Instant::now();
-            }
-            match contender(&lock, ttl) {
-                Ok(g) => break g,
-                Err(leasehold::Error::WouldBlock { .. }) => {}
-                Err(e) => panic!("contender: {e}"),
-            }
-            assert!(
-                killed.elapsed() <= ttl + Duration::from_secs(1),
-                "trial {trial}: a dead foreign host was not taken over within TTL + 1 s"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        };
+        let g = ns::take_over(&lock, ttl, killed, &mut seen, &what);
         let took = Instant::now();
-        let since_hb = took - last_change;
+        let since_hb = took - seen.at;
         // Our own poll may see a heartbeat up to one loop (a few ms) after the contender did.
         assert!(
             since_hb + Duration::from_millis(20) >= ttl,

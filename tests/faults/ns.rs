@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::support::{self, Proc};
+use crate::support::{self, LastChange, Proc};
 
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -41,6 +41,22 @@ pub struct Spec<'a> {
     pub hold_ms: u64,
     /// e.g. "+10m": run the holder under libfaketime.
     pub faketime: Option<&'a str>,
+}
+
+impl<'a> Spec<'a> {
+    /// A holder of `host` with a true clock and a PID that no process has here, whose job runs
+    /// for 600 s (in effect until the test kills it).
+    pub fn new(lock: &'a Path, work: &'a Path, host: &'a str, ttl: Duration) -> Spec<'a> {
+        Spec {
+            lock,
+            work,
+            host,
+            inner_pid: unused_pid(),
+            ttl_ms: ttl.as_millis() as u64,
+            hold_ms: 600_000,
+            faketime: None,
+        }
+    }
 }
 
 pub fn spawn(spec: &Spec) -> Foreign {
@@ -140,4 +156,60 @@ pub fn check_lease_is_foreign(lock: &Path, f: &Foreign) -> serde_json::Value {
     let me = leasehold::Identity::current();
     assert_ne!(v["holder"]["pid_ns"].as_u64(), Some(me.pid_ns), "{v}");
     v
+}
+
+/// An in-process one-shot contender (true clock) for LOCK with `ttl`.
+pub fn contender(lock: &Path, ttl: Duration) -> leasehold::Result<leasehold::LeaseGuard> {
+    leasehold::LeaseBuilder::new(lock).ttl(ttl).try_acquire()
+}
+
+/// Contends for LOCK with [`contender`] every 2 ms for `dur`, noting each change of its lease in
+/// `seen`: every attempt must be refused (a live holder is never broken). Returns the number of
+/// attempts. `what` names the case in a failure.
+pub fn never_broken(
+    lock: &Path,
+    ttl: Duration,
+    dur: Duration,
+    seen: &mut LastChange,
+    what: &str,
+) -> u64 {
+    let end = Instant::now() + dur;
+    let mut n = 0;
+    while Instant::now() < end {
+        seen.poll();
+        match contender(lock, ttl) {
+            Err(leasehold::Error::WouldBlock { .. }) => {}
+            Ok(_) => panic!("{what}: a live holder was broken"),
+            Err(e) => panic!("{what}: {e}"),
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    n
+}
+
+/// Contends for LOCK with [`contender`] every 2 ms, noting each change of its lease in `seen`,
+/// until it takes the lease of a holder killed at `killed`: the new guard. Fails (naming `what`)
+/// unless that happens within TTL + 1 s of the kill, or on any error but "held".
+pub fn take_over(
+    lock: &Path,
+    ttl: Duration,
+    killed: Instant,
+    seen: &mut LastChange,
+    what: &str,
+) -> leasehold::LeaseGuard {
+    loop {
+        seen.poll();
+        match contender(lock, ttl) {
+            Ok(g) => return g,
+            Err(leasehold::Error::WouldBlock { .. }) => {}
+            Err(e) => panic!("{what}: contender: {e}"),
+        }
+        assert!(
+            killed.elapsed() <= ttl + Duration::from_secs(1),
+            "{what}: eternal lock: a dead foreign holder was not taken over within TTL + 1 s \
+             of the kill"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

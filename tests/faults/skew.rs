@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::Proc;
+use crate::support::{LastChange, Proc};
 
 const SKEWS: [&str; 2] = ["+10m", "-10m"];
 
@@ -59,38 +59,6 @@ fn assert_skewed(lock: &Path, skew: &str, who: &str) {
     );
 }
 
-fn try_lib(lock: &Path, ttl: Duration) -> leasehold::Result<leasehold::LeaseGuard> {
-    leasehold::LeaseBuilder::new(lock).ttl(ttl).try_acquire()
-}
-
-/// Contends (true clock, in-process) for `dur`; every attempt must be refused.
-fn never_broken(
-    lock: &Path,
-    ttl: Duration,
-    dur: Duration,
-    what: &str,
-) -> (u64, Option<(String, u64, String)>, Instant) {
-    let end = Instant::now() + dur;
-    let mut n = 0;
-    let mut last = support::lease_key(lock);
-    let mut last_change = Instant::now();
-    while Instant::now() < end {
-        let k = support::lease_key(lock);
-        if k != last {
-            last = k;
-            last_change = Instant::now();
-        }
-        match try_lib(lock, ttl) {
-            Err(leasehold::Error::WouldBlock { .. }) => {}
-            Ok(_) => panic!("{what}: a live skewed holder was broken"),
-            Err(e) => panic!("{what}: {e}"),
-        }
-        n += 1;
-        std::thread::sleep(Duration::from_millis(3));
-    }
-    (n, last, last_change)
-}
-
 #[test]
 fn skewed_foreign_holders_no_early_break_no_eternal_lock() {
     if prerequisites().is_none() {
@@ -101,37 +69,19 @@ fn skewed_foreign_holders_no_early_break_no_eternal_lock() {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("job.lock");
         let work = tempfile::tempdir().unwrap();
-        let spec = ns::Spec {
-            lock: &lock,
-            work: work.path(),
-            host: &format!("faults-skewed-{i}"),
-            inner_pid: ns::unused_pid(),
-            ttl_ms: ttl.as_millis() as u64,
-            hold_ms: 600_000,
+        let host = format!("faults-skewed-{i}");
+        let mut f = ns::spawn(&ns::Spec {
             faketime: Some(skew),
-        };
-        let mut f = ns::spawn(&spec);
+            ..ns::Spec::new(&lock, work.path(), &host, ttl)
+        });
         ns::check_lease_is_foreign(&lock, &f);
         assert_skewed(&lock, skew, "the foreign holder");
-        let (n, mut last, mut last_change) = never_broken(&lock, ttl, ttl * 5, skew);
+        let mut seen = LastChange::new(&lock);
+        let n = ns::never_broken(&lock, ttl, ttl * 5, &mut seen, skew);
         f.kid.kill();
         let killed = Instant::now();
-        let g = loop {
-            let k = support::lease_key(&lock);
-            if k != last {
-                last = k;
-                last_change = Instant::now();
-            }
-            if let Ok(g) = try_lib(&lock, ttl) {
-                break g;
-            }
-            assert!(
-                killed.elapsed() <= ttl + Duration::from_secs(1),
-                "{skew}: eternal lock: not taken over within TTL + 1 s of the kill"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        let since = last_change.elapsed();
+        let g = ns::take_over(&lock, ttl, killed, &mut seen, skew);
+        let since = seen.at.elapsed();
         assert!(
             since + Duration::from_millis(20) >= ttl,
             "{skew}: taken over {since:?} after the last heartbeat, before the TTL"
@@ -178,7 +128,8 @@ fn skewed_same_host_holder_never_broken_alive_taken_at_once_dead() {
         );
         assert!(h.try_wait().is_none(), "skewed holder exited");
         assert_skewed(&lock, skew, "the same-host holder");
-        let (n, _, _) = never_broken(&lock, ttl, ttl * 5, skew);
+        let what = format!("{skew} (same-host holder)");
+        let n = ns::never_broken(&lock, ttl, ttl * 5, &mut LastChange::new(&lock), &what);
         let pid = h.pid();
         h.kill();
         clean_faketime_shm(pid);
@@ -210,16 +161,8 @@ fn skewed_one_shot_contenders_never_break_live_and_take_dead() {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("job.lock");
         let work = tempfile::tempdir().unwrap();
-        let spec = ns::Spec {
-            lock: &lock,
-            work: work.path(),
-            host: &format!("faults-true-clock-{i}"),
-            inner_pid: ns::unused_pid(),
-            ttl_ms: ttl.as_millis() as u64,
-            hold_ms: 600_000,
-            faketime: None,
-        };
-        let mut f = ns::spawn(&spec);
+        let host = format!("faults-true-clock-{i}");
+        let mut f = ns::spawn(&ns::Spec::new(&lock, work.path(), &host, ttl));
         // One fresh skewed `leasehold run -n` per attempt. Exit 75 = refused, 0 = got it.
         let one_shot = || -> i32 {
             let mut c = Command::new(support::bin());
@@ -240,18 +183,9 @@ fn skewed_one_shot_contenders_never_break_live_and_take_dead() {
         };
         let end = Instant::now() + ttl * 5;
         let mut n = 0;
-        let mut last = support::lease_key(&lock);
-        let mut last_change = Instant::now();
-        let mut track = || {
-            let k = support::lease_key(&lock);
-            if k != last {
-                last = k;
-                last_change = Instant::now();
-            }
-            last_change
-        };
+        let mut seen = LastChange::new(&lock);
         while Instant::now() < end {
-            track();
+            seen.poll();
             let c = one_shot();
             assert_eq!(
                 c, 75,
@@ -262,10 +196,10 @@ fn skewed_one_shot_contenders_never_break_live_and_take_dead() {
         f.kid.kill();
         let killed = Instant::now();
         let since = loop {
-            let seen = track();
+            let at = seen.poll();
             let c = one_shot();
             if c == 0 {
-                break seen.elapsed();
+                break at.elapsed();
             }
             assert_eq!(c, 75, "{skew}: skewed contender failed");
             assert!(

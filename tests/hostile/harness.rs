@@ -5,10 +5,16 @@
 //!
 //! Everything is removed on drop, even when a test panics: the users' processes are SIGKILLed (by
 //! pid, found in /proc by real uid), the users and the group deleted, the temp tree removed.
+//!
+//! [`Scene`] bundles what every multi-user test starts with (its name, the skip check, a world,
+//! bystanders, a failure list and a critical-section checker) and ends with (no overlap, no
+//! bystander touched, no failure).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::fmt::Display;
 
-use crate::support::{self, have};
+use crate::support::{self, Cs, have};
 pub use crate::support::{Outcome, Proc, is_dead, start_time, wait_until};
 use std::fs;
 
@@ -361,13 +367,7 @@ pub fn chmod(p: &Path, mode: u32) {
 /// Pids whose real uid is one of `uids`.
 pub fn processes_of(uids: &[u32]) -> Vec<i32> {
     let mut v = Vec::new();
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return v;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
+    for pid in support::pids() {
         let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
             continue;
         };
@@ -557,5 +557,218 @@ impl Drop for Bystanders {
             );
             let _ = child.wait();
         }
+    }
+}
+
+/// How long a multi-user command may take before the test calls it a hang.
+pub const LONG: Duration = Duration::from_secs(40);
+
+/// Failures collected over a test's cases, reported together at its end.
+#[derive(Default)]
+pub struct Failures(RefCell<Vec<String>>);
+
+impl Failures {
+    pub fn check(&self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            let m = msg();
+            eprintln!("FAIL: {m}");
+            self.0.borrow_mut().push(m);
+        }
+    }
+
+    /// Panics with every failure collected, if any.
+    #[track_caller]
+    pub fn done(self, test: &str) {
+        let v = self.0.into_inner();
+        assert!(
+            v.is_empty(),
+            "{test}: {} failure(s):\n- {}",
+            v.len(),
+            v.join("\n- ")
+        );
+    }
+}
+
+/// The exit status and the last line leasehold printed, for the test's log.
+pub fn first_line(o: &Outcome) -> String {
+    format!(
+        "exit {} ({:?})",
+        o.code,
+        o.stderr
+            .lines()
+            .last()
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect::<String>()
+    )
+}
+
+/// How a command ended, for a failure message: exit status, time, and (the start of) stderr.
+pub fn describe(o: &Outcome) -> String {
+    let mut e = o.stderr.clone();
+    if e.len() > 800 {
+        let mut cut = 800;
+        while !e.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.truncate(cut);
+        e.push_str("...");
+    }
+    format!("exit {} after {:?}; stderr: {e:?}", o.code, o.took)
+}
+
+/// Waits up to `limit` for `p`'s wait line (one that says it is waiting).
+pub fn wait_line(p: &Proc, limit: Duration) -> Option<(String, Duration)> {
+    p.wait_line(limit, |l| l.contains("aiting"))
+}
+
+fn strs<S: AsRef<str>>(v: &[S]) -> Vec<&str> {
+    v.iter().map(AsRef::as_ref).collect()
+}
+
+/// One multi-user test: its name, its [`World`], the [`Bystanders`], the [`Failures`] collected
+/// and a critical-section checker `cs` (directory `cs` under the world). [`Scene::finish`] makes
+/// the checks every such test ends with.
+pub struct Scene {
+    pub test: &'static str,
+    pub w: World,
+    pub by: Bystanders,
+    pub f: Failures,
+    pub cs: Cs,
+}
+
+impl Scene {
+    /// The scene of `test`, or None when it cannot run here (see [`skip`]: said why, or failed
+    /// under CI).
+    pub fn new(test: &'static str) -> Option<Scene> {
+        if skip(test) {
+            return None;
+        }
+        Some(Scene::start(test))
+    }
+
+    /// The scene of `test`, for a caller that has made the [`skip`] check itself.
+    pub fn start(test: &'static str) -> Scene {
+        let w = World::new();
+        let by = Bystanders::start(&w);
+        let cs = Cs::new(&w.base, "cs");
+        Scene {
+            test,
+            w,
+            by,
+            f: Failures::default(),
+            cs,
+        }
+    }
+
+    pub fn a(&self) -> Who<'_> {
+        Who::User(&self.w.a)
+    }
+    pub fn b(&self) -> Who<'_> {
+        Who::User(&self.w.b)
+    }
+    pub fn c(&self) -> Who<'_> {
+        Who::User(&self.w.c)
+    }
+
+    /// `job.lock` in a fresh directory `name` of `mode`, owned by root and the world's group.
+    pub fn lock_in(&self, name: &str, mode: u32) -> PathBuf {
+        self.w.dir(name, mode, Who::Root).join("job.lock")
+    }
+
+    /// Runs `leasehold ARGS` as `who` with `umask` to completion within [`LONG`].
+    pub fn run_as<S: AsRef<str>>(&self, who: Who, umask: u32, args: &[S]) -> Outcome {
+        self.run_within(who, umask, args, LONG)
+    }
+
+    /// Runs `leasehold ARGS` as `who` with `umask` to completion within `limit`.
+    pub fn run_within<S: AsRef<str>>(
+        &self,
+        who: Who,
+        umask: u32,
+        args: &[S],
+        limit: Duration,
+    ) -> Outcome {
+        self.w.run(who, umask, &strs(args), limit)
+    }
+
+    /// Starts `leasehold ARGS` as `who` with `umask`.
+    pub fn spawn_as<S: AsRef<str>>(&self, who: Who, umask: u32, args: &[S]) -> Proc {
+        self.w.spawn(who, umask, &strs(args))
+    }
+
+    /// Starts `leasehold run PRE LOCK -- job` (job `id` of `cs`, held until released) as `who`
+    /// and waits up to `limit` for the job to enter: the holder, or how it ended without
+    /// entering.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hold(
+        &self,
+        cs: &Cs,
+        who: Who,
+        umask: u32,
+        pre: &[&str],
+        lock: &Path,
+        id: &str,
+        limit: Duration,
+    ) -> Result<Proc, Outcome> {
+        let mut holder = self.spawn_as(who, umask, &cs.hold_args(pre, lock, id));
+        if wait_until(limit, || {
+            cs.entered(id) || holder.child.try_wait().unwrap().is_some()
+        }) && cs.entered(id)
+        {
+            Ok(holder)
+        } else {
+            Err(holder.finish(LONG))
+        }
+    }
+
+    /// Starts `flock PATH sh -c SCRIPT READY ARGS...` as `who` (umask 002) and asserts that
+    /// SCRIPT, holding the flock of `path`, creates READY (`$0`) within 10 s. `what` names it.
+    pub fn flock_as(&self, who: Who, path: &Path, script: &str, args: &[&str], what: &str) -> Proc {
+        let ready = self.cs.dir.join(format!(
+            "flock-ready-{}",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+        let mut a = vec![
+            path.to_str().unwrap(),
+            "sh",
+            "-c",
+            script,
+            ready.to_str().unwrap(),
+        ];
+        a.extend(args);
+        let p = Proc::spawn(self.w.cmd(who, 0o002, Path::new("flock"), &a), what);
+        assert!(
+            wait_until(Duration::from_secs(10), || ready.exists()),
+            "{what} did not take the flock of {}: {}",
+            path.display(),
+            p.stderr_so_far()
+        );
+        p
+    }
+
+    /// Records a failure unless `ok`: `what`, then how `o` ended.
+    pub fn expect(&self, ok: bool, o: &Outcome, what: impl Display) {
+        self.f.check(ok, || format!("{what}: {}", describe(o)));
+    }
+
+    /// Records a failure unless `o` exited 0.
+    pub fn expect_ok(&self, o: &Outcome, what: impl Display) {
+        self.expect(o.code == 0, o, what);
+    }
+
+    /// Records a failure unless `ok`.
+    pub fn check(&self, ok: bool, msg: impl FnOnce() -> String) {
+        self.f.check(ok, msg);
+    }
+
+    /// The checks every multi-user test ends with: no two jobs of `cs` overlapped, no bystander
+    /// was signalled, stopped or killed, and no failure was recorded.
+    #[track_caller]
+    pub fn finish(mut self) {
+        self.cs.verify();
+        self.by.assert_untouched();
+        self.f.done(self.test);
     }
 }

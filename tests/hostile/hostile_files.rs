@@ -15,57 +15,28 @@
 use crate::support;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::support::Proc;
+use crate::support::{Proc, bounded};
 
+/// How long a call may take before it counts as hung (blocked, e.g. opening a FIFO).
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A held lease of this host for `pid` (started at `start`) of `uid` (root, or else "nobody").
 fn valid_lease_bytes(pid: i32, start: u64, uid: u32, pgid: Option<i32>) -> Vec<u8> {
-    let me = leasehold::Identity::current();
-    let now = leasehold::format_rfc3339(std::time::SystemTime::now());
-    leasehold::Lease {
-        state: leasehold::LeaseState::Held,
-        heartbeat_seq: 1,
-        heartbeat_at: now.clone(),
-        lease_id: "0123456789abcdef0123456789abcdef".into(),
-        token: 7,
-        ttl_ms: 200,
-        acquired_at: now,
-        holder: leasehold::Holder {
-            pid,
-            pid_start: start,
-            child_pid: None,
-            child_start: None,
-            pgid,
-            host: me.host.clone(),
-            boot_id: me.boot_id.clone(),
-            pid_ns: me.pid_ns,
-            uid,
-            user: if uid == 0 {
-                "root".into()
-            } else {
-                "nobody".into()
-            },
-            command: vec!["forged".into()],
-            note: None,
-        },
-        ended: None,
-        damaged: false,
-    }
-    .to_bytes()
-}
-
-/// Runs `f` on a thread; panics if it does not return within 20 s (e.g. blocked on a FIFO).
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .unwrap_or_else(|_| panic!("{what}: did not return within 20 s (blocked?)"))
+    let who = leasehold::Identity {
+        uid,
+        user: if uid == 0 { "root" } else { "nobody" }.into(),
+        ..leasehold::Identity::current()
+    };
+    let mut l = support::crafted(pid, start, &who, Duration::from_millis(200), 7);
+    l.lease_id = "0123456789abcdef0123456789abcdef".into();
+    l.holder.pgid = pgid;
+    l.holder.command = vec!["forged".into()];
+    l.holder.note = None;
+    l.to_bytes()
 }
 
 fn cli_run(lock: &Path, marker: &Path) -> (i32, String) {
@@ -168,7 +139,7 @@ fn hostile_files_at_lock_are_refused_untouched() {
         let snap_target = support::snapshot(other_user_file.path());
         // Library.
         let l2 = lock.clone();
-        let err = bounded(what, move || {
+        let err = bounded(what, LIMIT, move || {
             leasehold::LeaseBuilder::new(&l2)
                 .ttl(Duration::from_millis(200))
                 .try_acquire()
@@ -184,7 +155,7 @@ fn hostile_files_at_lock_are_refused_untouched() {
         );
         assert_eq!(leasehold_cli::exit_code(&err), 65, "{what}: {err}");
         let l3 = lock.clone();
-        let st = bounded(what, move || leasehold::status(&l3).map(|_| ()));
+        let st = bounded(what, LIMIT, move || leasehold::status(&l3).map(|_| ()));
         assert!(st.is_err(), "{what}: status judged it a lease");
         // CLI.
         let marker = dir.path().with_extension("ran");
@@ -382,15 +353,6 @@ fn as_nobody(lock: &Path, marker: &Path) -> (i32, String) {
     )
 }
 
-fn public_dir(mode: u32) -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("faults-perm-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(d.path(), fs::Permissions::from_mode(mode)).unwrap();
-    d
-}
-
 #[test]
 fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
     if support::need_root() || support::need_tools(&["setpriv"]) {
@@ -418,7 +380,7 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
     let mut lines = Vec::new();
     // 1. A directory nobody cannot write, no LOCK yet.
     {
-        let d = public_dir(0o755);
+        let d = support::tmp_dir_with_mode("faults-perm-", 0o755);
         let lock = d.path().join("job.lock");
         let marker = Path::new("/tmp").join(format!("faults-ran-{}", std::process::id()));
         let before = listing(d.path());
@@ -447,46 +409,25 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
     }
     // 2. LOCK (a released lease) owned by root in a sticky world-writable dir.
     {
-        let d = public_dir(0o1777);
+        let d = support::tmp_dir_with_mode("faults-perm-", 0o1777);
         let lock = d.path().join("job.lock");
-        let mut bytes = valid_lease_bytes(4242, 1, 0, None);
-        let s = String::from_utf8(bytes.clone()).unwrap();
-        // Mark it released through the public API: parse-free, just re-create as released.
-        let _ = s;
-        bytes = {
-            let me = leasehold::Identity::current();
-            let now = leasehold::format_rfc3339(std::time::SystemTime::now());
-            leasehold::Lease {
-                state: leasehold::LeaseState::Released,
-                heartbeat_seq: 3,
-                heartbeat_at: now.clone(),
-                lease_id: "00000000000000000000000000000001".into(),
-                token: 9,
-                ttl_ms: 200,
-                acquired_at: now.clone(),
-                holder: leasehold::Holder {
-                    pid: 4242,
-                    pid_start: 1,
-                    child_pid: None,
-                    child_start: None,
-                    pgid: None,
-                    host: me.host,
-                    boot_id: me.boot_id,
-                    pid_ns: me.pid_ns,
-                    uid: 0,
-                    user: "root".into(),
-                    command: vec!["job".into()],
-                    note: None,
-                },
-                ended: Some(leasehold::Ending {
-                    at: now,
-                    how: "exit 0".into(),
-                    by: None,
-                }),
-                damaged: false,
-            }
-            .to_bytes()
+        let root = leasehold::Identity {
+            uid: 0,
+            user: "root".into(),
+            ..leasehold::Identity::current()
         };
+        let mut l = support::crafted(4242, 1, &root, Duration::from_millis(200), 9);
+        l.state = leasehold::LeaseState::Released;
+        l.heartbeat_seq = 3;
+        l.lease_id = "00000000000000000000000000000001".into();
+        l.holder.command = vec!["job".into()];
+        l.holder.note = None;
+        l.ended = Some(leasehold::Ending {
+            at: l.acquired_at.clone(),
+            how: "exit 0".into(),
+            by: None,
+        });
+        let bytes = l.to_bytes();
         fs::write(&lock, &bytes).unwrap();
         let snap = support::snapshot(&lock);
         let before = listing(d.path());

@@ -4,8 +4,8 @@
 //! them with `setpriv` and a chosen umask, and removes them at the end. Every test checks that
 //! planted targets are unchanged (bytes, mode, owner, mtime, link count), that no process outside
 //! the jobs received a signal (bystanders of root and of each user trap every catchable signal),
-//! and, where jobs run, that no two jobs overlapped (an O_EXCL critical-section checker, see
-//! `multiuser/cs.rs`).
+//! and, where jobs run, that no two jobs overlapped (the O_EXCL critical-section checker,
+//! `support::cs`). The checks every test starts and ends with are `harness::Scene`'s.
 //!
 //! - Group-shared (setgid 2775) directory: members share a lock under umask 022 and 002, take
 //!   over from each other's SIGKILLed holders, and 100 alternating runs with random SIGKILLs
@@ -29,33 +29,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::Cs;
-use harness::{Bystanders, LinkProtectionsOff, Outcome, Snapshot, Who, World};
+use harness::{
+    LONG, LinkProtectionsOff, Outcome, Scene, Snapshot, Who, World, describe, first_line, wait_line,
+};
 use nix::sys::signal::Signal;
-
-const LONG: Duration = Duration::from_secs(40);
-
-/// Failures collected over a test's cases, reported together at its end.
-#[derive(Default)]
-struct Failures(Vec<String>);
-
-impl Failures {
-    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
-        if !ok {
-            let m = msg();
-            eprintln!("FAIL: {m}");
-            self.0.push(m);
-        }
-    }
-    #[track_caller]
-    fn done(self, test: &str) {
-        assert!(
-            self.0.is_empty(),
-            "{test}: {} failure(s):\n- {}",
-            self.0.len(),
-            self.0.join("\n- ")
-        );
-    }
-}
 
 /// A small xorshift PRNG; the seed is printed so a run can be replayed with `MULTIUSER_SEED`.
 struct Rng(u64);
@@ -86,8 +63,12 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn args(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
+/// `leasehold run PRE LOCK -- true`.
+fn run_true<'a>(pre: &[&'a str], lock: &'a Path) -> Vec<&'a str> {
+    let mut v = vec!["run"];
+    v.extend(pre);
+    v.extend([s(lock), "--", "true"]);
+    v
 }
 
 /// The helper names beside `lock` that an attacker can plant something at, with a label: the
@@ -121,6 +102,14 @@ fn helper_names(lock: &Path, seen_uids: &[u32]) -> Vec<(String, PathBuf)> {
     v
 }
 
+/// [`helper_names`] of a lock `job.lock`-like name under `base`, relative to `base`.
+fn relative_helper_names(base: &Path, lock: &str, seen_uids: &[u32]) -> Vec<(String, PathBuf)> {
+    helper_names(&base.join(lock), seen_uids)
+        .into_iter()
+        .map(|(l, p)| (l, p.strip_prefix(base).unwrap().to_path_buf()))
+        .collect()
+}
+
 /// The queue directory's name beside `lock`.
 fn queue_dir(lock: &Path) -> PathBuf {
     let name = lock.file_name().unwrap().to_str().unwrap();
@@ -134,34 +123,6 @@ fn names_path(text: &str, path: &Path) -> bool {
     text.contains(s(path)) || text.contains(&*path.file_name().unwrap().to_string_lossy())
 }
 
-/// The exit status and the last line leasehold printed, for the test's log.
-fn first_line(o: &Outcome) -> String {
-    format!(
-        "exit {} ({:?})",
-        o.code,
-        o.stderr
-            .lines()
-            .last()
-            .unwrap_or("")
-            .chars()
-            .take(300)
-            .collect::<String>()
-    )
-}
-
-fn describe(o: &Outcome) -> String {
-    let mut e = o.stderr.clone();
-    if e.len() > 800 {
-        let mut cut = 800;
-        while !e.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        e.truncate(cut);
-        e.push_str("...");
-    }
-    format!("exit {} after {:?}; stderr: {e:?}", o.code, o.took)
-}
-
 // ---------------------------------------------------------------------------------------------
 // 1. Group-shared directory
 // ---------------------------------------------------------------------------------------------
@@ -171,12 +132,10 @@ fn describe(o: &Outcome) -> String {
 /// other (the waiter queues), and with `-n`; no two jobs overlap.
 #[test]
 fn group_members_share_a_lock_under_umask_022_and_002() {
-    if harness::skip("group_members_share_a_lock_under_umask_022_and_002") {
+    let Some(sc) = Scene::new("group_members_share_a_lock_under_umask_022_and_002") else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
+    };
+    let w = &sc.w;
     let mut case = 0;
     for (first, second) in [(&w.a, &w.b), (&w.b, &w.a)] {
         for (u1, u2) in [
@@ -190,34 +149,28 @@ fn group_members_share_a_lock_under_umask_022_and_002() {
                 "{} (umask {u1:03o}) created, {} (umask {u2:03o}) joined",
                 first.name, second.name
             );
-            let dir = w.dir(&format!("shared-{case}"), 0o2775, Who::Root);
-            let lock = dir.join("job.lock");
+            let lock = sc.lock_in(&format!("shared-{case}"), 0o2775);
             let cs = Cs::new(&w.base, &format!("cs-{case}"));
             let (x, y) = (Who::User(first), Who::User(second));
             let ttl = ["-w", "20", "--ttl", "2s"];
             // 1. The creator runs alone.
-            let o = w.run(x, u1, &args(&cs.run_args(&ttl, &lock, "1", 2)), LONG);
-            f.check(o.code == 0, || {
-                format!("{label}: creator's first run: {}", describe(&o))
-            });
+            let o = sc.run_as(x, u1, &cs.run_args(&ttl, &lock, "1", 2));
+            sc.expect_ok(&o, format!("{label}: creator's first run"));
             // 2 and 3. Each holds while the other waits for it.
             for (step, (h, hu, c, cu)) in [(x, u1, y, u2), (y, u2, x, u1)].into_iter().enumerate() {
                 let hid = format!("hold{step}");
                 let cid = format!("wait{step}");
-                let mut holder = w.spawn(h, hu, &args(&cs.hold_args(&ttl, &lock, &hid)));
-                if !harness::wait_until(Duration::from_secs(20), || {
-                    cs.entered(&hid) || holder.child.try_wait().unwrap().is_some()
-                }) || !cs.entered(&hid)
-                {
-                    let o = holder.finish(LONG);
-                    f.check(false, || {
-                        format!("{label}: {} could not hold: {}", h.name(), describe(&o))
-                    });
-                    continue;
-                }
-                let mut waiter = w.spawn(c, cu, &args(&cs.run_args(&ttl, &lock, &cid, 2)));
-                let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
-                f.check(line.is_some(), || {
+                let secs20 = Duration::from_secs(20);
+                let mut holder = match sc.hold(&cs, h, hu, &ttl, &lock, &hid, secs20) {
+                    Ok(holder) => holder,
+                    Err(o) => {
+                        sc.expect(false, &o, format!("{label}: {} could not hold", h.name()));
+                        continue;
+                    }
+                };
+                let mut waiter = sc.spawn_as(c, cu, &cs.run_args(&ttl, &lock, &cid, 2));
+                let line = wait_line(&waiter, secs20);
+                sc.check(line.is_some(), || {
                     format!(
                         "{label}: {} printed no wait line while {} held: {:?}",
                         c.name(),
@@ -228,23 +181,20 @@ fn group_members_share_a_lock_under_umask_022_and_002() {
                 cs.release(&hid);
                 let ho = holder.finish(LONG);
                 let wo = waiter.finish(LONG);
-                f.check(ho.code == 0, || {
-                    format!("{label}: holder {}: {}", h.name(), describe(&ho))
-                });
-                f.check(wo.code == 0 && cs.ended(&cid), || {
-                    format!("{label}: waiter {}: {}", c.name(), describe(&wo))
-                });
+                sc.expect_ok(&ho, format!("{label}: holder {}", h.name()));
+                sc.expect(
+                    wo.code == 0 && cs.ended(&cid),
+                    &wo,
+                    format!("{label}: waiter {}", c.name()),
+                );
             }
             // 4. The joiner alone with -n.
-            let o = w.run(y, u2, &args(&cs.run_args(&["-n"], &lock, "4", 1)), LONG);
-            f.check(o.code == 0, || {
-                format!("{label}: joiner's -n run: {}", describe(&o))
-            });
+            let o = sc.run_as(y, u2, &cs.run_args(&["-n"], &lock, "4", 1));
+            sc.expect_ok(&o, format!("{label}: joiner's -n run"));
             cs.verify();
         }
     }
-    by.assert_untouched();
-    f.done("group_members_share_a_lock_under_umask_022_and_002");
+    sc.finish();
 }
 
 /// A member whose holder was SIGKILLed mid-job (its job inside the critical section) is taken
@@ -252,30 +202,18 @@ fn group_members_share_a_lock_under_umask_022_and_002() {
 /// dead before the new one enters, and the first member can use the lock again afterwards.
 #[test]
 fn group_member_takes_over_from_another_members_killed_holder() {
-    if harness::skip("group_member_takes_over_from_another_members_killed_holder") {
+    let Some(sc) = Scene::new("group_member_takes_over_from_another_members_killed_holder") else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
+    };
     for umask in [0o022, 0o002] {
-        let dir = w.dir(&format!("takeover-{umask:o}"), 0o2775, Who::Root);
-        let lock = dir.join("job.lock");
-        let cs = Cs::new(&w.base, &format!("cs-takeover-{umask:o}"));
+        let lock = sc.lock_in(&format!("takeover-{umask:o}"), 0o2775);
+        let cs = Cs::new(&sc.w.base, &format!("cs-takeover-{umask:o}"));
         let ttl = ["-w", "20", "--ttl", "2s"];
-        let mut holder = w.spawn(
-            Who::User(&w.a),
-            umask,
-            &args(&cs.hold_args(&ttl, &lock, "a")),
-        );
+        let mut holder = sc.spawn_as(sc.a(), umask, &cs.hold_args(&ttl, &lock, "a"));
         cs.wait_entered("a", Duration::from_secs(20));
-        let mut waiter = w.spawn(
-            Who::User(&w.b),
-            umask,
-            &args(&cs.run_args(&ttl, &lock, "b", 3)),
-        );
-        let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
-        f.check(line.is_some(), || {
+        let mut waiter = sc.spawn_as(sc.b(), umask, &cs.run_args(&ttl, &lock, "b", 3));
+        let line = wait_line(&waiter, Duration::from_secs(20));
+        sc.check(line.is_some(), || {
             format!(
                 "umask {umask:03o}: B printed no wait line: {:?}",
                 waiter.stderr_so_far()
@@ -285,26 +223,20 @@ fn group_member_takes_over_from_another_members_killed_holder() {
         holder.signal(Signal::SIGKILL);
         let ho = holder.finish(LONG);
         assert_eq!(ho.code, 137, "the holder was SIGKILLed");
-        f.check(!cs.ended("a"), || {
+        sc.check(!cs.ended("a"), || {
             "the kill did not land inside the section".into()
         });
         let wo = waiter.finish(LONG);
-        f.check(wo.code == 0 && cs.ended("b"), || {
-            format!("umask {umask:03o}: B's takeover: {}", describe(&wo))
-        });
-        let o = w.run(
-            Who::User(&w.a),
-            umask,
-            &args(&cs.run_args(&["-n"], &lock, "a2", 1)),
-            LONG,
+        sc.expect(
+            wo.code == 0 && cs.ended("b"),
+            &wo,
+            format!("umask {umask:03o}: B's takeover"),
         );
-        f.check(o.code == 0, || {
-            format!("umask {umask:03o}: A after B's takeover: {}", describe(&o))
-        });
+        let o = sc.run_as(sc.a(), umask, &cs.run_args(&["-n"], &lock, "a2", 1));
+        sc.expect_ok(&o, format!("umask {umask:03o}: A after B's takeover"));
         cs.verify();
     }
-    by.assert_untouched();
-    f.done("group_member_takes_over_from_another_members_killed_holder");
+    sc.finish();
 }
 
 /// Two members alternate 100 runs (`-w 20 --ttl 2s`, some `-n`, two at a time), and holders are
@@ -314,30 +246,24 @@ fn group_member_takes_over_from_another_members_killed_holder() {
 #[test]
 fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
     let test = "group_members_alternating_with_random_sigkills_never_overlap_and_recover";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
+    };
+    let w = &sc.w;
     let mut rng = Rng::new(test);
-    let mut f = Failures::default();
     let started = Instant::now();
     let (mut ran, mut refused, mut killed_inside, mut runs) = (0, 0, 0, 0);
     let mut reasons: Vec<String> = Vec::new();
     for creator_umask in [0o022u32, 0o002] {
-        let dir = w.dir(&format!("alt-{creator_umask:o}"), 0o2775, Who::Root);
-        let lock = dir.join("job.lock");
+        let lock = sc.lock_in(&format!("alt-{creator_umask:o}"), 0o2775);
         let cs = Cs::new(&w.base, &format!("cs-alt-{creator_umask:o}"));
-        let o = w.run(
-            Who::User(&w.a),
+        let o = sc.run_as(
+            sc.a(),
             creator_umask,
-            &args(&cs.run_args(&["-n", "--ttl", "2s"], &lock, "create", 1)),
-            LONG,
+            &cs.run_args(&["-n", "--ttl", "2s"], &lock, "create", 1),
         );
         runs += 1;
-        f.check(o.code == 0, || {
-            format!("creating the lock: {}", describe(&o))
-        });
+        sc.expect_ok(&o, "creating the lock");
         for round in 0..25 {
             let users = if round % 2 == 0 {
                 [&w.a, &w.b]
@@ -353,11 +279,7 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                 } else {
                     vec!["-w", "20", "--ttl", "2s"]
                 };
-                let p = w.spawn(
-                    Who::User(u),
-                    umask,
-                    &args(&cs.run_args(&pre, &lock, &id, 10)),
-                );
+                let p = sc.spawn_as(Who::User(u), umask, &cs.run_args(&pre, &lock, &id, 10));
                 procs.push((id, p, u.name.clone(), umask, pre[0]));
             }
             runs += 2;
@@ -392,15 +314,17 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                     if !cs.ended(id) && o.code == 137 {
                         killed_inside += 1;
                     }
-                    f.check(o.code == 137 || o.code == 0, || {
-                        format!("round {round}: killed run {id} of {who}: {}", describe(&o))
-                    });
+                    sc.expect(
+                        o.code == 137 || o.code == 0,
+                        &o,
+                        format!("round {round}: killed run {id} of {who}"),
+                    );
                     continue;
                 }
                 match o.code {
                     0 => {
                         ran += 1;
-                        f.check(cs.ended(id), || {
+                        sc.check(cs.ended(id), || {
                             format!("round {round}: run {id} exited 0 but its job did not end")
                         });
                     }
@@ -413,12 +337,11 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                         // A waiter that waited out its whole -w: the lock did not recover.
                         stalled |= *mode == "-w" && o.took >= Duration::from_secs(19);
                     }
-                    _ => f.check(false, || {
-                        format!(
-                            "round {round}: run {id} of {who} (umask {umask:03o}): {}",
-                            describe(&o)
-                        )
-                    }),
+                    _ => sc.expect(
+                        false,
+                        &o,
+                        format!("round {round}: run {id} of {who} (umask {umask:03o})"),
+                    ),
                 }
             }
             eprintln!(
@@ -429,7 +352,7 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                 summary.join(" ")
             );
             if stalled {
-                f.check(false, || {
+                sc.check(false, || {
                     format!(
                         "lock created under umask {creator_umask:03o}: round {round}: a waiter \
                          waited out -w 20: the lock did not recover; stopping this phase"
@@ -438,19 +361,16 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
                 break;
             }
         }
-        let o = w.run(
-            Who::User(&w.b),
+        let o = sc.run_as(
+            sc.b(),
             0o022,
-            &args(&cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "final", 1)),
-            LONG,
+            &cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "final", 1),
         );
         runs += 1;
-        f.check(o.code == 0, || {
-            format!(
-                "lock created under umask {creator_umask:03o}: the final run: {}",
-                describe(&o)
-            )
-        });
+        sc.expect_ok(
+            &o,
+            format!("lock created under umask {creator_umask:03o}: the final run"),
+        );
         let iv = cs.verify();
         eprintln!(
             "{test}: creator umask {creator_umask:03o}: {} jobs entered, none overlapped",
@@ -463,11 +383,10 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
         started.elapsed()
     );
     eprintln!("{test}: why waiters (-w) got 75: {reasons:#?}");
-    f.check(killed_inside > 0, || {
+    sc.check(killed_inside > 0, || {
         "no holder was killed inside its critical section".into()
     });
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,28 +399,16 @@ fn group_members_alternating_with_random_sigkills_never_overlap_and_recover() {
 #[test]
 fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
     let test = "sticky_directory_other_users_lock_works_or_is_refused_at_once";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
+    };
+    let (w, cs) = (&sc.w, &sc.cs);
     let decide = Duration::from_secs(5);
     // Held by A.
-    let dir = w.dir("sticky-held", 0o1777, Who::Root);
-    let lock = dir.join("job.lock");
-    let mut holder = w.spawn(
-        Who::User(&w.a),
-        0o022,
-        &args(&cs.hold_args(&[], &lock, "a")),
-    );
+    let lock = sc.lock_in("sticky-held", 0o1777);
+    let mut holder = sc.spawn_as(sc.a(), 0o022, &cs.hold_args(&[], &lock, "a"));
     cs.wait_entered("a", Duration::from_secs(20));
-    let mut b = w.spawn(
-        Who::User(&w.b),
-        0o022,
-        &args(&cs.run_args(&["-w", "30"], &lock, "b", 1)),
-    );
+    let mut b = sc.spawn_as(sc.b(), 0o022, &cs.run_args(&["-w", "30"], &lock, "b", 1));
     let decided = b.wait_within(decide);
     eprintln!(
         "{test}: B against A's held lock: {}",
@@ -515,17 +422,12 @@ fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
         Some(_) => {
             let o = b.finish(LONG);
             eprintln!("{test}: B while A holds: {}", first_line(&o));
-            f.check(
+            sc.expect(
                 (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name),
-                || {
-                    format!(
-                        "held: B refused but not with 65/77 naming {}: {}",
-                        w.a.name,
-                        describe(&o)
-                    )
-                },
+                &o,
+                format!("held: B refused but not with 65/77 naming {}", w.a.name),
             );
-            f.check(!cs.ended("a"), || {
+            sc.check(!cs.ended("a"), || {
                 "A's job ended before B was refused".into()
             });
             cs.release("a");
@@ -534,46 +436,29 @@ fn sticky_directory_other_users_lock_works_or_is_refused_at_once() {
             // B waits: it must get the lock once A's job ends.
             cs.release("a");
             let o = b.finish(LONG);
-            f.check(o.code == 0 && cs.ended("b"), || {
-                format!("held: B waited through A's job and then: {}", describe(&o))
-            });
+            sc.expect(
+                o.code == 0 && cs.ended("b"),
+                &o,
+                "held: B waited through A's job and then",
+            );
         }
     }
     let o = holder.finish(LONG);
-    f.check(o.code == 0, || format!("A's holder: {}", describe(&o)));
+    sc.expect_ok(&o, "A's holder");
 
     // Released by A.
-    let dir = w.dir("sticky-free", 0o1777, Who::Root);
-    let lock = dir.join("job.lock");
-    let o = w.run(
-        Who::User(&w.a),
-        0o022,
-        &args(&cs.run_args(&[], &lock, "a2", 1)),
-        LONG,
-    );
-    f.check(o.code == 0, || {
-        format!("A creating the lock: {}", describe(&o))
-    });
-    let o = w.run(
-        Who::User(&w.b),
-        0o022,
-        &args(&cs.run_args(&["-w", "30"], &lock, "b2", 1)),
-        LONG,
-    );
+    let lock = sc.lock_in("sticky-free", 0o1777);
+    let o = sc.run_as(sc.a(), 0o022, &cs.run_args(&[], &lock, "a2", 1));
+    sc.expect_ok(&o, "A creating the lock");
+    let o = sc.run_as(sc.b(), 0o022, &cs.run_args(&["-w", "30"], &lock, "b2", 1));
     eprintln!("{test}: B after A released: {}", first_line(&o));
-    f.check(
+    sc.expect(
         o.code == 0 && cs.ended("b2")
             || (o.code == 65 || o.code == 77) && o.stderr.contains(&w.a.name) && o.took < decide,
-        || {
-            format!(
-                "released: B neither ran nor was refused at once naming A: {}",
-                describe(&o)
-            )
-        },
+        &o,
+        "released: B neither ran nor was refused at once naming A",
     );
-    cs.verify();
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -612,23 +497,15 @@ fn foreign_identity() -> leasehold::Identity {
 ///   writes its observation file: `run -n`, `status`, `break`;
 /// - root holds it and another root `run -w` queues behind (a ticket, a prepared lease), then
 ///   takes it.
-fn root_scenarios(w: &World, cs: &Cs, lock: &Path, mut judge: impl FnMut(&str, &[i32], &Outcome)) {
+fn root_scenarios(sc: &Scene, lock: &Path, mut judge: impl FnMut(&str, &[i32], &Outcome)) {
     let limit = Duration::from_secs(30);
-    for (what, a) in [
-        ("run, free", vec!["run", s(lock), "--", "true"]),
-        ("status, free", vec!["status", s(lock)]),
-        ("break, free", vec!["break", s(lock)]),
+    for (what, a, codes) in [
+        ("run, free", run_true(&[], lock), &[0][..]),
+        ("status, free", vec!["status", s(lock)], &[0]),
+        ("break, free", vec!["break", s(lock)], &[0, 75]),
     ] {
-        let o = w.run(Who::Root, 0o022, &a, limit);
-        judge(
-            what,
-            if what.starts_with("break") {
-                &[0, 75]
-            } else {
-                &[0]
-            },
-            &o,
-        );
+        let o = sc.run_within(Who::Root, 0o022, &a, limit);
+        judge(what, codes, &o);
     }
     match leasehold::LeaseBuilder::new(lock)
         .ttl(Duration::from_secs(2))
@@ -636,24 +513,13 @@ fn root_scenarios(w: &World, cs: &Cs, lock: &Path, mut judge: impl FnMut(&str, &
         .try_acquire()
     {
         Ok(guard) => {
-            for (what, a) in [
-                (
-                    "run -n, foreign holder",
-                    vec!["run", "-n", s(lock), "--", "true"],
-                ),
-                ("status, foreign holder", vec!["status", s(lock)]),
-                ("break, foreign holder", vec!["break", s(lock)]),
+            for (what, a, codes) in [
+                ("run -n, foreign holder", run_true(&["-n"], lock), &[75][..]),
+                ("status, foreign holder", vec!["status", s(lock)], &[0]),
+                ("break, foreign holder", vec!["break", s(lock)], &[75]),
             ] {
-                let o = w.run(Who::Root, 0o022, &a, limit);
-                judge(
-                    what,
-                    if what.starts_with("status") {
-                        &[0]
-                    } else {
-                        &[75]
-                    },
-                    &o,
-                );
+                let o = sc.run_within(Who::Root, 0o022, &a, limit);
+                judge(what, codes, &o);
             }
             drop(guard);
         }
@@ -664,54 +530,83 @@ fn root_scenarios(w: &World, cs: &Cs, lock: &Path, mut judge: impl FnMut(&str, &
         "h{}",
         HOLDERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     );
-    let mut holder = w.spawn(
-        Who::Root,
-        0o022,
-        &args(&cs.hold_args(&["--ttl", "2s"], lock, &id)),
-    );
-    let held = harness::wait_until(limit, || {
-        cs.entered(&id) || holder.child.try_wait().unwrap().is_some()
-    }) && cs.entered(&id);
-    if held {
-        let mut waiter = w.spawn(
-            Who::Root,
-            0o022,
-            &["run", "-w", "10", s(lock), "--", "true"],
-        );
-        waiter.wait_line(limit, |l| l.contains("aiting"));
-        cs.release(&id);
-        let o = holder.finish(LONG);
-        judge("holder, contended", &[0], &o);
-        let o = waiter.finish(LONG);
-        judge("waiter, contended", &[0], &o);
-    } else {
-        let o = holder.finish(LONG);
-        judge("holder, contended", &[0], &o);
+    match sc.hold(&sc.cs, Who::Root, 0o022, &["--ttl", "2s"], lock, &id, limit) {
+        Ok(mut holder) => {
+            let mut waiter = sc.spawn_as(Who::Root, 0o022, &run_true(&["-w", "10"], lock));
+            wait_line(&waiter, limit);
+            sc.cs.release(&id);
+            let o = holder.finish(LONG);
+            judge("holder, contended", &[0], &o);
+            let o = waiter.finish(LONG);
+            judge("waiter, contended", &[0], &o);
+        }
+        Err(o) => judge("holder, contended", &[0], &o),
+    }
+}
+
+/// User A plants a link (`ln` or `ln -s`, as `ln_args` says) to each victim (root's file, B's
+/// file) at each of `names` (relative to a fresh directory of A's, beside `probe.lock`), and
+/// root's `run`, `status` and `break` ([`root_scenarios`]) go on there: each works around the
+/// link or refuses with 65/77 naming it, never exits 70, and leaves the victim unchanged
+/// (bytes, mode, owner, mtime and link count as planted). `case(victim, label)` names a case.
+fn link_attacks(
+    sc: &Scene,
+    kind: &str,
+    ln_args: &str,
+    names: &[(String, PathBuf)],
+    case: impl Fn(&str, &str) -> String,
+) {
+    let mut n = 0;
+    for v in 0..2 {
+        for (label, rel) in names {
+            n += 1;
+            let (vname, victim) = victims(&sc.w, n).swap_remove(v);
+            let dir = sc.w.dir(&format!("{kind}-{n}"), 0o755, sc.a());
+            let lock = dir.join("probe.lock");
+            let planted = dir.join(rel);
+            if let Some(parent) = planted.parent().filter(|p| *p != dir) {
+                sc.w.sh(sc.a(), 0o022, "mkdir \"$1\"", &[s(parent)]);
+            }
+            sc.w.sh(
+                sc.a(),
+                0o022,
+                &format!("ln {ln_args} \"$1\" \"$2\""),
+                &[s(&victim), s(&planted)],
+            );
+            let before = Snapshot::of(&victim);
+            let case = case(vname, label);
+            root_scenarios(sc, &lock, |what, codes, o| {
+                judge_planted(sc, &case, what, codes, &planted, o);
+                let now = Snapshot::of(&victim);
+                sc.check(now == before, || {
+                    format!(
+                        "{case}: root's {what} changed the victim: before {:?}, after {:?} ({})",
+                        before.entries,
+                        now.entries,
+                        describe(o)
+                    )
+                });
+            });
+        }
     }
 }
 
 /// Judges one command against a planted file: never 70; a refusal (65 or 77) names the file;
 /// otherwise it ended as one of `codes` (it worked around the planted file).
-fn judge_planted(
-    f: &mut Failures,
-    case: &str,
-    what: &str,
-    codes: &[i32],
-    planted: &Path,
-    o: &Outcome,
-) {
+fn judge_planted(sc: &Scene, case: &str, what: &str, codes: &[i32], planted: &Path, o: &Outcome) {
     eprintln!("{case}: root's {what}: {}", first_line(o));
     let ok = match o.code {
         65 | 77 => names_path(&o.stderr, planted),
         c => codes.contains(&c),
     };
-    f.check(ok, || {
+    sc.expect(
+        ok,
+        o,
         format!(
-            "{case}: root's {what}: expected {codes:?} (worked around) or 65/77 naming {}: {}",
-            planted.display(),
-            describe(o)
-        )
-    });
+            "{case}: root's {what}: expected {codes:?} (worked around) or 65/77 naming {}",
+            planted.display()
+        ),
+    );
 }
 
 /// With `protected_hardlinks=0`, user A hard-links a victim (root's file, B's file) at each
@@ -726,52 +621,13 @@ fn hard_links_at_helper_names_never_touch_the_victim() {
         return;
     }
     let _p = LinkProtectionsOff::new();
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let mut n = 0;
-    for v in 0..2 {
-        let probe = w.base.join("probe.lock");
-        let mut names = helper_names(&probe, &[0])
-            .into_iter()
-            .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
-            .collect::<Vec<_>>();
-        names.push(("LOCK itself".into(), PathBuf::from("probe.lock")));
-        for (label, rel) in names {
-            n += 1;
-            let (vname, victim) = victims(&w, n).swap_remove(v);
-            let dir = w.dir(&format!("hl-{n}"), 0o755, Who::User(&w.a));
-            let lock = dir.join("probe.lock");
-            let planted = dir.join(&rel);
-            if let Some(parent) = planted.parent().filter(|p| *p != dir) {
-                w.sh(Who::User(&w.a), 0o022, "mkdir \"$1\"", &[s(parent)]);
-            }
-            w.sh(
-                Who::User(&w.a),
-                0o022,
-                "ln \"$1\" \"$2\"",
-                &[s(&victim), s(&planted)],
-            );
-            let before = Snapshot::of(&victim);
-            let case = format!("{vname} hard-linked at the {label}");
-            root_scenarios(&w, &cs, &lock, |what, codes, o| {
-                judge_planted(&mut f, &case, what, codes, &planted, o);
-                let now = Snapshot::of(&victim);
-                f.check(now == before, || {
-                    format!(
-                        "{case}: root's {what} changed the victim: before {:?}, after {:?} ({})",
-                        before.entries,
-                        now.entries,
-                        describe(o)
-                    )
-                });
-            });
-        }
-    }
-    cs.verify();
-    by.assert_untouched();
-    f.done(test);
+    let sc = Scene::start(test);
+    let mut names = relative_helper_names(&sc.w.base, "probe.lock", &[0]);
+    names.push(("LOCK itself".into(), PathBuf::from("probe.lock")));
+    link_attacks(&sc, "hl", "", &names, |vname, label| {
+        format!("{vname} hard-linked at the {label}")
+    });
+    sc.finish();
 }
 
 /// With `protected_symlinks=0`, user A plants a symlink at the queue directory's name pointing
@@ -786,10 +642,8 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
         return;
     }
     let _p = LinkProtectionsOff::new();
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
+    let sc = Scene::start(test);
+    let (w, cs) = (&sc.w, &sc.cs);
 
     // The queue directory's name is a symlink to a directory of ticket-like files.
     let precious = w.dir("precious", 0o755, Who::Root);
@@ -802,74 +656,64 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
         fs::write(precious.join(name), body).unwrap();
     }
     let before = Snapshot::of(&precious);
-    let dir = w.dir("sl-queue", 0o755, Who::User(&w.a));
+    let dir = w.dir("sl-queue", 0o755, sc.a());
     let lock = dir.join("job.lock");
     let queue = queue_dir(&lock);
     w.sh(
-        Who::User(&w.a),
+        sc.a(),
         0o022,
         "ln -s \"$1\" \"$2\"",
         &[s(&precious), s(&queue)],
     );
-    let mut holder = w.spawn(
+    let secs30 = Duration::from_secs(30);
+    let ttl = ["--ttl", "2s"];
+    match sc.hold(
+        cs,
         Who::Root,
         0o022,
-        &args(&cs.hold_args(&["--ttl", "2s"], &lock, "h")),
-    );
-    if harness::wait_until(Duration::from_secs(20), || {
-        cs.entered("h") || holder.child.try_wait().unwrap().is_some()
-    }) && cs.entered("h")
-    {
-        let mut waiter = w.spawn(
-            Who::Root,
-            0o022,
-            &args(&cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "w", 1)),
-        );
-        let line = waiter.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
-        let o = w.run(
-            Who::Root,
-            0o022,
-            &["run", "-n", s(&lock), "--", "true"],
-            Duration::from_secs(30),
-        );
-        f.check(matches!(o.code, 75 | 65 | 77), || {
-            format!("symlinked queue: -n while held: {}", describe(&o))
-        });
-        cs.release("h");
-        let ho = holder.finish(LONG);
-        let wo = waiter.finish(LONG);
-        f.check(ho.code == 0, || {
-            format!("symlinked queue: holder: {}", describe(&ho))
-        });
-        f.check(
-            wo.code == 0 && line.is_some()
-                || matches!(wo.code, 65 | 77) && names_path(&wo.stderr, &queue),
-            || format!("symlinked queue: contended waiter: {}", describe(&wo)),
-        );
-    } else {
-        let o = holder.finish(LONG);
-        f.check(
+        &ttl,
+        &lock,
+        "h",
+        Duration::from_secs(20),
+    ) {
+        Ok(mut holder) => {
+            let mut waiter = sc.spawn_as(
+                Who::Root,
+                0o022,
+                &cs.run_args(&["-w", "20", "--ttl", "2s"], &lock, "w", 1),
+            );
+            let line = wait_line(&waiter, Duration::from_secs(20));
+            let o = sc.run_within(Who::Root, 0o022, &run_true(&["-n"], &lock), secs30);
+            sc.expect(
+                matches!(o.code, 75 | 65 | 77),
+                &o,
+                "symlinked queue: -n while held",
+            );
+            cs.release("h");
+            let ho = holder.finish(LONG);
+            let wo = waiter.finish(LONG);
+            sc.expect_ok(&ho, "symlinked queue: holder");
+            sc.expect(
+                wo.code == 0 && line.is_some()
+                    || matches!(wo.code, 65 | 77) && names_path(&wo.stderr, &queue),
+                &wo,
+                "symlinked queue: contended waiter",
+            );
+        }
+        Err(o) => sc.expect(
             matches!(o.code, 65 | 77) && names_path(&o.stderr, &queue),
-            || {
-                format!(
-                    "symlinked queue: root's holder could not start: {}",
-                    describe(&o)
-                )
-            },
-        );
+            &o,
+            "symlinked queue: root's holder could not start",
+        ),
     }
-    let o = w.run(
-        Who::Root,
-        0o022,
-        &["run", "-n", s(&lock), "--", "true"],
-        Duration::from_secs(30),
-    );
-    f.check(
+    let o = sc.run_within(Who::Root, 0o022, &run_true(&["-n"], &lock), secs30);
+    sc.expect(
         o.code == 0 || matches!(o.code, 65 | 77) && names_path(&o.stderr, &queue),
-        || format!("symlinked queue: -n when free: {}", describe(&o)),
+        &o,
+        "symlinked queue: -n when free",
     );
     let now = Snapshot::of(&precious);
-    f.check(now == before, || {
+    sc.check(now == before, || {
         format!(
             "the directory the queue symlink points at changed: before {:?}, after {:?}",
             before.entries, now.entries
@@ -877,41 +721,14 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
     });
 
     // Symlinks at the file helper names.
-    let mut n = 0;
-    for v in 0..2 {
-        let probe = w.base.join("probe.lock");
-        let beside = helper_names(&probe, &[0])
-            .into_iter()
-            .filter(|(_, p)| p.parent() == Some(w.base.as_path()));
-        for (label, path) in beside {
-            n += 1;
-            let (vname, victim) = victims(&w, n).swap_remove(v);
-            let dir = w.dir(&format!("sl-{n}"), 0o755, Who::User(&w.a));
-            let lock = dir.join("probe.lock");
-            let planted = dir.join(path.file_name().unwrap());
-            w.sh(
-                Who::User(&w.a),
-                0o022,
-                "ln -s \"$1\" \"$2\"",
-                &[s(&victim), s(&planted)],
-            );
-            let before = Snapshot::of(&victim);
-            let case = format!("symlink at the {label} to {vname}");
-            root_scenarios(&w, &cs, &lock, |what, codes, o| {
-                judge_planted(&mut f, &case, what, codes, &planted, o);
-                let now = Snapshot::of(&victim);
-                f.check(now == before, || {
-                    format!(
-                        "{case}: root's {what} changed the victim: before {:?}, after {:?}",
-                        before.entries, now.entries
-                    )
-                });
-            });
-        }
-    }
-    cs.verify();
-    by.assert_untouched();
-    f.done(test);
+    let beside: Vec<_> = relative_helper_names(&w.base, "probe.lock", &[0])
+        .into_iter()
+        .filter(|(_, rel)| rel.parent() == Some(Path::new("")))
+        .collect();
+    link_attacks(&sc, "sl", "-s", &beside, |vname, label| {
+        format!("symlink at the {label} to {vname}")
+    });
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -940,7 +757,7 @@ fn seen_names(w: &World, lock: &Path) -> Vec<PathBuf> {
 
 /// User B writes an observation file claiming this host first saw the current lease (and its
 /// next 200 heartbeats) at boot.
-fn forge_seen(w: &World, lock: &Path, cs: &Cs) {
+fn forge_seen(sc: &Scene, lock: &Path) {
     let lease = read_lease(lock);
     let id = lease["lease_id"].as_str().unwrap().to_string();
     let seq = lease["heartbeat_seq"].as_u64().unwrap();
@@ -954,17 +771,26 @@ fn forge_seen(w: &World, lock: &Path, cs: &Cs) {
         })
         .collect();
     let body = serde_json::json!({"leasehold_seen": 1, "entries": entries});
-    let src = cs.dir.join("forged-seen");
+    let src = sc.cs.dir.join("forged-seen");
     fs::write(&src, serde_json::to_vec_pretty(&body).unwrap()).unwrap();
     harness::chmod(&src, 0o644);
-    for target in seen_names(w, lock) {
-        w.sh(
-            Who::User(&w.b),
+    for target in seen_names(&sc.w, lock) {
+        sc.w.sh(
+            sc.b(),
             0o002,
             "cp \"$1\" \"$2.forged\" && mv -f \"$2.forged\" \"$2\"",
             &[s(&src), s(&target)],
         );
     }
+}
+
+/// A lock in the group-shared directory `shared`, created by `who`'s `run LOCK -- true` (so the
+/// helper files are what the group's own use makes them); a failure to create it is recorded.
+fn shared_lock_made_by(sc: &Scene, who: Who) -> PathBuf {
+    let lock = sc.lock_in("shared", 0o2775);
+    let o = sc.run_as(who, 0o002, &run_true(&[], &lock));
+    sc.expect_ok(&o, format!("{} creating the lock", who.name()));
+    lock
 }
 
 /// A forged observation file (written by group member B, claiming this host has seen the current
@@ -974,60 +800,45 @@ fn forge_seen(w: &World, lock: &Path, cs: &Cs) {
 #[test]
 fn forged_observation_file_does_not_get_a_healthy_holder_killed() {
     let test = "forged_observation_file_does_not_get_a_healthy_holder_killed";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let dir = w.dir("shared", 0o2775, Who::Root);
-    let lock = dir.join("job.lock");
-    let mut holder = w.spawn(
-        Who::User(&w.a),
-        0o002,
-        &args(&cs.hold_args(&["--ttl", "1s"], &lock, "a")),
-    );
+    };
+    let cs = &sc.cs;
+    let lock = sc.lock_in("shared", 0o2775);
+    let mut holder = sc.spawn_as(sc.a(), 0o002, &cs.hold_args(&["--ttl", "1s"], &lock, "a"));
     cs.wait_entered("a", Duration::from_secs(20));
     let job = cs.job_pid("a").unwrap();
     let lease_id = read_lease(&lock)["lease_id"].clone();
     for (who, a) in [
-        (Who::Root, vec!["run", "-n", s(&lock), "--", "true"]),
-        (Who::User(&w.b), vec!["run", "-n", s(&lock), "--", "true"]),
-        (Who::Root, vec!["run", "-w", "2", s(&lock), "--", "true"]),
-        (
-            Who::User(&w.b),
-            vec!["run", "-w", "2", s(&lock), "--", "true"],
-        ),
+        (Who::Root, run_true(&["-n"], &lock)),
+        (sc.b(), run_true(&["-n"], &lock)),
+        (Who::Root, run_true(&["-w", "2"], &lock)),
+        (sc.b(), run_true(&["-w", "2"], &lock)),
         (Who::Root, vec!["break", s(&lock)]),
     ] {
-        forge_seen(&w, &lock, &cs);
-        let o = w.run(who, 0o002, &a, Duration::from_secs(30));
-        f.check(o.code == 75, || {
-            format!(
-                "{} {a:?} with a forged observation: {}",
-                who.name(),
-                describe(&o)
-            )
-        });
-        f.check(
+        forge_seen(&sc, &lock);
+        let o = sc.run_within(who, 0o002, &a, Duration::from_secs(30));
+        sc.expect(
+            o.code == 75,
+            &o,
+            format!("{} {a:?} with a forged observation", who.name()),
+        );
+        sc.check(
             !harness::is_dead(job) && holder.child.try_wait().unwrap().is_none(),
             || format!("{} {a:?}: A's holder or job was killed", who.name()),
         );
     }
-    let st = w.run(Who::Root, 0o022, &["status", "--json", s(&lock)], LONG);
-    f.check(st.stdout.contains("\"held\""), || {
+    let st = sc.run_as(Who::Root, 0o022, &["status", "--json", s(&lock)]);
+    sc.check(st.stdout.contains("\"held\""), || {
         format!("status with a forged observation: {}", st.stdout)
     });
-    f.check(read_lease(&lock)["lease_id"] == lease_id, || {
+    sc.check(read_lease(&lock)["lease_id"] == lease_id, || {
         "A's lease was replaced".into()
     });
     cs.release("a");
     let o = holder.finish(LONG);
-    f.check(o.code == 0, || format!("A's holder: {}", describe(&o)));
-    cs.verify();
-    by.assert_untouched();
-    f.done(test);
+    sc.expect_ok(&o, "A's holder");
+    sc.finish();
 }
 
 /// A live holder on another host (played by the library with a foreign identity, renewing
@@ -1039,30 +850,14 @@ fn forged_observation_file_does_not_get_a_healthy_holder_killed() {
 #[test]
 fn forged_observation_file_does_not_break_a_live_foreign_holder() {
     let test = "forged_observation_file_does_not_break_a_live_foreign_holder";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let dir = w.dir("shared", 0o2775, Who::Root);
-    let lock = dir.join("job.lock");
-    let foreign = foreign_identity();
-    // A member makes the lock, so the helper files are what the group's own use makes them.
-    let o = w.run(
-        Who::User(&w.b),
-        0o002,
-        &["run", s(&lock), "--", "true"],
-        LONG,
-    );
-    f.check(o.code == 0, || {
-        format!("B creating the lock: {}", describe(&o))
-    });
+    };
+    let lock = shared_lock_made_by(&sc, sc.b());
     let ttl = Duration::from_secs(2);
     let guard = leasehold::LeaseBuilder::new(&lock)
         .ttl(ttl)
-        .identity(foreign)
+        .identity(foreign_identity())
         .try_acquire()
         .expect("the foreign holder takes the free lock");
     let lease_id = read_lease(&lock)["lease_id"].clone();
@@ -1070,52 +865,42 @@ fn forged_observation_file_does_not_break_a_live_foreign_holder() {
     let mut attempts = 0;
     let mut broken = false;
     while !broken && start.elapsed() < ttl * 3 / 2 {
-        for who in [Who::Root, Who::User(&w.a)] {
-            forge_seen(&w, &lock, &cs);
-            let o = w.run(
+        for who in [Who::Root, sc.a()] {
+            forge_seen(&sc, &lock);
+            let o = sc.run_within(
                 who,
                 0o002,
-                &["run", "-n", s(&lock), "--", "true"],
+                &run_true(&["-n"], &lock),
                 Duration::from_secs(30),
             );
             attempts += 1;
+            let at = start.elapsed();
             if o.code == 0 {
-                f.check(false, || {
-                    format!(
-                        "{}'s -n at {:?} broke the live foreign holder: {}",
-                        who.name(),
-                        start.elapsed(),
-                        describe(&o)
-                    )
-                });
+                let what = format!(
+                    "{}'s -n at {at:?} broke the live foreign holder",
+                    who.name()
+                );
+                sc.expect(false, &o, what);
                 broken = true;
                 break;
             }
-            f.check(o.code == 75, || {
-                format!(
-                    "{}'s -n at {:?} against a live foreign holder: {}",
-                    who.name(),
-                    start.elapsed(),
-                    describe(&o)
-                )
-            });
+            let what = format!(
+                "{}'s -n at {at:?} against a live foreign holder",
+                who.name()
+            );
+            sc.expect(o.code == 75, &o, what);
         }
     }
-    forge_seen(&w, &lock, &cs);
-    let o = w.run(
-        Who::Root,
-        0o002,
-        &["run", "-w", "3", s(&lock), "--", "true"],
-        LONG,
-    );
-    f.check(o.code == 75, || format!("root's -w 3: {}", describe(&o)));
-    forge_seen(&w, &lock, &cs);
-    let o = w.run(Who::Root, 0o002, &["break", s(&lock)], LONG);
-    f.check(o.code == 75, || format!("root's break: {}", describe(&o)));
-    f.check(!guard.is_lost(), || {
+    forge_seen(&sc, &lock);
+    let o = sc.run_as(Who::Root, 0o002, &run_true(&["-w", "3"], &lock));
+    sc.expect(o.code == 75, &o, "root's -w 3");
+    forge_seen(&sc, &lock);
+    let o = sc.run_as(Who::Root, 0o002, &["break", s(&lock)]);
+    sc.expect(o.code == 75, &o, "root's break");
+    sc.check(!guard.is_lost(), || {
         "the foreign holder lost its lease".into()
     });
-    f.check(read_lease(&lock)["lease_id"] == lease_id, || {
+    sc.check(read_lease(&lock)["lease_id"] == lease_id, || {
         "the foreign holder's lease was replaced".into()
     });
     eprintln!(
@@ -1123,8 +908,7 @@ fn forged_observation_file_does_not_break_a_live_foreign_holder() {
         start.elapsed()
     );
     drop(guard);
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 /// A silent holder on another host (a lease whose heartbeat never moves) with a forged
@@ -1135,64 +919,28 @@ fn forged_observation_file_does_not_break_a_live_foreign_holder() {
 #[test]
 fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
     let test = "forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let dir = w.dir("shared", 0o2775, Who::Root);
-    let lock = dir.join("job.lock");
-    let o = w.run(
-        Who::User(&w.b),
-        0o002,
-        &["run", s(&lock), "--", "true"],
-        LONG,
-    );
-    f.check(o.code == 0, || {
-        format!("B creating the lock: {}", describe(&o))
-    });
-    let far = foreign_identity();
-    let now = leasehold::format_rfc3339(std::time::SystemTime::now());
+    };
+    let lock = shared_lock_made_by(&sc, sc.b());
+    let mut far = foreign_identity();
+    far.pid_ns = 1;
+    far.uid = 0;
+    far.user = "root".into();
     let ttl = Duration::from_millis(1500);
-    let bytes = leasehold::Lease {
-        state: leasehold::LeaseState::Held,
-        heartbeat_seq: 1,
-        heartbeat_at: now.clone(),
-        lease_id: "0123456789abcdef0123456789abcdef".into(),
-        token: 5,
-        ttl_ms: ttl.as_millis() as u64,
-        acquired_at: now,
-        holder: leasehold::Holder {
-            pid: 4242,
-            pid_start: 1,
-            child_pid: None,
-            child_start: None,
-            pgid: None,
-            host: far.host.clone(),
-            boot_id: far.boot_id.clone(),
-            pid_ns: 1,
-            uid: 0,
-            user: "root".into(),
-            command: vec!["far away".into()],
-            note: None,
-        },
-        ended: None,
-        damaged: false,
-    }
-    .to_bytes();
-    let staged = dir.join("staged-lease");
-    fs::write(&staged, &bytes).unwrap();
-    fs::rename(&staged, &lock).unwrap();
-    forge_seen(&w, &lock, &cs);
+    let mut lease = crate::support::crafted(4242, 1, &far, ttl, 5);
+    lease.lease_id = "0123456789abcdef0123456789abcdef".into();
+    lease.holder.command = vec!["far away".into()];
+    lease.holder.note = None;
+    crate::support::write_atomic(&lock, &lease.to_bytes());
+    forge_seen(&sc, &lock);
     let start = Instant::now();
     let mut tries = Vec::new();
     let taken = loop {
-        let o = w.run(
+        let o = sc.run_within(
             Who::Root,
             0o022,
-            &["run", "-n", s(&lock), "--", "true"],
+            &run_true(&["-n"], &lock),
             Duration::from_secs(30),
         );
         let at = start.elapsed();
@@ -1212,22 +960,22 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
     match taken {
         (at, o) if o.code == 0 => {
             eprintln!("{test}: taken over after {at:?}: {}", first_line(&o));
-            f.check(at >= ttl, || {
+            sc.check(at >= ttl, || {
                 format!(
                     "the dead foreign lease was taken over after {at:?}, before its TTL {ttl:?}"
                 )
             });
         }
-        (at, o) => f.check(false, || {
+        (at, o) => sc.expect(
+            false,
+            &o,
             format!(
                 "the dead foreign lease was not taken over by root's one-shot calls within its \
-                 TTL {ttl:?} + 3 s (last after {at:?}): {}",
-                describe(&o)
-            )
-        }),
+                 TTL {ttl:?} + 3 s (last after {at:?})"
+            ),
+        ),
     }
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1240,63 +988,39 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
 #[test]
 fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
     let test = "mutex_held_by_another_users_process_is_named_and_w_is_kept";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let dir = w.dir("shared", 0o2775, Who::Root);
-    let lock = dir.join("job.lock");
-    let o = w.run(
-        Who::User(&w.a),
-        0o002,
-        &["run", s(&lock), "--", "true"],
-        LONG,
-    );
+    };
+    let lock = sc.lock_in("shared", 0o2775);
+    let o = sc.run_as(sc.a(), 0o002, &run_true(&[], &lock));
     assert_eq!(o.code, 0, "A creates the lock: {}", describe(&o));
     let mutex = helper_names(&lock, &[])[0].1.clone();
-    let scratch = w.dir("scratch", 0o777, Who::Root);
-    let ready = scratch.join("flock-ready");
-    let mut sq = harness::Proc::spawn(
-        w.cmd(
-            Who::User(&w.b),
-            0o002,
-            Path::new("flock"),
-            &[
-                s(&mutex),
-                "sh",
-                "-c",
-                "touch \"$0\"; exec sleep 120",
-                s(&ready),
-            ],
-        ),
+    let mut sq = sc.flock_as(
+        sc.b(),
+        &mutex,
+        "touch \"$0\"; exec sleep 120",
+        &[],
         "B's flock on the mutex",
     );
-    assert!(
-        harness::wait_until(Duration::from_secs(10), || ready.exists()),
-        "B's flock did not take the mutex: {}",
-        sq.stderr_so_far()
-    );
     let pid = sq.pid().to_string();
-    let names = |l: &str| l.contains(&pid) && l.contains(&w.b.name);
+    let names = |l: &str| l.contains(&pid) && l.contains(&sc.w.b.name);
 
-    let mut waiter = w.spawn(Who::User(&w.a), 0o002, &["run", s(&lock), "--", "true"]);
+    let mut waiter = sc.spawn_as(sc.a(), 0o002, &run_true(&[], &lock));
     let line = waiter.wait_line(Duration::from_secs(5), names);
     eprintln!("{test}: A's wait line: {line:?}");
-    f.check(
+    sc.check(
         line.as_ref()
             .is_some_and(|(_, t)| *t < Duration::from_millis(2500)),
         || {
             format!(
                 "A's run printed no line naming B's pid {pid} and user {} within about a second: \
              {line:?}, stderr: {:?}",
-                w.b.name,
+                sc.w.b.name,
                 waiter.stderr_so_far()
             )
         },
     );
-    f.check(waiter.child.try_wait().unwrap().is_none(), || {
+    sc.check(waiter.child.try_wait().unwrap().is_none(), || {
         format!(
             "A's run (no -w) did not keep waiting: {:?}",
             waiter.stderr_so_far()
@@ -1304,27 +1028,22 @@ fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
     });
     waiter.kill();
 
-    let o = w.run(
-        Who::User(&w.a),
+    let o = sc.run_within(
+        sc.a(),
         0o002,
-        &["run", "-w", "1", s(&lock), "--", "true"],
+        &run_true(&["-w", "1"], &lock),
         Duration::from_secs(20),
     );
-    f.check(
+    sc.expect(
         o.code == 75
             && o.took >= Duration::from_millis(900)
             && o.took < Duration::from_secs(4)
             && names(&o.stderr),
-        || {
-            format!(
-                "A's run -w 1 against B's mutex holder (pid {pid}): {}",
-                describe(&o)
-            )
-        },
+        &o,
+        format!("A's run -w 1 against B's mutex holder (pid {pid})"),
     );
     sq.kill();
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 /// User B plants a ticket in the queue directory and keeps it alive (holds its flock and
@@ -1333,28 +1052,16 @@ fn mutex_held_by_another_users_process_is_named_and_w_is_kept() {
 #[test]
 fn beating_ticket_of_another_user_is_named_and_w_is_kept() {
     let test = "beating_ticket_of_another_user_is_named_and_w_is_kept";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let dir = w.dir("shared", 0o2775, Who::Root);
-    let lock = dir.join("job.lock");
+    };
+    let cs = &sc.cs;
+    let lock = sc.lock_in("shared", 0o2775);
     // Let leasehold make its queue directory: A holds, A waits.
-    let mut h = w.spawn(
-        Who::User(&w.a),
-        0o002,
-        &args(&cs.hold_args(&[], &lock, "h")),
-    );
+    let mut h = sc.spawn_as(sc.a(), 0o002, &cs.hold_args(&[], &lock, "h"));
     cs.wait_entered("h", Duration::from_secs(20));
-    let mut q = w.spawn(
-        Who::User(&w.a),
-        0o002,
-        &args(&cs.run_args(&["-w", "20"], &lock, "q", 1)),
-    );
-    let line = q.wait_line(Duration::from_secs(20), |l| l.contains("aiting"));
+    let mut q = sc.spawn_as(sc.a(), 0o002, &cs.run_args(&["-w", "20"], &lock, "q", 1));
+    let line = wait_line(&q, Duration::from_secs(20));
     assert!(
         line.is_some(),
         "A's second run did not wait: {}",
@@ -1366,8 +1073,7 @@ fn beating_ticket_of_another_user_is_named_and_w_is_kept() {
     let queue = queue_dir(&lock);
     let ticket = queue.join("q-00000000000000000001");
     let host = leasehold::Identity::current().host;
-    let ready = cs.dir.join("ticket-ready");
-    let script = r#"f=$0 ready=$1 host=$2 user=$3
+    let script = r#"ready=$0 f=$1 host=$2 user=$3
 n=0
 while :; do
   n=$((n+1))
@@ -1375,72 +1081,54 @@ while :; do
   [ -e "$ready" ] || touch "$ready"
   sleep 0.1
 done"#;
-    let mut b = harness::Proc::spawn(
-        w.cmd(
-            Who::User(&w.b),
-            0o002,
-            Path::new("flock"),
-            &[
-                s(&ticket),
-                "sh",
-                "-c",
-                script,
-                s(&ticket),
-                s(&ready),
-                &host,
-                &w.b.name,
-            ],
-        ),
-        "B's beating ticket",
-    );
-    assert!(
-        harness::wait_until(Duration::from_secs(10), || ready.exists()),
-        "B could not plant a ticket in {} (mode {:o}): {}",
+    let what = format!(
+        "B's beating ticket in {} (mode {:o})",
         queue.display(),
-        fs::metadata(&queue).map(|m| m.mode()).unwrap_or(0),
-        b.stderr_so_far()
+        fs::metadata(&queue).map(|m| m.mode()).unwrap_or(0)
+    );
+    let mut b = sc.flock_as(
+        sc.b(),
+        &ticket,
+        script,
+        &[s(&ticket), &host, &sc.w.b.name],
+        &what,
     );
     let pid = b.pid().to_string();
-    let names = |l: &str| l.contains(&pid) && l.contains(&w.b.name);
+    let names = |l: &str| l.contains(&pid) && l.contains(&sc.w.b.name);
     let marker = cs.dir.join("a-ran");
-    let mut a = w.spawn(
-        Who::User(&w.a),
-        0o002,
-        &["run", "-w", "3", s(&lock), "--", "touch", s(&marker)],
-    );
+    let w3 = ["run", "-w", "3", s(&lock), "--", "touch", s(&marker)];
+    let mut a = sc.spawn_as(sc.a(), 0o002, &w3);
     let line = a.wait_line(Duration::from_secs(5), names);
     eprintln!("{test}: A's wait line: {line:?}");
     let o = a.finish(Duration::from_secs(20));
-    f.check(line.is_some(), || {
+    sc.expect(
+        line.is_some(),
+        &o,
         format!(
-            "A's waiter did not name B's ticket (pid {pid}, user {}): {}",
-            w.b.name,
-            describe(&o)
-        )
-    });
-    f.check(
+            "A's waiter did not name B's ticket (pid {pid}, user {})",
+            sc.w.b.name
+        ),
+    );
+    sc.expect(
         o.code == 75
             && o.took >= Duration::from_millis(2500)
             && o.took < Duration::from_secs(8)
             && !marker.exists(),
-        || format!("A's -w 3 behind B's live ticket: {}", describe(&o)),
+        &o,
+        "A's -w 3 behind B's live ticket",
     );
-    let o = w.run(
-        Who::User(&w.a),
-        0o002,
-        &["run", "-n", s(&lock), "--", "touch", s(&marker)],
-        Duration::from_secs(20),
+    let n = ["run", "-n", s(&lock), "--", "touch", s(&marker)];
+    let o = sc.run_within(sc.a(), 0o002, &n, Duration::from_secs(20));
+    sc.expect(
+        o.code == 75 && !marker.exists(),
+        &o,
+        "A's -n with B's live ticket queued",
     );
-    f.check(o.code == 75 && !marker.exists(), || {
-        format!("A's -n with B's live ticket queued: {}", describe(&o))
-    });
-    f.check(b.child.try_wait().unwrap().is_none(), || {
+    sc.check(b.child.try_wait().unwrap().is_none(), || {
         "B's ticket holder died".into()
     });
     b.kill();
-    cs.verify();
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1455,20 +1143,13 @@ done"#;
 #[test]
 fn squatted_helper_names_are_refused_clearly() {
     let test = "squatted_helper_names_are_refused_clearly";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let probe = w.base.join("job.lock");
+    };
+    let (w, cs) = (&sc.w, &sc.cs);
     let mut n = 0;
-    let mut names: Vec<(String, PathBuf)> = helper_names(&probe, &[w.a.uid])
-        .into_iter()
-        .map(|(l, p)| (l, p.strip_prefix(&w.base).unwrap().to_path_buf()))
-        .collect();
-    let qrel = queue_dir(&probe)
+    let mut names = relative_helper_names(&w.base, "job.lock", &[w.a.uid]);
+    let qrel = queue_dir(&w.base.join("job.lock"))
         .strip_prefix(&w.base)
         .unwrap()
         .to_path_buf();
@@ -1479,15 +1160,15 @@ fn squatted_helper_names_are_refused_clearly() {
                 continue;
             }
             n += 1;
-            let dir = w.dir(&format!("sq-{n}"), 0o2775, Who::Root);
-            let lock = dir.join("job.lock");
+            let lock = sc.lock_in(&format!("sq-{n}"), 0o2775);
+            let dir = lock.parent().unwrap();
             let squat = dir.join(&rel);
             if let Some(parent) = squat.parent().filter(|p| *p != dir) {
-                w.sh(Who::User(&w.b), 0o002, "mkdir \"$1\"", &[s(parent)]);
+                w.sh(sc.b(), 0o002, "mkdir \"$1\"", &[s(parent)]);
             }
             match kind {
-                "directory" => w.sh(Who::User(&w.b), 0o002, "mkdir \"$1\"", &[s(&squat)]),
-                "FIFO" => w.sh(Who::User(&w.b), 0o002, "mkfifo \"$1\"", &[s(&squat)]),
+                "directory" => w.sh(sc.b(), 0o002, "mkdir \"$1\"", &[s(&squat)]),
+                "FIFO" => w.sh(sc.b(), 0o002, "mkfifo \"$1\"", &[s(&squat)]),
                 _ => {
                     let l = std::os::unix::net::UnixListener::bind(&squat).unwrap();
                     std::mem::forget(l);
@@ -1498,82 +1179,60 @@ fn squatted_helper_names_are_refused_clearly() {
             let case = format!("{kind} of B at the {label}");
             // Refused with the path and its owner — or, where the run could do without the
             // name, it ended as it would have anyway (`codes`), never 70.
-            let judge = |f: &mut Failures, what: &str, codes: &[i32], o: &Outcome, ran: bool| {
+            let judge = |what: &str, codes: &[i32], o: &Outcome, ran: bool| {
                 eprintln!("{case}: A's {what}: {}", first_line(o));
                 let refused = matches!(o.code, 65 | 77)
                     && names_path(&o.stderr, &squat)
                     && (o.stderr.contains(&w.b.name) || o.stderr.contains(&w.b.uid.to_string()));
                 let worked = codes.contains(&o.code) && ran && label != "mutex";
-                f.check(refused || worked, || {
+                let instead = if label == "mutex" {
+                    String::new()
+                } else {
+                    format!(" (or {codes:?}, working around it)")
+                };
+                sc.expect(
+                    refused || worked,
+                    o,
                     format!(
-                        "{case}: A's {what}: expected 65/77 naming {} and {}{}: {}",
+                        "{case}: A's {what}: expected 65/77 naming {} and {}{instead}",
                         squat.display(),
                         w.b.name,
-                        if label == "mutex" {
-                            String::new()
-                        } else {
-                            format!(" (or {codes:?}, working around it)")
-                        },
-                        describe(o)
-                    )
-                });
+                    ),
+                );
             };
             let limit = Duration::from_secs(30);
             // Free.
             let id = format!("j{n}");
-            let o = w.run(
-                Who::User(&w.a),
-                0o002,
-                &args(&cs.run_args(&["-n"], &lock, &id, 1)),
-                limit,
-            );
-            judge(&mut f, "run -n, free", &[0], &o, cs.ended(&id));
+            let o = sc.run_within(sc.a(), 0o002, &cs.run_args(&["-n"], &lock, &id, 1), limit);
+            judge("run -n, free", &[0], &o, cs.ended(&id));
             // A live holder on another host: A observes it (its observation file).
             if let Ok(guard) = leasehold::LeaseBuilder::new(&lock)
                 .ttl(Duration::from_secs(2))
                 .identity(foreign_identity())
                 .try_acquire()
             {
-                let o = w.run(
-                    Who::User(&w.a),
-                    0o002,
-                    &["run", "-n", s(&lock), "--", "true"],
-                    limit,
-                );
-                judge(&mut f, "run -n, foreign holder", &[75], &o, true);
+                let o = sc.run_within(sc.a(), 0o002, &run_true(&["-n"], &lock), limit);
+                judge("run -n, foreign holder", &[75], &o, true);
                 drop(guard);
             }
             // Contended: C holds, A queues behind (a ticket, a prepared lease).
             let hid = format!("h{n}");
-            let mut holder = w.spawn(
-                Who::User(&w.c),
-                0o002,
-                &args(&cs.hold_args(&["--ttl", "2s"], &lock, &hid)),
-            );
-            if harness::wait_until(limit, || {
-                cs.entered(&hid) || holder.child.try_wait().unwrap().is_some()
-            }) && cs.entered(&hid)
-            {
-                let wid = format!("w{n}");
-                let mut waiter = w.spawn(
-                    Who::User(&w.a),
-                    0o002,
-                    &args(&cs.run_args(&["-w", "10", "--ttl", "2s"], &lock, &wid, 1)),
-                );
-                waiter.wait_line(limit, |l| l.contains("aiting"));
-                cs.release(&hid);
-                let ho = holder.finish(LONG);
-                f.check(ho.code == 0, || {
-                    format!("{case}: C's holder: {}", describe(&ho))
-                });
-                let o = waiter.finish(LONG);
-                judge(&mut f, "run -w 10, contended", &[0], &o, cs.ended(&wid));
-            } else {
-                let o = holder.finish(LONG);
-                eprintln!("{case}: C could not hold: {}", first_line(&o));
+            match sc.hold(cs, sc.c(), 0o002, &["--ttl", "2s"], &lock, &hid, limit) {
+                Ok(mut holder) => {
+                    let wid = format!("w{n}");
+                    let pre = ["-w", "10", "--ttl", "2s"];
+                    let mut waiter = sc.spawn_as(sc.a(), 0o002, &cs.run_args(&pre, &lock, &wid, 1));
+                    wait_line(&waiter, limit);
+                    cs.release(&hid);
+                    let ho = holder.finish(LONG);
+                    sc.expect_ok(&ho, format!("{case}: C's holder"));
+                    let o = waiter.finish(LONG);
+                    judge("run -w 10, contended", &[0], &o, cs.ended(&wid));
+                }
+                Err(o) => eprintln!("{case}: C could not hold: {}", first_line(&o)),
             }
             let now = Snapshot::of(&squat);
-            f.check(now == before, || {
+            sc.check(now == before, || {
                 format!(
                     "{case}: the squatter changed: {:?} -> {:?}",
                     before.entries, now.entries
@@ -1581,9 +1240,7 @@ fn squatted_helper_names_are_refused_clearly() {
             });
         }
     }
-    cs.verify();
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1597,19 +1254,15 @@ fn squatted_helper_names_are_refused_clearly() {
 #[test]
 fn other_users_remnant_is_never_left_running_beside_a_new_job() {
     let test = "other_users_remnant_is_never_left_running_beside_a_new_job";
-    if harness::skip(test) {
+    let Some(sc) = Scene::new(test) else {
         return;
-    }
-    let w = World::new();
-    let mut by = Bystanders::start(&w);
-    let mut f = Failures::default();
-    let cs = Cs::new(&w.base, "cs");
-    let dir = w.dir("shared", 0o2775, Who::Root);
-    let lock = dir.join("job.lock");
+    };
+    let cs = &sc.cs;
+    let lock = sc.lock_in("shared", 0o2775);
     let rfile = cs.dir.join("remnant");
     let entered = cs.dir.join("a-entered");
-    let mut holder = w.spawn(
-        Who::User(&w.a),
+    let mut holder = sc.spawn_as(
+        sc.a(),
         0o002,
         &[
             "run",
@@ -1642,12 +1295,17 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
     let job = "if [ -r /proc/$1/stat ] && ! grep -q '^[0-9]* ([^)]*) [ZX]' /proc/$1/stat; \
                then echo alive; else echo dead; fi > \"$0\"";
     let r = remnant.to_string();
+    // `leasehold run PRE LOCK -- sh -c JOB SAW REMNANT`, and the file its job writes.
+    let run_job = |pre: &[&'static str], saw: &str| {
+        let saw = cs.dir.join(saw);
+        let mut a: Vec<String> = vec!["run".into()];
+        a.extend(pre.iter().map(|p| p.to_string()));
+        a.extend([s(&lock), "--", "sh", "-c", job, s(&saw), &r].map(String::from));
+        (a, saw)
+    };
     for (pre, label) in [(vec!["-n"], "-n"), (vec!["-w", "2"], "-w 2")] {
-        let saw = cs.dir.join(format!("b-saw{}", label.replace(' ', "")));
-        let mut a: Vec<&str> = vec!["run"];
-        a.extend(&pre);
-        a.extend([s(&lock), "--", "sh", "-c", job, s(&saw), &r]);
-        let o = w.run(Who::User(&w.b), 0o002, &a, Duration::from_secs(30));
+        let (a, saw) = run_job(&pre, &format!("b-saw{}", label.replace(' ', "")));
+        let o = sc.run_within(sc.b(), 0o002, &a, Duration::from_secs(30));
         eprintln!("{test}: B's {label}: {}", first_line(&o));
         let said = fs::read_to_string(&saw).unwrap_or_default();
         let msg = o.stderr.to_lowercase();
@@ -1659,43 +1317,26 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
             && ["as root", "kill", "break", "stop"]
                 .iter()
                 .any(|k| msg.contains(k));
-        f.check(
+        sc.expect(
             o.code == 75 && said.is_empty() && explains || o.code == 0 && said.trim() == "dead",
-            || {
-                format!(
-                    "B's {label} takeover beside A's remnant (pid {r}): job saw {:?}; expected 75 \
-                     naming the process and what to do: {}",
-                    said.trim(),
-                    describe(&o)
-                )
-            },
+            &o,
+            format!(
+                "B's {label} takeover beside A's remnant (pid {r}): job saw {:?}; expected 75 \
+                 naming the process and what to do",
+                said.trim()
+            ),
         );
     }
-    f.check(
+    sc.check(
         harness::start_time(remnant) == rstart && !harness::is_dead(remnant),
         || "B (without permission) cannot have killed the remnant; it is gone unexpectedly".into(),
     );
     // A blocking B waits, saying why, while the remnant lives — and runs once it is gone
     // (here: stopped by its owner's admin), within its -w.
-    let saw = cs.dir.join("b-saw-waited");
-    let mut waiter = w.spawn(
-        Who::User(&w.b),
-        0o002,
-        &[
-            "run",
-            "-w",
-            "20",
-            s(&lock),
-            "--",
-            "sh",
-            "-c",
-            job,
-            s(&saw),
-            &r,
-        ],
-    );
+    let (a, saw) = run_job(&["-w", "20"], "b-saw-waited");
+    let mut waiter = sc.spawn_as(sc.b(), 0o002, &a);
     let line = waiter.wait_line(Duration::from_secs(10), |l| l.contains("cannot be checked"));
-    f.check(line.is_some() && !saw.exists(), || {
+    sc.check(line.is_some() && !saw.exists(), || {
         format!(
             "B's -w 20 should wait, naming the remnant it cannot check: {}",
             waiter.stderr_so_far()
@@ -1704,33 +1345,29 @@ fn other_users_remnant_is_never_left_running_beside_a_new_job() {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(remnant), Signal::SIGKILL);
     let o = waiter.finish(Duration::from_secs(30));
     let said = fs::read_to_string(&saw).unwrap_or_default();
-    f.check(o.code == 0 && said.trim() == "dead", || {
+    sc.expect(
+        o.code == 0 && said.trim() == "dead",
+        &o,
         format!(
-            "B's -w 20 once the remnant is gone: job saw {:?}: {}",
-            said.trim(),
-            describe(&o)
-        )
-    });
-    let saw = cs.dir.join("root-saw");
-    let o = w.run(
-        Who::Root,
-        0o022,
-        &["run", "-n", s(&lock), "--", "sh", "-c", job, s(&saw), &r],
-        Duration::from_secs(30),
+            "B's -w 20 once the remnant is gone: job saw {:?}",
+            said.trim()
+        ),
     );
+    let (a, saw) = run_job(&["-n"], "root-saw");
+    let o = sc.run_within(Who::Root, 0o022, &a, Duration::from_secs(30));
     let said = fs::read_to_string(&saw).unwrap_or_default();
-    f.check(o.code == 0 && said.trim() == "dead", || {
+    sc.expect(
+        o.code == 0 && said.trim() == "dead",
+        &o,
         format!(
-            "root's takeover: the remnant was {:?} when root's job started: {}",
-            said.trim(),
-            describe(&o)
-        )
-    });
-    f.check(harness::is_dead(remnant), || {
+            "root's takeover: the remnant was {:?} when root's job started",
+            said.trim()
+        ),
+    );
+    sc.check(harness::is_dead(remnant), || {
         "the remnant still runs".into()
     });
-    by.assert_untouched();
-    f.done(test);
+    sc.finish();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -118,39 +118,60 @@ fn assert_status_block_shape(o: &Output) {
     }
 }
 
+/// A lease of pid 4242 on `host` (boot `boot`) whose user, command and note are hostile.
 fn forged(state: leasehold::LeaseState, host: &str, boot: &str) -> leasehold::Lease {
-    let now = leasehold::format_rfc3339(std::time::SystemTime::now());
-    leasehold::Lease {
-        state,
-        heartbeat_seq: 1,
-        heartbeat_at: now,
-        lease_id: "0123456789abcdef0123456789abcdef".into(),
-        token: 41,
-        ttl_ms: 60_000,
-        acquired_at: AT.into(),
-        holder: leasehold::Holder {
-            pid: 4242,
-            pid_start: 1,
-            child_pid: None,
-            child_start: None,
-            pgid: None,
-            host: host.into(),
-            boot_id: boot.into(),
-            pid_ns: 1,
-            uid: nix::unistd::getuid().as_raw(),
-            user: USER.into(),
-            command: vec![
-                "sh".into(),
-                "-c".into(),
-                "a; b".into(),
-                WORD1.into(),
-                WORD2.into(),
-            ],
-            note: Some(NOTE.into()),
-        },
-        ended: None,
-        damaged: false,
-    }
+    let who = leasehold::Identity {
+        host: host.into(),
+        boot_id: boot.into(),
+        pid_ns: 1,
+        uid: nix::unistd::getuid().as_raw(),
+        user: USER.into(),
+    };
+    let mut l = crafted(4242, 1, &who, Duration::from_secs(60), 41);
+    l.state = state;
+    l.lease_id = "0123456789abcdef0123456789abcdef".into();
+    l.acquired_at = AT.into();
+    l.holder.command = ["sh", "-c", "a; b", WORD1, WORD2]
+        .map(String::from)
+        .to_vec();
+    l.holder.note = Some(NOTE.into());
+    l
+}
+
+/// `run -w 0.3 LOCK -- true` against a live holder: exit 75 with one safe error line. Returns
+/// the first wait line.
+#[track_caller]
+fn contended_run(lock: &Path) -> String {
+    let wait = run_lh(&[
+        os("run"),
+        os("-w"),
+        os("0.3"),
+        lock.as_os_str(),
+        os("--"),
+        os("true"),
+    ]);
+    assert_eq!(wait.status.code(), Some(75), "{wait:?}");
+    let lines = checked("contended run", &wait);
+    assert_eq!(lines.len(), 1, "one error line: {lines:?}");
+    let err = String::from_utf8_lossy(&wait.stderr);
+    err.lines()
+        .find(|l| l.starts_with("Blocking waiting for lock "))
+        .unwrap_or_else(|| panic!("no wait line:\n{err}"))
+        .to_string()
+}
+
+/// `break LOCK` of a live holder is refused (75, one safe line); `break --force` works (0):
+/// its one safe line.
+#[track_caller]
+fn refused_then_forced_break(lock: &Path) -> String {
+    let refused = run_lh(&[os("break"), lock.as_os_str()]);
+    assert_eq!(refused.status.code(), Some(75), "{refused:?}");
+    assert_eq!(checked("refused break", &refused).len(), 1);
+    let broke = run_lh(&[os("break"), os("--force"), lock.as_os_str()]);
+    assert_eq!(broke.status.code(), Some(0), "{broke:?}");
+    let lines = checked("forced break", &broke);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines.into_iter().next().unwrap()
 }
 
 #[test]
@@ -194,41 +215,14 @@ fn a_live_holder_with_a_hostile_note_and_command_cannot_write_to_the_terminal() 
     );
     assert_eq!(v["path"], lock.to_str().unwrap());
 
-    let wait = run_lh(&[
-        os("run"),
-        os("-w"),
-        os("0.3"),
-        lock.as_os_str(),
-        os("--"),
-        os("true"),
-    ]);
-    assert_eq!(wait.status.code(), Some(75), "{wait:?}");
-    let lines = checked("contended run", &wait);
-    assert_eq!(lines.len(), 1, "one error line: {lines:?}");
-    let err = String::from_utf8_lossy(&wait.stderr);
-    let blocking: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("Blocking waiting for lock "))
-        .collect();
-    assert!(!blocking.is_empty(), "no wait line:\n{err}");
-    assert!(
-        blocking[0].contains("(sh -c 'read x; exit 0'"),
-        "{}",
-        blocking[0]
-    );
+    let blocking = contended_run(&lock);
+    assert!(blocking.contains("(sh -c 'read x; exit 0'"), "{blocking}");
 
-    let refused = run_lh(&[os("break"), lock.as_os_str()]);
-    assert_eq!(refused.status.code(), Some(75), "{refused:?}");
-    assert_eq!(checked("refused break", &refused).len(), 1);
-
-    let broke = run_lh(&[os("break"), os("--force"), lock.as_os_str()]);
-    assert_eq!(broke.status.code(), Some(0), "{broke:?}");
-    let lines = checked("forced break", &broke);
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = refused_then_forced_break(&lock);
     // A live lease is revoked, not freed (it blocks until its holder has fenced).
     assert!(
-        lines[0].starts_with("leasehold: revoked held lease of pid "),
-        "{lines:?}"
+        line.starts_with("leasehold: revoked held lease of pid "),
+        "{line}"
     );
 
     // The holder notices at its next renewal and fences its command.
@@ -308,21 +302,7 @@ fn a_forged_live_holder_from_another_host_shows_escaped_in_wait_break_and_errors
     )
     .unwrap();
 
-    let wait = run_lh(&[
-        os("run"),
-        os("-w"),
-        os("0.3"),
-        lock.as_os_str(),
-        os("--"),
-        os("true"),
-    ]);
-    assert_eq!(wait.status.code(), Some(75), "{wait:?}");
-    assert_eq!(checked("contended run", &wait).len(), 1);
-    let err = String::from_utf8_lossy(&wait.stderr);
-    let blocking = err
-        .lines()
-        .find(|l| l.starts_with("Blocking waiting for lock "))
-        .unwrap_or_else(|| panic!("no wait line:\n{err}"));
+    let blocking = contended_run(&lock);
     assert!(
         blocking.contains("held by eve\\x1b[2J\\u{9b}31m@web1\\r\\nleasehold: forged host\\u{2066} pid 4242 (sh -c 'a; b' "),
         "{blocking}"
@@ -332,17 +312,10 @@ fn a_forged_live_holder_from_another_host_shows_escaped_in_wait_break_and_errors
     assert!(checked("status", &st).is_empty());
     assert_status_block_shape(&st);
 
-    let refused = run_lh(&[os("break"), lock.as_os_str()]);
-    assert_eq!(refused.status.code(), Some(75), "{refused:?}");
-    assert_eq!(checked("refused break", &refused).len(), 1);
-
-    let broke = run_lh(&[os("break"), os("--force"), lock.as_os_str()]);
-    assert_eq!(broke.status.code(), Some(0), "{broke:?}");
-    let lines = checked("forced break", &broke);
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = refused_then_forced_break(&lock);
     assert!(
-        lines[0].contains(" on web1\\r\\nleasehold: forged host\\u{2066} (token "),
-        "{lines:?}"
+        line.contains(" on web1\\r\\nleasehold: forged host\\u{2066} (token "),
+        "{line}"
     );
 }
 

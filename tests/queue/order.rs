@@ -125,6 +125,16 @@ struct Workers {
     children: Vec<(String, Proc)>,
 }
 
+impl Workers {
+    /// Waits for every waiter to exit, and asserts that each succeeded.
+    #[track_caller]
+    fn all_succeed(&mut self) {
+        for (name, c) in &mut self.children {
+            assert!(c.wait_timeout(EXIT).success(), "{name} failed");
+        }
+    }
+}
+
 fn spawn(name: &str, lock: &Path, log: &Path, ttl_ms: u64, extra: &[(&str, String)]) -> Proc {
     let mut cmd = support::worker::cmd("queue-waiter");
     cmd.env("LH_WAIT_WORKER", name)
@@ -207,9 +217,7 @@ fn waiters_acquire_in_arrival_order() {
     assert_eq!(served(&lines), ["w0", "w1", "w2", "w3", "w4", "w5"]);
     let tokens = tokens(&lines);
     assert!(tokens.windows(2).all(|p| p[0] < p[1]), "{tokens:?}");
-    for (_, c) in &mut w.children {
-        assert!(c.wait_timeout(EXIT).success());
-    }
+    w.all_succeed();
     assert!(leasehold::status(&lock).unwrap().queue.is_empty());
 }
 
@@ -327,9 +335,7 @@ fn stopped_waiter_is_skipped_after_a_ttl_and_queues_again_when_resumed() {
             t.windows(2).all(|p| p[0] < p[1]),
             "tokens must grow in the order the lease was taken: {lines:?}"
         );
-        for (_, c) in &mut w.children {
-            assert!(c.wait_timeout(EXIT).success());
-        }
+        w.all_succeed();
     }
 }
 
@@ -354,9 +360,7 @@ fn waiters_behind_a_held_mutex_keep_their_places() {
     m.unlock().unwrap();
     let lines = wait_lines(&log, 3, 30);
     assert_eq!(served(&lines), ["w0", "w1", "w2"]);
-    for (_, c) in &mut w.children {
-        assert!(c.wait_timeout(EXIT).success());
-    }
+    w.all_succeed();
 }
 
 /// Voluntary + involuntary context switches of every thread of `pid`.
@@ -419,9 +423,7 @@ fn a_release_wakes_only_the_head() {
     fs::remove_file(&hold).unwrap();
     let lines = wait_lines(&log, 5, 30);
     assert_eq!(served(&lines), ["w0", "w1", "w2", "w3", "w4"]);
-    for (_, c) in &mut w.children {
-        assert!(c.wait_timeout(EXIT).success());
-    }
+    w.all_succeed();
 }
 
 #[test]
@@ -434,9 +436,7 @@ fn polling_mode_keeps_the_order() {
     holder.release().unwrap();
     let lines = wait_lines(&log, 4, 30);
     assert_eq!(served(&lines), ["w0", "w1", "w2", "w3"]);
-    for (_, c) in &mut w.children {
-        assert!(c.wait_timeout(EXIT).success());
-    }
+    w.all_succeed();
 }
 
 #[test]
@@ -464,9 +464,7 @@ fn timeout_is_honoured_while_queued_and_leaves_no_ticket() {
     let lines = wait_lines(&log, 3, 30);
     assert_eq!(lines[0], "late error 75", "{lines:?}");
     assert_eq!(served(&lines[1..]), ["w0", "w1"]);
-    for (_, c) in &mut w.children {
-        assert!(c.wait_timeout(EXIT).success());
-    }
+    w.all_succeed();
 }
 
 /// The queue directory's entries: tickets (`q-N`) and prepared leases (`q-N.lease`).
@@ -531,9 +529,7 @@ fn the_head_takes_the_lease_it_prepared_when_woken_by_the_release() {
     let v = leasehold::status(&lock).unwrap();
     assert_eq!(v.state, leasehold::State::Held, "{v}");
     fs::remove_file(&hold).unwrap();
-    for (_, c) in &mut w.children {
-        assert!(c.wait_timeout(EXIT).success());
-    }
+    w.all_succeed();
 }
 
 /// A head that dies (SIGKILL) or gives up (timeout) leaves no ticket and no prepared lease:

@@ -29,6 +29,30 @@ pub fn lh_assert() -> assert_cmd::Command {
     assert_cmd::Command::from_std(lh())
 }
 
+/// Runs `leasehold run PRE LOCK POST` (POST: `-- COMMAND...` or `-c SCRIPT`) to completion, for
+/// assert_cmd assertions.
+pub fn lh_run(pre: &[&str], lock: &Path, post: &[&str]) -> assert_cmd::assert::Assert {
+    lh_assert()
+        .arg("run")
+        .args(pre)
+        .arg(lock)
+        .args(post)
+        .assert()
+}
+
+/// SIGKILLs a `leasehold run` wrapper and waits until it is gone and its command `child` (which
+/// dies with it, by PDEATHSIG) too.
+#[track_caller]
+pub fn kill_wrapper(wrapper: &mut Proc, child: i32) {
+    wrapper.signal(nix::sys::signal::Signal::SIGKILL);
+    wrapper.wait_timeout(Duration::from_secs(5));
+    ensure_within(
+        "the command to die with its wrapper",
+        Duration::from_secs(5),
+        || !super::alive(child),
+    );
+}
+
 /// Assertions on captured stderr.
 pub trait StderrHas {
     /// Asserts that stderr contains `needle`.

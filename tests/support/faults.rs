@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::cli::bin;
 use super::cs::{Cs, Section};
@@ -417,4 +417,45 @@ pub fn lease_key(lock: &Path) -> Option<(String, u64, String)> {
         v["heartbeat_seq"].as_u64()?,
         v["state"].as_str()?.to_string(),
     ))
+}
+
+/// When the lease in LOCK was last seen to change (a heartbeat, another lease), by polling it
+/// with [`lease_key`].
+pub struct LastChange<'a> {
+    lock: &'a Path,
+    key: Option<(String, u64, String)>,
+    /// When the last change was seen (at first: when watching began).
+    pub at: Instant,
+}
+
+impl<'a> LastChange<'a> {
+    pub fn new(lock: &'a Path) -> LastChange<'a> {
+        LastChange {
+            lock,
+            key: lease_key(lock),
+            at: Instant::now(),
+        }
+    }
+
+    /// Reads LOCK once; returns when its lease was last seen to change.
+    pub fn poll(&mut self) -> Instant {
+        let k = lease_key(self.lock);
+        if k != self.key {
+            self.key = k;
+            self.at = Instant::now();
+        }
+        self.at
+    }
+}
+
+/// A fresh directory under /tmp (outside /root, so that other users can reach it) named
+/// `prefix...`, with `mode`.
+pub fn tmp_dir_with_mode(prefix: &str, mode: u32) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(mode)).unwrap();
+    d
 }

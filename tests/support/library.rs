@@ -225,6 +225,21 @@ impl CsFiles {
         f
     }
 
+    /// Asserts that the run ended idle: no critical section left occupied, the lock free (the
+    /// last holder released).
+    #[track_caller]
+    pub fn assert_idle(&self) {
+        assert!(
+            !self.cs.join("inside").exists(),
+            "a critical section was left occupied"
+        );
+        assert_eq!(
+            leasehold::status(&self.lock).unwrap().state,
+            leasehold::State::Free,
+            "the last holder released"
+        );
+    }
+
     fn at(dir: &Path) -> CsFiles {
         CsFiles {
             lock: dir.join("cs.lock"),
@@ -334,6 +349,24 @@ impl CsReport {
             .filter(|(_, w)| w[1].0 <= w[0].0)
             .map(|(i, w)| (i + 1, w[0].0, w[1].0))
             .collect()
+    }
+
+    /// Asserts that exactly `target` critical sections were logged, no guard was lost inside
+    /// one, and their tokens strictly increased.
+    #[track_caller]
+    pub fn assert_sound(&self, target: usize) {
+        assert!(
+            self.lost.is_empty(),
+            "guards lost in a critical section: {:?}",
+            self.lost
+        );
+        assert_eq!(self.entries.len(), target);
+        let regressions = self.token_regressions();
+        assert!(
+            regressions.is_empty(),
+            "tokens not strictly increasing: {:?}",
+            &regressions[..regressions.len().min(10)]
+        );
     }
 
     /// The longest time between two consecutive critical sections.

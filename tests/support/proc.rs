@@ -86,6 +86,25 @@ impl Stream {
     }
 }
 
+/// Starts `stream`'s reader thread on `pipe`, once (`started`); without a pipe (not captured)
+/// the stream has ended.
+fn start_reading<R: Read + Send + 'static>(
+    started: &Mutex<bool>,
+    pipe: &Mutex<Option<R>>,
+    stream: &Arc<Stream>,
+) {
+    let mut s = lock(started);
+    if !*s {
+        *s = true;
+        match lock(pipe).take() {
+            Some(pipe) => {
+                stream.start(pipe);
+            }
+            None => lock(&stream.lines).1 = true,
+        }
+    }
+}
+
 /// A spawned child process, killed and reaped on drop.
 pub struct Proc {
     pub child: Child,
@@ -153,29 +172,11 @@ impl Proc {
     }
 
     fn read_stdout(&self) {
-        let mut s = lock(&self.out_started);
-        if !*s {
-            *s = true;
-            match lock(&self.stdout_pipe).take() {
-                Some(pipe) => {
-                    self.out.start(pipe);
-                }
-                None => lock(&self.out.lines).1 = true,
-            }
-        }
+        start_reading(&self.out_started, &self.stdout_pipe, &self.out);
     }
 
     fn read_stderr(&self) {
-        let mut s = lock(&self.err_started);
-        if !*s {
-            *s = true;
-            match lock(&self.stderr_pipe).take() {
-                Some(pipe) => {
-                    self.err.start(pipe);
-                }
-                None => lock(&self.err.lines).1 = true,
-            }
-        }
+        start_reading(&self.err_started, &self.stderr_pipe, &self.err);
     }
 
     /// The raw stderr pipe, for a test that reads it itself (None if not piped or already read).

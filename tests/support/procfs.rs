@@ -52,16 +52,20 @@ pub fn proc_alive(pid: i32, start: u64) -> bool {
     matches!(stat(pid), Some((s, st)) if st == start && !matches!(s, 'Z' | 'X' | 'x'))
 }
 
+/// Every pid in /proc now.
+pub fn pids() -> Vec<i32> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect()
+}
+
 /// Live (non-zombie) members of a process group.
 pub fn group(pgid: i32) -> Vec<i32> {
     let mut out = Vec::new();
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
+    for pid in pids() {
         let Some(f) = stat_fields(pid) else { continue };
         if f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
             && !matches!(f.first().map(String::as_str), Some("Z" | "X"))

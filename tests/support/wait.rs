@@ -1,4 +1,5 @@
-//! The one bounded poll: [`wait_until`] (and [`ensure_within`], which fails the test instead).
+//! The one bounded poll: [`wait_until`] (and [`ensure_within`], which fails the test instead),
+//! and [`bounded`], a call that must return in time (an open of a FIFO would hang).
 //! Tests synchronise on files, pipes and signals; this only bounds how long they look.
 
 use std::time::{Duration, Instant};
@@ -24,4 +25,22 @@ pub fn ensure_within(what: &str, limit: Duration, cond: impl FnMut() -> bool) {
         wait_until(limit, cond),
         "timed out after {limit:?} waiting for {what}"
     );
+}
+
+/// Runs `f` on a thread; panics if it does not return within `limit` (e.g. blocked opening a
+/// FIFO). The thread is left behind if it hangs.
+#[track_caller]
+pub fn bounded<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: did not return within {limit:?} (blocked?)"),
+    }
 }
