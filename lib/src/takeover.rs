@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::fsio;
 use crate::paths::LockPaths;
 use crate::process::{self, JobEvidence};
 use crate::record::Lease;
@@ -46,7 +47,14 @@ pub(crate) fn stop_old_job(v: &Verdict, paths: &LockPaths) -> std::result::Resul
 /// provably this lock's, or when a member of the group cannot be checked.
 pub(crate) fn stop_hung(l: &Lease, paths: &LockPaths) -> std::result::Result<usize, String> {
     let h = &l.holder;
-    let ev = JobEvidence::for_lock(&l.lease_id, h.uid, paths);
+    let mut ev = JobEvidence::for_lock(&l.lease_id, h.uid, paths);
+    // Script mode: the script carries nothing in its environment; the lease file names it,
+    // believed only when its own uid (or root) wrote that file (PROTOCOL.md §10).
+    if let (true, Some(c), Some(cs)) = (h.on_behalf, h.child_pid, h.child_start)
+        && fsio::written_by_holder(paths, l)
+    {
+        ev = ev.with_trusted_child(c, cs);
+    }
     let wait = Duration::from_secs(2);
     match h.pgid {
         Some(pg) => {

@@ -1,4 +1,5 @@
-//! The command-line interface: `leasehold run`, `status` and `break`, mapped onto the library.
+//! The command-line interface: `leasehold run`, `lock`, `unlock`, `status` and `break`, mapped
+//! onto the library.
 //!
 //! Owns: parsing the command line (see [`args`]), choosing the subcommand, and turning every
 //! outcome into exactly one exit status (usage errors are 64, never clap's 2). Must never: hold
@@ -31,10 +32,12 @@ mod brk;
 pub mod duration;
 pub mod exit;
 pub mod json;
-mod progress;
+mod lock;
+pub(crate) mod progress;
 pub mod report;
-mod run;
+pub(crate) mod run;
 mod status;
+mod unlock;
 
 use clap::Parser;
 use clap::error::ErrorKind;
@@ -74,6 +77,8 @@ where
     match cli.command {
         args::Command::Run(a) => run::run(&a),
         args::Command::Status(a) => status::status(&a),
+        args::Command::Lock(a) => lock::lock(&a),
+        args::Command::Unlock(a) => unlock::unlock(&a),
         args::Command::Break(a) => brk::brk(&a),
     }
 }

@@ -90,6 +90,7 @@ fn forged(pid: i32, start: u64, pgid: Option<i32>, ttl: Duration) -> Vec<u8> {
             user: me.user,
             command: vec!["forged".into()],
             note: None,
+            on_behalf: false,
         },
         ended: None,
         damaged: false,

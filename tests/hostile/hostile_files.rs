@@ -50,6 +50,7 @@ fn valid_lease_bytes(pid: i32, start: u64, uid: u32, pgid: Option<i32>) -> Vec<u
             },
             command: vec!["forged".into()],
             note: None,
+            on_behalf: false,
         },
         ended: None,
         damaged: false,
@@ -470,6 +471,7 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
                     user: "root".into(),
                     command: vec!["job".into()],
                     note: None,
+                    on_behalf: false,
                 },
                 ended: Some(leasehold::Ending {
                     at: now,

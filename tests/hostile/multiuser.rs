@@ -1177,6 +1177,7 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
             user: "root".into(),
             command: vec!["far away".into()],
             note: None,
+            on_behalf: false,
         },
         ended: None,
         damaged: false,

@@ -147,6 +147,7 @@ fn forged(state: leasehold::LeaseState, host: &str, boot: &str) -> leasehold::Le
                 WORD2.into(),
             ],
             note: Some(NOTE.into()),
+            on_behalf: false,
         },
         ended: None,
         damaged: false,

@@ -75,6 +75,7 @@ fn lease(host: &str, state: LeaseState) -> Lease {
             user: "alice".into(),
             command: vec!["job".into()],
             note: None,
+            on_behalf: false,
         },
         ended: (state != LeaseState::Held).then(|| Ending {
             at: "2026-11-29T16:09:00.000000Z".into(),

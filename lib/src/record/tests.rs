@@ -22,6 +22,7 @@ fn sample() -> Lease {
             user: "alice".into(),
             command: vec!["terraform".into(), "apply".into()],
             note: Some("hi \"there\"\n".into()),
+            on_behalf: false,
         },
         ended: None,
         damaged: false,
