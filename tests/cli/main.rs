@@ -1,5 +1,5 @@
 //! The `leasehold` command line: run, status and break, contention between runs, fencing of the
-//! command, the terminal, and the README's examples.
+//! command, the terminal, script mode (lock/unlock), and the README's examples.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -8,6 +8,7 @@ mod basics;
 mod contention;
 mod fencing;
 mod readme;
+mod script;
 mod terminal;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
