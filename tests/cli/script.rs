@@ -8,7 +8,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
@@ -327,14 +327,12 @@ fn a_cron_like_caller_gets_eof_at_once_after_lock_returns() {
         let t = fs::read_link(format!("/proc/{keeper}/fd/{fd}")).unwrap();
         assert_eq!(t, PathBuf::from("/dev/null"), "keeper fd {fd}");
     }
-    let start = Instant::now();
     holder.kill();
     assert!(
         wait_until(LONG, || !alive(keeper)),
         "the keeper exits with its process"
     );
     assert_eq!(lease(&lock).unwrap()["state"], "released");
-    let _ = start;
 }
 
 /// `leasehold lock` refuses a process of another user and one that does not exist; `status`
