@@ -190,7 +190,7 @@ pub fn fenced_line(cmd: &str, reason: &str, lock: &Path, survivors: usize) -> St
 /// signalled (it has a terminal), so the person at it must know its work is unprotected.
 pub fn script_lost_line(lock: &Path, reason: &str, pid: i32) -> String {
     format!(
-        "leasehold: the lease on {} was lost ({}): pid {pid} no longer holds it and was not stopped because it has a terminal; stop what needs the lock",
+        "leasehold: the lease on {} was lost ({}): pid {pid} was not stopped because it has a terminal, and its work is no longer protected; the lock stays blocked until it ends",
         escape_path(lock),
         scrub(reason)
     )

@@ -254,7 +254,10 @@ fn stop_or_tell(guard: &LeaseGuard, script: &OwnedFd, pid: i32, why: &str) -> St
         if let Some(tty) = process::terminal_path(pid) {
             tell(&tty, &report::script_lost_line(&lock, why, pid));
         }
-        format!("lost: {why} (script pid {pid} has a terminal: told, not signalled)")
+        // Not signalled, so never released either: the lease (held or revoked) keeps naming
+        // the live script, and no contender on this host takes over beside it (a takeover
+        // refuses to stop a script at a terminal). It frees when the script ends.
+        std::process::exit(0)
     } else {
         let grace = guard.timing().grace;
         let left = crate::supervise::fence::stop_job(Pid::from_raw(pid), grace);

@@ -384,8 +384,10 @@ while :; do sleep 0.05; done"#;
     });
 }
 
-/// A script with a controlling terminal is never signalled: when its lease is lost, the keeper
-/// writes one line on that terminal and releases; the script runs on until it ends by itself.
+/// A script with a controlling terminal is never signalled: when its lease is lost (revoked by
+/// `break --force`), the keeper writes one line on that terminal and exits without releasing;
+/// the script runs on, and the lock stays blocked on this host (a contender is refused) until
+/// the script ends — then it is free.
 #[test]
 fn a_lost_lease_is_told_on_the_terminal_of_a_script_that_has_one() {
     let d = tempfile::tempdir().unwrap();
@@ -441,16 +443,40 @@ echo finished"#;
     });
     assert!(wait_until(LONG, || !alive(keeper)), "the keeper exits");
     assert!(alive(pid), "the script was not signalled");
-    assert!(
-        ended_how(&lock).contains("told, not signalled"),
-        "{}",
-        ended_how(&lock)
-    );
+    assert_eq!(lease(&lock).unwrap()["state"], "revoked", "not released");
+    // Past the TTL the lease is hung, but a script at a terminal is not stopped: refused.
+    ensure_within("the lease to be judged hung", LONG, || {
+        let o = lh()
+            .arg("status")
+            .arg("--json")
+            .arg(&lock)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["state"] == "hung"
+    });
+    let o = lh()
+        .args(["run", "-n"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(75), "{err}");
+    assert!(err.contains("terminal"), "{err}");
+    assert!(alive(pid), "the script was not signalled");
     fs::write(&go, "").unwrap();
     assert_eq!(code_of(s.wait_timeout(LONG)), 0);
     ensure_within("the script's last line", LONG, || {
         seen.lock().unwrap().contains("finished")
     });
+    let o = lh()
+        .args(["run", "-n"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "free once the script ended");
 }
 
 fn code_of(st: std::process::ExitStatus) -> i32 {
