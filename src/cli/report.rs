@@ -338,6 +338,10 @@ fn field(s: &mut String, name: &str, value: &str) {
 /// `user@host pid N` of a lease's holder, escaped.
 fn holder_text(l: &Lease) -> String {
     let h = &l.holder;
+    if let (true, Some(c)) = (h.on_behalf, h.child_pid) {
+        let (user, host) = (escape(&h.user), escape(&h.host));
+        return format!("{user}@{host} script pid {c} (keeper pid {})", h.pid);
+    }
     format!("{}@{} pid {}", escape(&h.user), escape(&h.host), h.pid)
 }
 

@@ -482,3 +482,48 @@ echo finished"#;
 fn code_of(st: std::process::ExitStatus) -> i32 {
     crate::support::proc::code(st)
 }
+
+/// A `leasehold lock` killed while it waits for the lock takes its keeper with it: the keeper
+/// (waiting in the queue) dies too, and when the holder releases, nobody holds the lock on
+/// the dead front's behalf.
+#[test]
+fn a_lock_killed_while_waiting_leaves_no_keeper_behind() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("job.lock");
+    let mut holder = crate::support::cli::Holder::start(&lock, &[]);
+    let mut target = Proc::spawn(
+        Command::new("sleep").arg("600").stdin(Stdio::null()),
+        "the process the lease is for",
+    );
+    let pid = target.pid().to_string();
+    let mut front = Proc::spawn(
+        lh().args(["lock", "-w", "60s", "--pid", &pid])
+            .arg(&lock)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        "leasehold lock",
+    );
+    assert!(front.wait_line(LONG, |l| l.contains("aiting")).is_some());
+    let children = format!("/proc/{0}/task/{0}/children", front.pid());
+    let keeper: i32 = fs::read_to_string(&children)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .expect("the keeper is the front's child")
+        .parse()
+        .unwrap();
+    assert!(alive(keeper));
+    front.kill();
+    assert!(
+        wait_until(LONG, || !alive(keeper)),
+        "the keeper died with the front"
+    );
+    assert!(holder.finish().success());
+    let l = lease(&lock).unwrap();
+    assert_eq!(l["state"], "released");
+    assert_ne!(
+        l["holder"]["on_behalf"], true,
+        "no lease taken for the dead front"
+    );
+    target.kill();
+}
