@@ -124,7 +124,8 @@ printf '%s %s' "$LEASEHOLD_TOKEN" "$LEASEHOLD_LEASE_ID" > "$2/ids"
 }
 
 /// A script that locks, works and exits releases at once: a waiter queued meanwhile (`-w 10s`,
-/// far below the script's 60 s TTL) gets the lock, and the record says the script exited.
+/// far below the script's 60 s TTL) gets the lock; without a waiter the keeper writes the
+/// released record itself, saying the script exited.
 #[test]
 fn a_script_that_locks_works_and_exits_releases_at_once() {
     let d = tempfile::tempdir().unwrap();
@@ -152,6 +153,16 @@ echo worked"#;
     // The waiter's own release replaced the record; its predecessor is in its token order.
     let l = lease(&lock).unwrap();
     assert_eq!(l["token"], 2, "the waiter took it after the script");
+
+    // Without a waiter, the keeper itself writes the released record, saying how it ended.
+    fs::remove_file(&go).unwrap();
+    let mut s = spawn_script(script("sh", body, &[&lock, &go]), "script 2");
+    let (keeper, pid) = keeper_and_script(&lock);
+    fs::write(&go, "").unwrap();
+    assert_eq!(s.finish(LONG).code, 0);
+    assert!(wait_until(LONG, || !alive(keeper)), "the keeper exits");
+    assert_eq!(lease(&lock).unwrap()["state"], "released");
+    assert_eq!(ended_how(&lock), format!("script pid {pid} exited"));
 }
 
 /// A script SIGKILLed mid-way frees the lock for a same-host waiter at once: the waiter, queued
