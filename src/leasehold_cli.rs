@@ -1,11 +1,13 @@
 //! The `leasehold` command line, as a library for `main.rs` and this package's tests.
 //!
-//! Owns: the command line ([`cli`]: arguments, output, exit statuses) and running the guarded
-//! command as a child ([`supervise`]: process-global signal handlers). The lease protocol itself
+//! Owns: the command line ([`cli`]: arguments, output, exit statuses), running the guarded
+//! command as a child ([`supervise`]: process-global signal handlers), and script mode's keeper
+//! process ([`script`]: `leasehold lock`'s hand-over, the detached keeper). The lease protocol itself
 //! is the `leasehold` crate (package `leasehold-lib`). Must never: hold protocol logic, or be
 //! used as a stable API by other programs (use `leasehold-lib`).
 
 pub mod cli;
+pub mod script;
 pub mod supervise;
 
 pub use cli::exit::{self, exit_code};

@@ -62,6 +62,9 @@ pub struct LeaseBuilder {
     pub(crate) poll: bool,
     pub(crate) durable: bool,
     pub(crate) allow_host_local_locks: bool,
+    /// Script mode: the process (pid, start time, process group) this process holds the lease
+    /// for (see [`LeaseBuilder::on_behalf_of`]).
+    pub(crate) on_behalf: Option<(i32, u64, i32)>,
     /// What the builder's own `try_acquire`/`acquire` worked out about LOCK (its resolved
     /// paths and file-system facts) and kept open (the mutex file), for its next call: shared
     /// by clones, which all name the same LOCK. A call that finds it taken (another thread is
@@ -100,6 +103,7 @@ impl LeaseBuilder {
             poll: false,
             durable: true,
             allow_host_local_locks: false,
+            on_behalf: None,
             cache: Arc::default(),
         }
     }
@@ -186,6 +190,23 @@ impl LeaseBuilder {
         self
     }
 
+    /// Script mode: hold the lease on behalf of another process of the same user — the process
+    /// `pid` with start time `start` (`/proc/PID/stat` field 22, see [`process::stat`]) in
+    /// process group `pgid` — instead of for this process's own work. The lease records that
+    /// process as its job (`child_pid`, `child_start`, `pgid`) from its very first write, and
+    /// this process as the *keeper* that renews it (`holder.pid`, which keeps the holder's mark,
+    /// PROTOCOL.md §7), with `holder.on_behalf` set.
+    ///
+    /// The caller takes on what `leasehold run` does for its command: watch that process (a
+    /// pidfd), release the guard the moment it exits, and stop it when the guard is lost. A
+    /// contender that finds the keeper gone and the process alive judges the lease hung after a
+    /// TTL and stops that process — on the evidence of a lease file written by the lease's own
+    /// uid (or root), never another user's (PROTOCOL.md §10).
+    pub fn on_behalf_of(mut self, pid: i32, start: u64, pgid: i32) -> Self {
+        self.on_behalf = Some((pid, start, pgid));
+        self
+    }
+
     /// The validated timing these settings give.
     pub fn timing(&self) -> Result<Timing> {
         Timing::new(self.ttl, self.heartbeat, self.grace)
@@ -193,6 +214,10 @@ impl LeaseBuilder {
 
     /// Our lease as it would be taken at `now` by `me`, token 0.
     pub(crate) fn new_lease(&self, me: &Identity, timing: &Timing, now: &str) -> Lease {
+        let (child_pid, child_start, pgid) = match self.on_behalf {
+            Some((pid, start, pgid)) => (Some(pid), Some(start), Some(pgid)),
+            None => (None, None, None),
+        };
         Lease {
             state: LeaseState::Held,
             heartbeat_seq: 0,
@@ -204,9 +229,9 @@ impl LeaseBuilder {
             holder: Holder {
                 pid: std::process::id() as i32,
                 pid_start: process::own_start_time(),
-                child_pid: None,
-                child_start: None,
-                pgid: None,
+                child_pid,
+                child_start,
+                pgid,
                 host: me.host.clone(),
                 boot_id: me.boot_id.clone(),
                 pid_ns: me.pid_ns,
@@ -217,6 +242,7 @@ impl LeaseBuilder {
                     .clone()
                     .unwrap_or_else(|| std::env::args().collect()),
                 note: self.note.clone(),
+                on_behalf: self.on_behalf.is_some(),
             },
             ended: None,
             damaged: false,

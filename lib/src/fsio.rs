@@ -68,6 +68,27 @@ pub(crate) fn mark_released(file: &File, path: &Path) -> Result<()> {
         .map_err(|e| Error::io(path, "mark the lease released (chmod +t)", e))
 }
 
+/// Whether LOCK holds the very lease `l` now (same id and holder, not damaged) in a file only
+/// the lease's uid or root can have written: owned by that uid or root, one link, no group or
+/// other write bit. A user who may write LOCK's directory can rename a file of their own over
+/// LOCK, but that file is theirs. Script mode's evidence for its script (PROTOCOL.md §10),
+/// trusted as `observe.rs` trusts the per-uid observation files.
+pub(crate) fn written_by_holder(paths: &LockPaths, l: &Lease) -> bool {
+    let Ok(Some((file, meta))) = open_lock_len(paths, false) else {
+        return false;
+    };
+    let owner_ok = meta.uid == l.holder.uid || meta.uid == 0;
+    if !owner_ok || meta.mode & 0o022 != 0 || meta.nlink != 1 {
+        return false;
+    }
+    match read_open(&file, &paths.lock, meta.mode) {
+        Ok(LockContent::Lease(now, _)) => {
+            now.lease_id == l.lease_id && now.holder == l.holder && !now.damaged
+        }
+        _ => false,
+    }
+}
+
 /// A held record read from a file with [`RELEASED_BIT`] set is released.
 fn with_mode(content: LockContent, mode: u32) -> LockContent {
     match content {

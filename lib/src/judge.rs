@@ -186,7 +186,12 @@ impl Judge<'_> {
     /// A same-host holder: judged by its processes.
     fn same_host(&self, v: &mut Verdict, s: &Seen<'_>, procs: &dyn Processes) {
         let h = &s.lease.holder;
-        let mut alive = procs.liveness(h.pid, h.pid_start) == Liveness::Alive;
+        // Script mode: the job is the script; its keeper only renews and releases for it, so
+        // a script that is gone leaves the lease stale even while its keeper still lives (a
+        // later `lock -n` need not wait for the keeper's release; what the script left in its
+        // group is stopped as remnants below).
+        let script = h.on_behalf && h.child_pid.is_some();
+        let mut alive = !script && procs.liveness(h.pid, h.pid_start) == Liveness::Alive;
         if let (Some(c), Some(st)) = (h.child_pid, h.child_start) {
             alive |= procs.liveness(c, st) == Liveness::Alive;
         }
@@ -215,6 +220,7 @@ impl Judge<'_> {
         }
         v.state = State::Stale;
         v.reason = match procs.liveness(h.pid, h.pid_start) {
+            _ if script => "script exited".to_string(),
             Liveness::Dead(why) => why.to_string(),
             Liveness::Alive => "process gone".to_string(),
         };

@@ -14,9 +14,8 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 /// What /proc says of one process.
@@ -230,6 +229,8 @@ pub struct JobEvidence {
     protected: Vec<i32>,
     /// This process's own process group, never signalled.
     own_group: Option<i32>,
+    /// Script mode: the job's process named by a lease file its own uid (or root) wrote.
+    trusted_child: Option<(i32, u64)>,
 }
 
 impl JobEvidence {
@@ -269,11 +270,25 @@ impl JobEvidence {
             mutex,
             protected: self_and_ancestors(),
             own_group: stat(me).ok().flatten().map(|s| s.pgrp),
+            trusted_child: None,
         }
+    }
+
+    /// Script mode: the process `pid` with start time `start` belongs to the job too, though
+    /// its environment carries nothing (a script that took the lease with `leasehold lock`).
+    /// Only for a lease read from a file that the lease's uid (or root) wrote and nobody else
+    /// may write (PROTOCOL.md §10); it still must run under the lease's uid, and a process with
+    /// a controlling terminal is never signalled ([`Evidence::Unknown`]).
+    pub fn with_trusted_child(mut self, pid: i32, start: u64) -> JobEvidence {
+        self.trusted_child = Some((pid, start));
+        self
     }
 
     /// Whether `p` belongs to the job (see [`JobEvidence`]).
     pub fn check(&self, p: &ProcStat) -> Evidence {
+        if self.trusted_child == Some((p.pid, p.start)) {
+            return self.check_trusted_child(p);
+        }
         let env = self.carries_lease(p.pid);
         let fd = self.holds_holder_fd(p.pid);
         if matches!(env, Ok(true)) || matches!(fd, Ok(true)) {
@@ -306,6 +321,37 @@ impl JobEvidence {
             self.lock.display(),
             self.lease_id
         ))
+    }
+
+    /// The script named by a trusted script-mode lease: ours if it runs under the lease's uid,
+    /// is not us or an ancestor, and has no controlling terminal.
+    fn check_trusted_child(&self, p: &ProcStat) -> Evidence {
+        if p.uid != self.uid {
+            return Evidence::NotOurs(format!(
+                "pid {} runs as uid {}, not the lease's uid {}",
+                p.pid, p.uid, self.uid
+            ));
+        }
+        if self.protected.contains(&p.pid) {
+            return Evidence::Unknown(format!(
+                "pid {} is this process or one of its ancestors: never signalled",
+                p.pid
+            ));
+        }
+        match controlling_tty(p.pid) {
+            None => Evidence::Belongs,
+            Some(_) => Evidence::Unknown(format!(
+                "pid {} holds the lock in script mode from a terminal, and leasehold never signals a shell at a terminal: run leasehold unlock in it, or end it",
+                p.pid
+            )),
+        }
+    }
+
+    /// Whether `pid`'s initial environment (`/proc/PID/environ`) carries this lock's path and
+    /// the lease id: a process the job started (script mode's `unlock` asks this of whoever asks
+    /// the keeper to release). False when it cannot be read.
+    pub fn carried_by(&self, pid: i32) -> bool {
+        matches!(self.carries_lease(pid), Ok(true))
     }
 
     /// Whether /proc/PID/environ holds this lock's path and the lease id.
@@ -499,101 +545,12 @@ pub fn job_members(pgid: i32, ev: &JobEvidence) -> Vec<ProcStat> {
     judge_group(pgid, ev).belongs
 }
 
-/// SIGKILLs, one by one, every live member of process group `pgid` that provably belongs to the
-/// job (see [`JobEvidence`]), until none is left or `wait` passes. Members that do not belong
-/// to it are never signalled; a member that cannot be checked makes it give up (before
-/// signalling anything, when it is there from the start). Returns how many were stopped.
-pub fn kill_group_verified(pgid: i32, ev: &JobEvidence, wait: Duration) -> Result<usize, String> {
-    let deadline = Instant::now() + wait;
-    let mut killed = std::collections::HashSet::new();
-    loop {
-        let judged = judge_group(pgid, ev);
-        if let Some((p, why)) = judged.unknown.first() {
-            return Err(format!(
-                "pid {} in process group {pgid} cannot be checked: {why}; not signalling it",
-                p.pid
-            ));
-        }
-        let members = judged.belongs;
-        if members.is_empty() {
-            return Ok(killed.len());
-        }
-        if Instant::now() >= deadline {
-            let (n, w) = (members.len(), crate::clock::human_duration(wait));
-            return Err(format!(
-                "process group {pgid} still has {n} live process(es) {w} after SIGKILL"
-            ));
-        }
-        for m in &members {
-            // Re-read right before signalling: same pid, same start time, still in the group.
-            if let Ok(Some(now)) = stat(m.pid)
-                && now.start == m.start
-                && now.pgrp == pgid
-                && !now.is_dead()
-                && !is_self_or_ancestor(m.pid)
-            {
-                match kill(Pid::from_raw(m.pid), Signal::SIGKILL) {
-                    Ok(()) | Err(nix::errno::Errno::ESRCH) => {
-                        killed.insert((m.pid, m.start));
-                    }
-                    Err(e) => return Err(format!("cannot signal pid {}: {e}", m.pid)),
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
+mod kill;
+mod script;
 
-/// SIGKILLs a lease's recorded holder (pid and start time as recorded) once it provably is a
-/// holder of this lock ([`JobEvidence::check_holder`]), and waits for it to be gone or a zombie.
-pub fn kill_verified(pid: i32, start: u64, ev: &JobEvidence, wait: Duration) -> Result<(), String> {
-    match stat(pid) {
-        Ok(Some(s)) if s.start == start && !s.is_dead() => match ev.check_holder(&s) {
-            Evidence::Belongs => {}
-            Evidence::NotOurs(why) => {
-                return Err(format!(
-                    "{why}: not a holder of this lock (a forged or copied lease?); not signalling it"
-                ));
-            }
-            Evidence::Unknown(why) => {
-                return Err(format!(
-                    "pid {pid} cannot be checked: {why}; not signalling it"
-                ));
-            }
-        },
-        Ok(_) => return Ok(()),
-        Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
-    }
-    kill_checked(pid, start, wait)
-}
-
-/// SIGKILLs `pid` if it still has start time `start`, and waits for it to be gone or a zombie.
-/// Callers must have verified it first. Never this process or one of its ancestors.
-pub(crate) fn kill_checked(pid: i32, start: u64, wait: Duration) -> Result<(), String> {
-    match stat(pid) {
-        Ok(Some(s)) if s.start == start && !s.is_dead() => {}
-        Ok(_) => return Ok(()),
-        Err(e) => return Err(format!("cannot inspect pid {pid}: {e}")),
-    }
-    if is_self_or_ancestor(pid) {
-        return Err(format!(
-            "pid {pid} is this process or one of its ancestors: never signalled"
-        ));
-    }
-    match kill(Pid::from_raw(pid), Signal::SIGKILL) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(e) => return Err(format!("cannot signal pid {pid}: {e}")),
-    }
-    let deadline = Instant::now() + wait;
-    while liveness(pid, start) == Liveness::Alive {
-        if Instant::now() >= deadline {
-            let w = crate::clock::human_duration(wait);
-            return Err(format!("pid {pid} still alive {w} after SIGKILL"));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Ok(())
-}
+pub(crate) use kill::kill_checked;
+pub use kill::{kill_group_verified, kill_verified};
+pub use script::{cmdline, controlling_tty, descends_from, terminal_path};
 
 #[cfg(test)]
 mod tests;

@@ -93,6 +93,13 @@ pub struct Holder {
     /// Free text from the holder (`--note`).
     #[serde(default)]
     pub note: Option<String>,
+    /// Script mode (`leasehold lock`): `pid` is a *keeper* holding the lease on behalf of
+    /// `child_pid` (the script), which it did not start and whose initial environment carries no
+    /// `LEASEHOLD_*` variables. Written only when true, so every other record keeps the exact
+    /// bytes of format 1; a reader that does not know the field ignores it and still judges the
+    /// record safely (see PROTOCOL.md §2). See [`crate::LeaseBuilder::on_behalf_of`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_behalf: bool,
 }
 
 impl Holder {
@@ -106,6 +113,15 @@ impl Holder {
             crate::text::escape(&self.host),
             self.pid
         );
+        if let (true, Some(c)) = (self.on_behalf, self.child_pid) {
+            // Script mode: `pid` is the keeper; the script is the one to name.
+            s = format!(
+                "{}@{} script pid {c} (keeper pid {})",
+                crate::text::escape(&self.user),
+                crate::text::escape(&self.host),
+                self.pid
+            );
+        }
         if !self.command.is_empty() {
             let mut cmd = crate::text::quote_argv(&self.command);
             if cmd.chars().count() > 60 {

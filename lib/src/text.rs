@@ -202,6 +202,28 @@ pub fn quote_argv<S: AsRef<OsStr>>(argv: &[S]) -> String {
     out
 }
 
+/// `bytes` as one POSIX shell word that `eval` turns back into exactly these bytes: in single
+/// quotes, each `'` written as `'\''`. Unlike [`quote_argv`] (for people), nothing is escaped:
+/// a newline stays a newline. For machine-read output only (`leasehold lock`'s exports), never
+/// for a terminal.
+///
+/// ```
+/// assert_eq!(leasehold::text::sh_word(b"it's"), b"'it'\\''s'".to_vec());
+/// ```
+pub fn sh_word(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 2);
+    out.push(b'\'');
+    for &b in bytes {
+        if b == b'\'' {
+            out.extend_from_slice(b"'\\''");
+        } else {
+            out.push(b);
+        }
+    }
+    out.push(b'\'');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,6 +145,12 @@ pub enum Command {
     /// Show who holds each LOCK, and since when.
     #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
+    /// Take the lease on LOCK for the calling script; print `export` lines for `eval`.
+    #[command(after_help = LOCK_HELP)]
+    Lock(LockArgs),
+    /// Release early a lease taken by `leasehold lock` (from the script or a process it started).
+    #[command(after_help = EXIT_CODES)]
+    Unlock(UnlockArgs),
     /// Break the lease on LOCK: a stale one, one named by its id, or (--force) any.
     #[command(name = "break", after_help = BREAK_HELP)]
     Break(BreakArgs),
@@ -200,6 +206,68 @@ pub struct RunArgs {
     /// The command and its arguments, after `--` (or use -c).
     #[arg(value_name = "CMD", last = true)]
     pub cmd: Vec<OsString>,
+}
+
+/// How `leasehold lock` is used, printed after its `--help`.
+pub const LOCK_HELP: &str = "\
+Script mode:
+  out=$(leasehold lock -n /run/lock/job.lock) || exit $?
+  eval \"$out\"      # sets LEASEHOLD_LOCK, LEASEHOLD_TOKEN, LEASEHOLD_LEASE_ID
+  ...               # the work; the lease is released when the script exits
+  leasehold unlock /run/lock/job.lock   # optional: release it early
+Do not write eval \"$(leasehold lock ...)\" || exit: eval of an empty string succeeds, so a
+failed lock would not stop the script. A keeper process renews the lease, releases it when the
+script exits, and stops the script (TERM, grace, KILL; its process group when it leads one)
+if the lease is lost. A script with a controlling terminal is never signalled: it is told on
+that terminal. Exit statuses as for `run` (0: held).";
+
+/// `leasehold lock [OPTIONS] LOCK`: the lease for the calling process.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// Fail at once if the lock is held.
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    pub no_wait: bool,
+    /// Give up after DURATION (default: wait forever).
+    #[arg(short = 'w', long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+    /// Lease time-to-live.
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration, default_value = "30s")]
+    pub ttl: Duration,
+    /// Renewal interval [default: TTL/3].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
+    pub heartbeat: Option<Duration>,
+    /// SIGTERM-to-SIGKILL grace when fencing the script [default: min(5s, TTL/4)].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
+    pub grace: Option<Duration>,
+    /// Exit status when the lock could not be had.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 75)]
+    pub conflict_exit_code: u8,
+    /// Free text stored in the lease (shown by `status`).
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
+    /// Hold the lease for process PID instead of the caller (the parent of `leasehold lock`).
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<i32>,
+    /// Poll instead of waiting for change notifications (for NFS).
+    #[arg(long)]
+    pub poll: bool,
+    /// Print only errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The lock file (created if missing; its directory must exist).
+    #[arg(value_name = "LOCK")]
+    pub lock: PathBuf,
+}
+
+/// `leasehold unlock LOCK`.
+#[derive(Debug, Args)]
+pub struct UnlockArgs {
+    /// Print only errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The lock file.
+    #[arg(value_name = "LOCK")]
+    pub lock: PathBuf,
 }
 
 /// `leasehold status [--json] LOCK...`.

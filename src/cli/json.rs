@@ -30,6 +30,8 @@ pub fn verdict(v: &Verdict) -> Value {
         "lease_state": l.map(|l| l.state),
         "pid": h.map(|h| h.pid),
         "child_pid": h.and_then(|h| h.child_pid),
+        "script_pid": h.filter(|h| h.on_behalf).and_then(|h| h.child_pid),
+        "keeper_pid": h.filter(|h| h.on_behalf).map(|h| h.pid),
         "pgid": h.and_then(|h| h.pgid),
         "host": h.map(|h| h.host.clone()),
         "user": h.map(|h| h.user.clone()),

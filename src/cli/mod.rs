@@ -1,4 +1,5 @@
-//! The command-line interface: `leasehold run`, `status` and `break`, mapped onto the library.
+//! The command-line interface: `leasehold run`, `lock`, `unlock`, `status` and `break`, mapped
+//! onto the library.
 //!
 //! Owns: parsing the command line (see [`args`]), choosing the subcommand, and turning every
 //! outcome into exactly one exit status (usage errors are 64, never clap's 2). Must never: hold
@@ -32,10 +33,12 @@ pub mod duration;
 pub mod exit;
 pub mod generate;
 pub mod json;
-mod progress;
+mod lock;
+pub(crate) mod progress;
 pub mod report;
-mod run;
+pub(crate) mod run;
 mod status;
+mod unlock;
 
 use clap::Parser;
 use clap::error::ErrorKind;
@@ -94,6 +97,8 @@ where
         }
         Some(args::Command::Run(a)) => run::run(&a),
         Some(args::Command::Status(a)) => status::status(&a),
+        Some(args::Command::Lock(a)) => lock::lock(&a),
+        Some(args::Command::Unlock(a)) => unlock::unlock(&a),
         Some(args::Command::Break(a)) => brk::brk(&a),
         // clap shows the help when nothing is given; `--generate` was handled above.
         None => exit::USAGE,

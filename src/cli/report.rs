@@ -262,6 +262,30 @@ pub fn fenced_line(cmd: &str, reason: &str, lock: &Path, survivors: usize) -> St
     s
 }
 
+/// What a keeper writes on its script's terminal when the lease is lost: the script is not
+/// signalled (it has a terminal), so the person at it must know its work is unprotected.
+pub fn script_lost_line(lock: &Path, reason: &str, pid: i32) -> String {
+    format!(
+        "leasehold: the lease on {} was lost ({}): pid {pid} was not stopped because it has a terminal, and its work is no longer protected; the lock stays blocked until it ends",
+        escape_path(lock),
+        scrub(reason)
+    )
+}
+
+/// `leasehold lock` refusing to hold a lease for a process it may not (another user's, pid 1,
+/// a process that does not exist).
+pub fn lock_target_refused(pid: i32, why: &str) -> String {
+    format!(
+        "leasehold: cannot hold a lock for pid {pid}: {}",
+        scrub(why)
+    )
+}
+
+/// `leasehold unlock` refused, or with nothing to do.
+pub fn unlock_line(lock: &Path, what: &str) -> String {
+    format!("leasehold: unlock {}: {}", escape_path(lock), scrub(what))
+}
+
 /// `leasehold: acquired LOCK (token N, lease id ID, TTL .., heartbeat .., grace ..)` (`-v`).
 pub fn acquired_line(g: &leasehold::LeaseGuard) -> String {
     let t = g.timing();
@@ -390,6 +414,10 @@ fn field(s: &mut String, name: &str, value: &str) {
 /// `user@host pid N` of a lease's holder, escaped.
 fn holder_text(l: &Lease) -> String {
     let h = &l.holder;
+    if let (true, Some(c)) = (h.on_behalf, h.child_pid) {
+        let (user, host) = (escape(&h.user), escape(&h.host));
+        return format!("{user}@{host} script pid {c} (keeper pid {})", h.pid);
+    }
     format!("{}@{} pid {}", escape(&h.user), escape(&h.host), h.pid)
 }
 
@@ -419,13 +447,23 @@ fn free_fields(s: &mut String, v: &Verdict, l: &Lease) {
 fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
     let h = &l.holder;
     let cmd = text::quote_argv(&h.command);
-    field(s, "holder", &holder_text(l));
-    if let Some(c) = h.child_pid {
-        let pg = h
-            .pgid
-            .map(|g| format!(", process group {g}"))
-            .unwrap_or_default();
-        field(s, "child", &format!("pid {c}{pg}"));
+    let pg = h
+        .pgid
+        .map(|g| format!(", process group {g}"))
+        .unwrap_or_default();
+    match (h.on_behalf, h.child_pid) {
+        // Script mode: the holder is the script; `pid` is the keeper renewing for it.
+        (true, Some(c)) => {
+            let who = format!("{}@{} pid {c}", escape(&h.user), escape(&h.host));
+            field(s, "holder", &format!("{who} (script mode{pg})"));
+            field(s, "keeper", &format!("pid {}", h.pid));
+        }
+        (_, c) => {
+            field(s, "holder", &holder_text(l));
+            if let Some(c) = c {
+                field(s, "child", &format!("pid {c}{pg}"));
+            }
+        }
     }
     if !cmd.is_empty() {
         field(s, "command", &cmd);

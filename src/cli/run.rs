@@ -14,7 +14,7 @@ use leasehold::{Error, LeaseBuilder, LeaseGuard, LossReason};
 use std::path::Path;
 
 /// Whether an acquisition error means "the lock could not be had" (exit -E, default 75).
-fn is_conflict(e: &Error) -> bool {
+pub(crate) fn is_conflict(e: &Error) -> bool {
     matches!(
         e,
         Error::WouldBlock { .. }

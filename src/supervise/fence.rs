@@ -67,17 +67,25 @@ impl Supervisor {
     /// Fences: SIGTERM (and SIGCONT) the command's group, wait up to `grace`, SIGKILL the group
     /// and the command, wait until nothing in the group lives, and only then reap the command.
     pub(super) fn fence(&self, child: Pid, grace: Duration, reason: String) -> Outcome {
-        let _ = killpg(child, Signal::SIGTERM);
-        let _ = kill(child, Signal::SIGTERM);
-        let _ = killpg(child, Signal::SIGCONT);
-        let end = Instant::now() + grace;
-        while job_alive(child) && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(2).min(end - Instant::now()));
-        }
-        let survivors = kill_group_and_wait(child, Some(child), KILL_WAIT);
+        let survivors = stop_job(child, grace);
         let _ = waitpid(child, None);
         Outcome::Fenced { reason, survivors }
     }
+}
+
+/// The fence sequence, shared with script mode's keeper (`crate::script`): SIGTERM (and
+/// SIGCONT) the process group `leader` leads and `leader` itself, wait up to `grace` for them
+/// to end, SIGKILL the group and `leader`, and wait until nothing of it lives. Reaps nothing.
+/// Returns how many processes were still alive at the end.
+pub(crate) fn stop_job(leader: Pid, grace: Duration) -> usize {
+    let _ = killpg(leader, Signal::SIGTERM);
+    let _ = kill(leader, Signal::SIGTERM);
+    let _ = killpg(leader, Signal::SIGCONT);
+    let end = Instant::now() + grace;
+    while job_alive(leader) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(2).min(end - Instant::now()));
+    }
+    kill_group_and_wait(leader, Some(leader), KILL_WAIT)
 }
 
 /// Why the lease was lost, in words.

@@ -58,7 +58,7 @@
 //! killed from outside while the lease was taken (a contender stopping a frozen wrapper's job, a
 //! forced break) also counts as fenced.
 
-mod fence;
+pub(crate) mod fence;
 mod signals;
 mod spawn;
 mod terminal;

@@ -1,6 +1,7 @@
 //! The `leasehold` command line: run, status and break, contention between runs, fencing of the
-//! command, the terminal, the README's examples, the manual page, completions and systemd recipe
-//! (`manual`), and the messages a first-time user reads (`messages`).
+//! command, the terminal, script mode (lock/unlock), the README's examples, the manual page,
+//! completions and systemd recipe (`manual`), and the messages a first-time user reads
+//! (`messages`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -11,6 +12,7 @@ mod fencing;
 mod manual;
 mod messages;
 mod readme;
+mod script;
 mod skips;
 mod terminal;
 

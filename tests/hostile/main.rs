@@ -9,6 +9,7 @@ mod hostile_files;
 mod multiuser;
 mod output;
 mod planted_names;
+mod script_users;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
 /// with `--exact worker --include-ignored` and a role. Ignored in a normal run, where it would

@@ -70,6 +70,7 @@ pub fn crafted(pid: i32, pid_start: u64, who: &Identity, ttl: Duration, token: u
             user: who.user.clone(),
             command: vec!["crafted-by-test".into()],
             note: Some("crafted by a core test".into()),
+            on_behalf: false,
         },
         ended: None,
         damaged: false,

@@ -76,6 +76,7 @@ fn lease(host: &str, state: LeaseState) -> Lease {
             user: "alice".into(),
             command: vec!["job".into()],
             note: None,
+            on_behalf: false,
         },
         ended: (state != LeaseState::Held).then(|| Ending {
             at: "2026-11-29T16:09:00.000000Z".into(),
@@ -332,4 +333,31 @@ fn wall_clock_shortcut_is_opt_in() {
     j.wall_skew = Some(Duration::from_secs(600));
     let v = j.judge_by(&c, &mut Memory::default(), &p);
     expect(&v, State::Stale, "allowed skew");
+}
+
+#[test]
+fn a_script_mode_lease_lives_with_its_script_not_its_keeper() {
+    let w = world();
+    let mut l = lease("here", LeaseState::Held);
+    l.holder.on_behalf = true; // pid 4242 is the keeper, child 4243 the script
+    let c = content(&l);
+    let mut mem = Memory::default();
+    // Keeper alive, script gone: stale at once, whatever the keeper does.
+    let keeper_only = FakeProcs {
+        alive: vec![(4242, 99)],
+        ..Default::default()
+    };
+    expect(
+        &w.judge(&c, &mut mem, &keeper_only),
+        State::Stale,
+        "script exited",
+    );
+    // Keeper gone, script alive: held, and hung once the heartbeat has not moved for a TTL.
+    let script_only = FakeProcs {
+        alive: vec![(4243, 100)],
+        ..Default::default()
+    };
+    expect(&w.judge(&c, &mut mem, &script_only), State::Held, "alive");
+    w.clock.advance(TTL);
+    expect(&w.judge(&c, &mut mem, &script_only), State::Hung, "frozen");
 }

@@ -22,6 +22,7 @@ fn sample() -> Lease {
             user: "alice".into(),
             command: vec!["terraform".into(), "apply".into()],
             note: Some("hi \"there\"\n".into()),
+            on_behalf: false,
         },
         ended: None,
         damaged: false,
@@ -139,4 +140,25 @@ fn foreign_and_newer() {
         Lease::parse(deep.as_bytes()),
         Parsed::NotALease(_)
     ));
+}
+
+#[test]
+fn on_behalf_is_written_only_when_set_and_read_back() {
+    let plain = sample().to_bytes();
+    assert!(!String::from_utf8_lossy(&plain).contains("on_behalf"));
+    let mut l = sample();
+    l.holder.on_behalf = true;
+    l.holder.child_pid = Some(4243);
+    l.holder.child_start = Some(100);
+    let bytes = l.to_bytes();
+    assert!(String::from_utf8_lossy(&bytes).contains("\"on_behalf\": true"));
+    match Lease::parse(&bytes) {
+        Parsed::Lease(p) => assert_eq!(*p, l),
+        other => panic!("{other:?}"),
+    }
+    // A reader of this version reads a record without the field as not on behalf.
+    match Lease::parse(&plain) {
+        Parsed::Lease(p) => assert!(!p.holder.on_behalf),
+        other => panic!("{other:?}"),
+    }
 }

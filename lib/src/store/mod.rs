@@ -60,7 +60,16 @@ impl Binding for LockPaths {
         &self.lock
     }
     fn evidence(&self, lease: &Lease) -> JobEvidence {
-        JobEvidence::for_lock(&lease.lease_id, lease.holder.uid, self)
+        let h = &lease.holder;
+        let ev = JobEvidence::for_lock(&lease.lease_id, h.uid, self);
+        // Script mode: the script carries nothing in its environment; the lease file names it,
+        // believed only when its own uid (or root) wrote that file (PROTOCOL.md §10).
+        match (h.on_behalf, h.child_pid, h.child_start) {
+            (true, Some(c), Some(cs)) if crate::fsio::written_by_holder(self, lease) => {
+                ev.with_trusted_child(c, cs)
+            }
+            _ => ev,
+        }
     }
     fn observations(&self) -> Option<&LockPaths> {
         Some(self)

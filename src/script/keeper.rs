@@ -1,0 +1,325 @@
+//! The keeper: a detached process that holds a lease for a script.
+//!
+//! Owns: detaching (PDEATHSIG, session, stdio, descriptors), taking the lease on the script's
+//! behalf, the keeper's half of the hand-over, and then, until the lease ends: releasing it when
+//! the script exits (pidfd) or a verified `leasehold unlock` asks (SIGUSR1 read from a
+//! signalfd, whose sender the kernel names), and fencing the script when the lease is lost.
+//! Must never: release before the front has said the exports were printed in full or could
+//! not be (`p`/`a`); signal a script with a controlling terminal; honour an unlock from a
+//! process that is not the script, a descendant of it, or a process carrying this lease in
+//! its environment.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::stat::Mode;
+use nix::unistd::{Pid, getppid, pipe2, setsid};
+
+use leasehold::process::{self, JobEvidence};
+use leasehold::{LeaseBuilder, LeaseGuard, LockPaths};
+
+use super::{Patience, keep_fds};
+use crate::cli::progress::WaitDisplay;
+use crate::cli::{exit, report};
+
+/// Everything the keeper starts from, handed over by `fork`.
+pub(super) struct Keeper {
+    pub builder: LeaseBuilder,
+    pub how: Patience,
+    pub quiet: bool,
+    pub conflict: u8,
+    pub front: i32,
+    pub script_pid: i32,
+    pub script_start: u64,
+    pub up: OwnedFd,
+    pub down: OwnedFd,
+}
+
+/// The keeper's whole life; never returns.
+pub(super) fn run(k: Keeper) -> ! {
+    std::process::exit(match detach(&k) {
+        Ok(()) => keep(k),
+        Err(_) => exit::SOFTWARE,
+    })
+}
+
+/// Dies with the front until the hand-over is done; own session; stdin and stdout on
+/// /dev/null; every descriptor but stderr and the two pipe ends closed (the script's own, a
+/// cron job's output pipe). SIGUSR1 is blocked before any thread exists, for the signalfd.
+fn detach(k: &Keeper) -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    if getppid().as_raw() != k.front {
+        // The front died before PDEATHSIG was set: nobody waits for us.
+        std::process::exit(0);
+    }
+    setsid()?;
+    let null = nix::fcntl::open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())?;
+    nix::unistd::dup2_stdin(&null)?;
+    nix::unistd::dup2_stdout(&null)?;
+    drop(null);
+    let keep = keep_fds(&k.up, &k.down);
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open.into_iter().filter(|fd| !keep.contains(fd)) {
+        // SAFETY: a descriptor inherited from the front that nothing in this process owns
+        // (the front's own pipe ends were dropped before); the directory listing's own
+        // descriptor is already closed, and closing a stale number fails harmlessly.
+        let _ = nix::unistd::close(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    SigSet::from(Signal::SIGUSR1).thread_block()?;
+    Ok(())
+}
+
+/// Takes the lease, hands it over, keeps it; the exit status.
+fn keep(k: Keeper) -> i32 {
+    let mut up = File::from(k.up);
+    let mut down = File::from(k.down);
+    let Some(script) = open_script(k.script_pid, k.script_start) else {
+        let _ = up.write_all(b"gone\n");
+        return 0;
+    };
+    let Ok((lost_r, lost_w)) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK) else {
+        let _ = up.write_all(format!("fail {}\n", exit::SOFTWARE).as_bytes());
+        return exit::SOFTWARE;
+    };
+    let lost = File::from(lost_r);
+    let guard = match take(&k.builder, k.how, k.quiet, lost_w) {
+        Ok(g) => g,
+        Err(e) => {
+            let code = if crate::cli::run::is_conflict(&e) {
+                if !k.quiet {
+                    say(&report::error_line(&e));
+                }
+                i32::from(k.conflict)
+            } else {
+                say(&report::error_line(&e));
+                exit::exit_code(&e)
+            };
+            let _ = up.write_all(format!("fail {code}\n").as_bytes());
+            return code;
+        }
+    };
+    if let (Some(v), false) = (guard.broke(), k.quiet) {
+        say(&report::broke_line(v, false));
+    }
+    // From here on nothing is printed: stderr too goes to /dev/null, so a caller reading it to
+    // its end (cron) is not kept waiting by us.
+    if let Ok(null) = nix::fcntl::open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
+    {
+        let _ = nix::unistd::dup2_stderr(&null);
+    }
+    let path = guard.path().as_os_str().as_encoded_bytes().to_vec();
+    let mut msg =
+        format!("ok {} {} {}\n", guard.token(), guard.lease_id(), path.len()).into_bytes();
+    msg.extend_from_slice(&path);
+    if up.write_all(&msg).is_err() {
+        // The front is gone: PDEATHSIG is on its way. Never release (see the module doc).
+        std::process::exit(exit::SOFTWARE);
+    }
+    let mut answer = [0u8; 1];
+    match down.read(&mut answer) {
+        Ok(1) if answer[0] == b'p' => {
+            if nix::sys::prctl::set_pdeathsig(None).is_err() {
+                std::process::exit(exit::SOFTWARE);
+            }
+            let _ = up.write_all(b"k");
+        }
+        Ok(1) if answer[0] == b'a' => {
+            let _ = guard.release_with("released: leasehold lock could not print the exports");
+            let _ = up.write_all(b"r");
+            return exit::SOFTWARE;
+        }
+        // The front died after we wrote `ok`: it may have printed the exports. Keep the lease
+        // unreleased; the script, if it lives, is judged as a frozen holder's.
+        _ => std::process::exit(exit::SOFTWARE),
+    }
+    drop(up);
+    drop(down);
+    let how = watch(&guard, &script, &lost, k.script_pid, k.script_start);
+    let _ = guard.release_with(&how);
+    0
+}
+
+/// A pidfd on the script, checked against its start time (closing the PID-reuse race).
+fn open_script(pid: i32, start: u64) -> Option<OwnedFd> {
+    let raw = rustix::process::Pid::from_raw(pid)?;
+    let fd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).ok()?;
+    match process::stat(pid) {
+        Ok(Some(s)) if s.start == start && !s.is_dead() => Some(fd),
+        _ => None,
+    }
+}
+
+/// Acquires as asked, showing the wait on stderr; its loss is written to `lost_w`.
+fn take(
+    b: &LeaseBuilder,
+    how: Patience,
+    quiet: bool,
+    lost_w: OwnedFd,
+) -> leasehold::Result<LeaseGuard> {
+    let lost_w = Arc::new(File::from(lost_w));
+    let display = WaitDisplay::new(quiet);
+    let shown = display.clone();
+    let b = b
+        .clone()
+        .on_lost(move |_| {
+            let _ = (&*lost_w).write(b"!");
+        })
+        .on_wait(move |v| shown.waiting(v));
+    let got = match how {
+        Patience::NoWait => b.try_acquire(),
+        Patience::Upto(w) => b.acquire_timeout(w),
+        Patience::Forever => b.acquire(),
+    };
+    display.done();
+    got
+}
+
+/// Until the lease ends: the script exits, a verified unlock, or the lease is lost (fence).
+/// Returns how it ended, for the released record.
+fn watch(guard: &LeaseGuard, script: &OwnedFd, lost: &File, pid: i32, start: u64) -> String {
+    let Ok(signals) = SignalFd::with_flags(
+        &SigSet::from(Signal::SIGUSR1),
+        SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK,
+    ) else {
+        return stop_or_tell(
+            guard,
+            script,
+            pid,
+            "the keeper cannot receive unlock requests",
+        );
+    };
+    let lease = guard.lease();
+    let ev = LockPaths::new(guard.path())
+        .map(|p| JobEvidence::new(&guard.lease_id(), lease.holder.uid, &p.lock, &p.mutex));
+    loop {
+        let mut fds = [
+            PollFd::new(script.as_fd(), PollFlags::POLLIN),
+            PollFd::new(lost.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => {
+                return stop_or_tell(guard, script, pid, "the keeper cannot watch the script");
+            }
+        }
+        if fds[0].any().unwrap_or(false) {
+            let left = stop_leftovers(guard, guard.timing().grace);
+            return match left {
+                0 => format!("script pid {pid} exited"),
+                n => format!("script pid {pid} exited ({n} leftover process(es) stopped)"),
+            };
+        }
+        if fds[1].any().unwrap_or(false) || guard.is_lost() {
+            let why = guard
+                .loss()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| "lease lost".into());
+            return stop_or_tell(guard, script, pid, &why);
+        }
+        while let Ok(Some(si)) = signals.read_signal() {
+            let asker = si.ssi_pid as i32;
+            let ok = process::descends_from(asker, pid, start)
+                || ev.as_ref().is_ok_and(|ev| ev.carried_by(asker));
+            let same_user =
+                matches!(process::stat(asker), Ok(Some(s)) if s.uid == lease.holder.uid);
+            if ok && same_user {
+                return format!("unlocked by pid {asker}");
+            }
+        }
+    }
+}
+
+/// The lease was lost (or can no longer be watched): stop the script as `run` stops its
+/// command — unless it has a controlling terminal, which is told instead. Returns how it ended.
+fn stop_or_tell(guard: &LeaseGuard, script: &OwnedFd, pid: i32, why: &str) -> String {
+    let lock = guard.path().to_path_buf();
+    let gone = {
+        let mut fds = [PollFd::new(script.as_fd(), PollFlags::POLLIN)];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    };
+    if gone {
+        format!("script pid {pid} exited; {why}")
+    } else if process::controlling_tty(pid).is_some() {
+        if let Some(tty) = process::terminal_path(pid) {
+            tell(&tty, &report::script_lost_line(&lock, why, pid));
+        }
+        // Not signalled, so never released either: the lease (held or revoked) keeps naming
+        // the live script, and no contender on this host takes over beside it (a takeover
+        // refuses to stop a script at a terminal). It frees when the script ends.
+        std::process::exit(0)
+    } else {
+        let grace = guard.timing().grace;
+        let left = crate::supervise::fence::stop_job(Pid::from_raw(pid), grace);
+        stop_carriers(guard, pid, grace);
+        format!("fenced: {why} ({left} process(es) survived)")
+    }
+}
+
+/// When the script has exited: what it started after the `eval` (processes carrying this
+/// lease in their environment) and left running in its recorded process group is stopped
+/// before the release, as `run` stops its command's leftovers — SIGTERM, up to `grace`, then
+/// the verified SIGKILL. Returns how many there were.
+fn stop_leftovers(guard: &LeaseGuard, grace: Duration) -> usize {
+    let lease = guard.lease();
+    let (Some(pg), Ok(p)) = (lease.holder.pgid, LockPaths::new(guard.path())) else {
+        return 0;
+    };
+    let ev = JobEvidence::new(&lease.lease_id, lease.holder.uid, &p.lock, &p.mutex);
+    let left = process::judge_group(pg, &ev).belongs;
+    if left.is_empty() {
+        return 0;
+    }
+    for m in &left {
+        if matches!(process::stat(m.pid), Ok(Some(s)) if s.start == m.start) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(m.pid), Signal::SIGTERM);
+        }
+    }
+    let end = std::time::Instant::now() + grace;
+    while !process::judge_group(pg, &ev).belongs.is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = process::kill_group_verified(pg, &ev, Duration::from_secs(2));
+    left.len()
+}
+
+/// Script mode's children that carry the lease in their environment and share a process group
+/// the script does not lead (so `stop_job` did not reach them): each verified, SIGKILLed.
+fn stop_carriers(guard: &LeaseGuard, pid: i32, grace: Duration) {
+    let lease = guard.lease();
+    let Some(pg) = lease.holder.pgid.filter(|pg| *pg != pid) else {
+        return;
+    };
+    if let Ok(p) = LockPaths::new(guard.path()) {
+        let ev = JobEvidence::new(&lease.lease_id, lease.holder.uid, &p.lock, &p.mutex);
+        let _ = process::kill_group_verified(pg, &ev, grace.max(Duration::from_secs(1)));
+    }
+}
+
+/// Writes one line to the script's terminal, without making it ours and without blocking.
+fn tell(tty: &std::path::Path, line: &str) {
+    let fd = nix::fcntl::open(
+        tty,
+        OFlag::O_WRONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    );
+    if let Ok(fd) = fd {
+        let text = format!("\r\n{}\r\n", leasehold::text::scrub(line));
+        let _ = File::from(fd).write_all(text.as_bytes());
+    }
+}
+
+/// One line on stderr (the front's, while we wait; /dev/null after), as `cli`'s `say!` writes it.
+fn say(line: &str) {
+    let _ = writeln!(io::stderr(), "{}", leasehold::text::scrub(line));
+}
