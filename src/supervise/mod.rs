@@ -267,6 +267,8 @@ pub struct Supervisor {
     forwarded: Vec<Signal>,
     tty: Option<Terminal>,
     leftovers: std::cell::Cell<usize>,
+    /// Whether leasehold is a child subreaper (see `fence.rs`).
+    subreaper: bool,
 }
 
 impl Supervisor {
@@ -284,12 +286,16 @@ impl Supervisor {
         WAKE_FD.store(tx.as_raw_fd(), Ordering::Release);
         LOST.store(false, Ordering::Release);
         install(Signal::SIGCHLD)?;
+        // Orphans of the command come back to us, so that an ended command's group is known to
+        // be empty without a scan of every process on the host (`fence.rs`).
+        let subreaper = nix::sys::prctl::set_child_subreaper(true).is_ok();
         Ok(Supervisor {
             wake_rx: rx,
             wake_tx: tx,
             forwarded: Vec::new(),
             tty: None,
             leftovers: std::cell::Cell::new(0),
+            subreaper,
         })
     }
 
@@ -357,6 +363,8 @@ impl Supervisor {
                 return Ok(self.fence(child, guard.timing().grace, reason));
             }
             self.forward_pending(child);
+            // Orphans re-parented to us that have died (never the command).
+            fence::reap_adopted_except(Some(child));
             // Signals, the command's end and loss all write to the wake pipe; the timeout is only
             // a safety net, kept long (ten minutes) so that an idle job is woken by its
             // renewals alone.
