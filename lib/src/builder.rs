@@ -53,6 +53,8 @@ pub struct LeaseBuilder {
     pub(crate) grace: Option<Duration>,
     pub(crate) note: Option<String>,
     pub(crate) command: Option<Vec<String>>,
+    /// The job's process, already forked and held back: pid, start time, process group.
+    pub(crate) child: Option<(i32, u64, i32)>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) identity: Option<Identity>,
     pub(crate) wall_skew: Option<Duration>,
@@ -91,6 +93,7 @@ impl LeaseBuilder {
             grace: None,
             note: None,
             command: None,
+            child: None,
             clock: Arc::new(SystemClock),
             identity: None,
             wall_skew: None,
@@ -128,6 +131,15 @@ impl LeaseBuilder {
     /// The command line to record as what the holder runs (default: this process's argv).
     pub fn command(mut self, argv: Vec<String>) -> Self {
         self.command = Some(argv);
+        self
+    }
+    /// The process that runs the job under the lease — its pid, start time (/proc/PID/stat
+    /// field 22) and process group — forked already and held back until the lease is taken:
+    /// the lease names it from its first write (one atomic write instead of a second one by
+    /// [`LeaseGuard::set_child`](crate::LeaseGuard::set_child)). The process must not run the
+    /// job before the acquisition returns.
+    pub fn child(mut self, pid: i32, start: u64, pgid: i32) -> Self {
+        self.child = Some((pid, start, pgid));
         self
     }
     /// Injects a clock (tests use skewed ones).
@@ -201,9 +213,9 @@ impl LeaseBuilder {
             holder: Holder {
                 pid: std::process::id() as i32,
                 pid_start: process::own_start_time(),
-                child_pid: None,
-                child_start: None,
-                pgid: None,
+                child_pid: self.child.map(|c| c.0),
+                child_start: self.child.map(|c| c.1),
+                pgid: self.child.map(|c| c.2),
                 host: me.host.clone(),
                 boot_id: me.boot_id.clone(),
                 pid_ns: me.pid_ns,

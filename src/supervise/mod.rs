@@ -83,7 +83,7 @@ use leasehold::{LeaseGuard, LossReason};
 use fence::loss_text;
 pub use signals::FORWARDED;
 use signals::{CREATED, LOST, WAKE_FD, install, wake};
-use spawn::{Prepared, Started};
+use spawn::{Held, Started};
 use terminal::Terminal;
 
 /// How long the wrapper sleeps at most without a wake-up byte: a safety net only (every event
@@ -269,6 +269,8 @@ pub struct Supervisor {
     leftovers: std::cell::Cell<usize>,
     /// Whether leasehold is a child subreaper (see `fence.rs`).
     subreaper: bool,
+    /// The command forked by [`Supervisor::prepare`], held at its gate.
+    held: Option<Held>,
 }
 
 impl Supervisor {
@@ -296,6 +298,7 @@ impl Supervisor {
             tty: None,
             leftovers: std::cell::Cell::new(0),
             subreaper,
+            held: None,
         })
     }
 
@@ -307,9 +310,36 @@ impl Supervisor {
         }
     }
 
+    /// Forks `job`'s process before the lease is taken, held at a gate where it runs nothing of
+    /// its own, and returns its pid and start time: give them to `LeaseBuilder::child` (its
+    /// process group is its pid), so that the lease names it in the one write that takes it.
+    /// [`Supervisor::run`] then opens the gate; [`Supervisor::abandon`] lets it go when the
+    /// lease was not taken. `lock` names the lock in messages.
+    pub fn prepare(&mut self, lock: &Path, job: &Job) -> Result<(i32, u64)> {
+        if let Some(h) = self.held.take() {
+            h.abandon();
+        }
+        let h = Held::fork(lock, job, &self.forwarded)?;
+        let named = (h.child.as_raw(), h.start);
+        self.held = Some(h);
+        Ok(named)
+    }
+
+    /// The lease was not taken: the process forked by [`Supervisor::prepare`] exits at its
+    /// gate, without running the command, and is reaped.
+    pub fn abandon(&mut self) {
+        if let Some(h) = self.held.take() {
+            h.abandon();
+        }
+    }
+
     /// Runs `job` while `guard` holds the lease and returns how it ended. Call it from the main
     /// thread. The caller releases the guard afterwards (recording [`Outcome::ending`]) and
     /// exits with [`Outcome::exit_code`].
+    ///
+    /// The command is the process [`Supervisor::prepare`] forked, if any (the lease names it
+    /// already: the gate opens at once); otherwise it is forked now and recorded in the lease
+    /// ([`LeaseGuard::set_child`]) before its gate opens.
     ///
     /// The command's environment is leasehold's, plus `LEASEHOLD_LOCK` (the absolute LOCK path),
     /// `LEASEHOLD_TOKEN` (the fencing token, decimal) and `LEASEHOLD_LEASE_ID`.
@@ -320,8 +350,7 @@ impl Supervisor {
             }
         }
         self.tty = Terminal::detect();
-        let prepared = Prepared::new(guard, job, &self.forwarded)?;
-        let child = self.spawn(guard, &prepared)?;
+        let child = self.spawn(guard, job)?;
         let outcome = match child {
             Started::Running(pid) => self.supervise(guard, pid)?,
             Started::Done(o) => o,
