@@ -403,7 +403,10 @@ fn a_leftover_ignoring_sigterm_is_sigkilled_after_the_grace_before_release() {
     assert_eq!(out.status.code(), Some(5), "{err}");
     assert!(err.contains("left 1 process(es) running"), "{err}");
     let leftover = read_pid(&gc);
-    assert!(!alive(leftover), "the sleep ignoring SIGTERM {leftover} survived");
+    assert!(
+        !alive(leftover),
+        "the sleep ignoring SIGTERM {leftover} survived"
+    );
     assert_eq!(lease(&lock).expect("lease")["state"], "released");
 }
 
