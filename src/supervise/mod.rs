@@ -20,10 +20,18 @@
 //! *thread* that forked exits). Between `fork` and `exec` the child only makes raw system calls:
 //! it resets the signal dispositions the wrapper changed, moves into its own process group, sets
 //! PDEATHSIG to SIGKILL, checks that its parent is still the wrapper (closing the race with a
-//! wrapper that died just before), and then blocks on a pipe. The wrapper meanwhile records the
-//! child's pid, start time and process group in the lease ([`LeaseGuard::set_child`]) and only
-//! then opens the gate; the child `execve`s the command. An `exec` failure comes back through a
-//! second close-on-exec pipe and ends in exit status 127 (not found) or 126 (cannot run).
+//! wrapper that died just before), and then blocks on a pipe. `leasehold run` forks it before
+//! taking the lease ([`Supervisor::prepare`]), so that the lease names the child's pid, start
+//! time and process group in the write that takes it (`LeaseBuilder::child`); a child forked
+//! after the lease was taken is recorded by a second write ([`LeaseGuard::set_child`]). Only
+//! then does the wrapper open the gate, with a message carrying the token, lease id and LOCK
+//! path into room left in the child's environment; the child `execve`s the command. When the
+//! lease is not taken, [`Supervisor::abandon`] closes the gate unopened and the child exits
+//! without running anything. An `exec` failure comes back through a second close-on-exec pipe
+//! and ends in exit status 127 (not found) or 126 (cannot run).
+//!
+//! Leasehold is a child subreaper while it supervises (orphans of the command come back to it),
+//! so that an ended command's group is known to be empty from its list of children (`fence`).
 //!
 //! # The terminal
 //!
@@ -258,8 +266,9 @@ impl Outcome {
 /// that the guard's loss callback writes to.
 ///
 /// Order of use: [`Supervisor::new`] before taking the lease (so that
-/// [`Supervisor::loss_notifier`] can be given to `LeaseBuilder::on_lost`), then
-/// [`Supervisor::run`] with the guard.
+/// [`Supervisor::loss_notifier`] can be given to `LeaseBuilder::on_lost`), optionally
+/// [`Supervisor::prepare`] (its pid and start time go to `LeaseBuilder::child`), then
+/// [`Supervisor::run`] with the guard — or [`Supervisor::abandon`] if the lease was not taken.
 #[derive(Debug)]
 pub struct Supervisor {
     wake_rx: OwnedFd,
