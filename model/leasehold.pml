@@ -263,7 +263,9 @@ endwait:
 /* ------------------------------------------------ run the command (supervise/, guard.rs) */
 start:
     /* The command's process was forked before the acquisition and held at its gate; the
-       rename above named it (LeaseBuilder::child): no second write of LOCK here. */
+       rename above named it (LeaseBuilder::child): no second write of LOCK here. (A plain
+       step first: a goto may not jump into a d_step.) */
+    ok = 0;
     d_step {                                    /* not lost: open the start gate */
       if
       :: dlc[me] > 0 ->
