@@ -24,7 +24,14 @@
 //! target/bench/contention.json), `LEASEHOLD_BENCH_PYTHON` (a python with filelock; Python rows are
 //! skipped without it), `LEASEHOLD_BENCH_DISK` (disk scratch dir, default target/bench-scratch),
 //! `LEASEHOLD_BENCH_IMPLS` (comma list to restrict: flock,leasehold,filelock,softfilelease),
-//! `LEASEHOLD_BENCH_NS` (comma list of N).
+//! `LEASEHOLD_BENCH_NS` (comma list of N), `LEASEHOLD_BENCH_ROUNDS` (rounds of the paired
+//! hand-over phase, default 5, 2 when quick; 0 skips it).
+//!
+//! Paired hand-over phase: a ratio is only as good as its baseline, and the kernel flock
+//! hand-over moves with the machine's state (12–37 µs here from run to run). So on tmpfs, for
+//! each N ≥ 2, leasehold and flock hand-over cells alternate for several rounds (A B A B …), and
+//! each round gives one ratio of the two p50s measured back to back; the report gives the median
+//! ratio over the rounds with its min–max, beside both absolute p50s.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -636,8 +643,15 @@ fn orchestrate() -> Res<()> {
         results.insert(*fs, per_impl);
     }
 
+    let rounds = std::env::var("LEASEHOLD_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if s.quick { 2 } else { 5 });
+    let paired = paired_handoffs(&s, rounds, ho_secs)?;
+
     let doc = json!({
         "quick": s.quick,
+        "paired": paired,
         "params": {
             "throughput_secs": tp_secs,
             "handoff_secs": ho_secs,
@@ -645,6 +659,7 @@ fn orchestrate() -> Res<()> {
             "handoff_think_us": 500,
             "takeover_trials": trials,
             "leasehold_ttl_s": 30,
+            "paired_rounds": rounds,
         },
         "results": results,
     });
@@ -683,6 +698,48 @@ fn orchestrate() -> Res<()> {
     }
     eprintln!("contention: wrote {}", out.display());
     Ok(())
+}
+
+/// The paired hand-over phase (see the module comment): on tmpfs, for each N ≥ 2 asked for,
+/// `rounds` rounds of a leasehold cell then a flock cell. Returns
+/// `{"fs": "tmpfs", "rows": [{"n": N, "rounds": [{"leasehold": p50, "flock": p50}, ...]}]}`
+/// (µs); a cell that failed is null.
+fn paired_handoffs(s: &Setup, rounds: usize, secs: f64) -> Res<Value> {
+    let pair = [Impl::Leasehold, Impl::Flock];
+    let both = pair
+        .iter()
+        .all(|k| s.impls.iter().any(|i| i.key() == k.key()));
+    if rounds == 0 || !both || !Path::new("/dev/shm").is_dir() {
+        return Ok(Value::Null);
+    }
+    let dir = PathBuf::from("/dev/shm").join(format!("contention-paired-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+    let mut rows = Vec::new();
+    for &n in s.ns.iter().filter(|&&n| n >= 2) {
+        let mut per_round = Vec::new();
+        for r in 0..rounds {
+            let mut cell = serde_json::Map::new();
+            for kind in pair {
+                let lock = dir.join(format!("{}-paired-{n}-{r}.lock", kind.key()));
+                let p50 = run_loop(s, kind, &lock, n, secs, [1000, 3000, 500], true)
+                    .map(|v| v["handoff_p50_us"].clone())
+                    .unwrap_or_else(|e| {
+                        eprintln!("contention: paired {} N={n} round {r}: {e}", kind.key());
+                        Value::Null
+                    });
+                cell.insert(kind.key().into(), p50);
+            }
+            eprintln!(
+                "contention: paired N={n:2} round {r}: leasehold {} flock {}",
+                fmt_us(&cell["leasehold"]),
+                fmt_us(&cell["flock"])
+            );
+            per_round.push(Value::Object(cell));
+        }
+        rows.push(json!({ "n": n, "rounds": per_round }));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(json!({ "fs": "tmpfs", "secs": secs, "rows": rows }))
 }
 
 fn main() {

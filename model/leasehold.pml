@@ -262,15 +262,13 @@ endwait:
 
 /* ------------------------------------------------ run the command (supervise/, guard.rs) */
 start:
-    lock_mutex();                               /* set_child: under the mutex, ensure_ours, */
-    d_step {                                    /* rename the record naming the command */
-      ok = (lk_owner == me && lk_state == HELD);
-      if :: ok -> RENAMED; mine[me] = 1 :: else fi
-    };
-    unlock_mutex();
+    /* The command's process was forked before the acquisition and held at its gate; the
+       rename above named it (LeaseBuilder::child): no second write of LOCK here. (A plain
+       step first: a goto may not jump into a d_step.) */
+    ok = 0;
     d_step {                                    /* not lost: open the start gate */
       if
-      :: ok && dlc[me] > 0 ->
+      :: dlc[me] > 0 ->
          tok[me] = t;
          assert(t > last_tok);                  /* tokens strictly increase in start order */
          last_tok = t;

@@ -2,8 +2,12 @@
 # THE benchmark command: runs every benchmark of issue 6 and writes docs/benchmarks.md and
 # docs/bench.svg.
 #
-#   bash benches/compare/run.sh            # full run, ~10–15 min on 2 cores (includes a 60 s idle holder)
-#   QUICK=1 bash benches/compare/run.sh    # ~2–3 min smoke run, same outputs with fewer samples
+#   bash benches/compare/run.sh            # full run, ~15–20 min on 2 cores (includes a 60 s idle holder)
+#   QUICK=1 bash benches/compare/run.sh    # ~3–4 min smoke run, same outputs with fewer samples
+#
+# Run the full one on a quiet machine: the ratios compare cells measured minutes apart, and the
+# hand-over ratio alternates leasehold and flock cells (LEASEHOLD_BENCH_ROUNDS, default 5) so
+# that a moving baseline shows as spread rather than as a wrong ratio.
 #
 # Installs what it needs: hyperfine, lockfile-progs, liblockfile-bin (Debian, when root) and a
 # venv with Python filelock (target/bench-venv). Raw results go to target/bench/. Re-run it after
@@ -20,7 +24,7 @@ DISK=$ROOT/target/bench-scratch/run-$$
 export LEASEHOLD_BENCH_DISK=$ROOT/target/bench-scratch
 mkdir -p "$OUT" "$TMPFS" "$DISK"
 trap 'rm -rf "$TMPFS" "$DISK"' EXIT
-rm -f "$OUT"/*.json
+rm -f "$OUT"/*.json "$OUT"/*.txt
 log() { printf '\n== %s (%s)\n' "$*" "$(date +%T)" >&2; }
 
 log "tools"
@@ -70,6 +74,30 @@ elif command -v hyperfine >/dev/null; then
       -n dotlockfile "dotlockfile -l $d/dot.lock true" \
       -n lockfile-progs "sh -c 'lockfile-create $d/lp && true && lockfile-remove $d/lp'" \
       -n "sh -c true" "sh -c true" >&2
+  done
+fi
+
+log "whole process against the number of processes on the host"
+# P1 used to grow with every process on the host (a /proc scan at exit). Idle `sleep`
+# processes are added in one process group of our own and removed by that group's id.
+if [ "$QUICK" = 1 ]; then EXTRA=(0 2000); HP=(--warmup 3 --min-runs 20 --max-runs 40); else EXTRA=(0 1000 5000); HP=(--warmup 10 --min-runs 100); fi
+if "$LH" run "$TMPFS/probe.lock" -- true && command -v hyperfine >/dev/null; then
+  for k in "${EXTRA[@]}"; do
+    pg=
+    if [ "$k" -gt 0 ]; then
+      setsid bash -c "for i in \$(seq $k); do sleep 100000 & done; wait" </dev/null >/dev/null 2>&1 &
+      pg=$!
+      # Wait until they are all there.
+      for _ in $(seq 600); do
+        [ "$(pgrep -c -g "$pg" 2>/dev/null || echo 0)" -gt "$k" ] && break
+        sleep 0.1
+      done
+    fi
+    procs=$(ls /proc | grep -c '^[0-9]')
+    hyperfine -N "${HP[@]}" --export-json "$OUT/hostprocs-$k.json" \
+      -n leasehold "$LH run $TMPFS/hp.lock -- true" -n flock "flock $TMPFS/hpf.lock true" >&2 || true
+    echo "{\"extra\": $k, \"procs\": $procs}" > "$OUT/hostprocs-$k.meta.json"
+    if [ -n "$pg" ]; then kill -- "-$pg" 2>/dev/null || true; wait "$pg" 2>/dev/null || true; fi
   done
 fi
 

@@ -53,6 +53,8 @@ pub struct LeaseBuilder {
     pub(crate) grace: Option<Duration>,
     pub(crate) note: Option<String>,
     pub(crate) command: Option<Vec<String>>,
+    /// The job's process, already forked and held back: pid, start time, process group.
+    pub(crate) child: Option<(i32, u64, i32)>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) identity: Option<Identity>,
     pub(crate) wall_skew: Option<Duration>,
@@ -94,6 +96,7 @@ impl LeaseBuilder {
             grace: None,
             note: None,
             command: None,
+            child: None,
             clock: Arc::new(SystemClock),
             identity: None,
             wall_skew: None,
@@ -132,6 +135,15 @@ impl LeaseBuilder {
     /// The command line to record as what the holder runs (default: this process's argv).
     pub fn command(mut self, argv: Vec<String>) -> Self {
         self.command = Some(argv);
+        self
+    }
+    /// The process that runs the job under the lease — its pid, start time (/proc/PID/stat
+    /// field 22) and process group — forked already and held back until the lease is taken:
+    /// the lease names it from its first write (one atomic write instead of a second one by
+    /// [`LeaseGuard::set_child`](crate::LeaseGuard::set_child)). The process must not run the
+    /// job before the acquisition returns.
+    pub fn child(mut self, pid: i32, start: u64, pgid: i32) -> Self {
+        self.child = Some((pid, start, pgid));
         self
     }
     /// Injects a clock (tests use skewed ones).
@@ -214,7 +226,9 @@ impl LeaseBuilder {
 
     /// Our lease as it would be taken at `now` by `me`, token 0.
     pub(crate) fn new_lease(&self, me: &Identity, timing: &Timing, now: &str) -> Lease {
-        let (child_pid, child_start, pgid) = match self.on_behalf {
+        // The process the lease names beside its holder: the script it is held for, or the
+        // command forked (held at its gate) before the lease was taken.
+        let (child_pid, child_start, pgid) = match self.on_behalf.or(self.child) {
             Some((pid, start, pgid)) => (Some(pid), Some(start), Some(pgid)),
             None => (None, None, None),
         };

@@ -2,8 +2,9 @@
 //!
 //! Owns: detecting network file systems (statfs magic), where change notifications from other
 //! hosts never arrive and waiting must poll, and NFS mounts whose locks are host-local
-//! (`local_lock=all|flock`, `nolock` in /proc/self/mountinfo), where the mutex would not
-//! exclude other hosts. Must never: report a mount as safe when its locks are host-local.
+//! (`local_lock=all|flock`, `nolock` in /proc/self/mountinfo, read only when statfs names a
+//! network file system), where the mutex would not exclude other hosts. Must never: report a
+//! mount as safe when its locks are host-local.
 
 use std::path::Path;
 
@@ -12,7 +13,8 @@ use std::path::Path;
 pub struct FsInfo {
     /// A network file system: inotify will not see other hosts' changes.
     pub network: bool,
-    /// The file system type name from mountinfo (e.g. `nfs4`, `tmpfs`), when known.
+    /// The file system type name from mountinfo (e.g. `nfs4`, `cifs`): read for network file
+    /// systems only (and when statfs fails), empty otherwise.
     pub fstype: String,
     /// When set, kernel locks on this mount do not reach other hosts; the text says why.
     pub host_local_locks: Option<String>,
@@ -63,7 +65,9 @@ const RAMFS_MAGIC: i64 = 0x8584_58f6;
 /// Inspects the file system of `dir` (a canonical directory path).
 pub fn inspect(dir: &Path) -> FsInfo {
     let mut info = FsInfo::default();
+    let mut known = false;
     if let Ok(st) = nix::sys::statfs::statfs(dir) {
+        known = true;
         let magic = st.filesystem_type().0;
         info.network = matches!(
             magic,
@@ -76,6 +80,12 @@ pub fn inspect(dir: &Path) -> FsInfo {
                 | FUSE_SUPER_MAGIC
         );
         info.memory_backed = matches!(magic, TMPFS_MAGIC | RAMFS_MAGIC);
+    }
+    // mountinfo matters only for a network file system (its type and lock options); a local
+    // one, as statfs names it, is not read about there (it cost every run a read of the whole
+    // mount table). Every NFS, SMB/CIFS and Ceph mount shows its network magic to statfs.
+    if known && !info.network {
+        return info;
     }
     if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo")
         && let Some(m) = mount_of(&text, dir)

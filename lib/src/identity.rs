@@ -68,11 +68,7 @@ impl Identity {
             .map(|m| m.ino())
             .unwrap_or(0);
         let uid = nix::unistd::getuid();
-        let user = nix::unistd::User::from_uid(uid)
-            .ok()
-            .flatten()
-            .map(|u| u.name)
-            .unwrap_or_else(|| uid.to_string());
+        let user = user_name(uid.as_raw());
         Identity {
             host,
             boot_id,
@@ -95,5 +91,50 @@ impl Identity {
             && self.host == host
             && self.boot_id == boot_id
             && self.pid_ns == pid_ns
+    }
+}
+
+/// The name of user `uid`: from /etc/passwd when it lists the uid (an open and a read, where a
+/// lookup through NSS first asks nscd, reads nsswitch.conf and then the same file — a dozen
+/// system calls on every run), else through NSS (LDAP, sssd, systemd users), else the uid in
+/// decimal. The name is only shown and recorded, never trusted.
+fn user_name(uid: u32) -> String {
+    if let Ok(text) = fs::read("/etc/passwd")
+        && let Some(name) = passwd_lookup(&text, uid)
+    {
+        return name;
+    }
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// The first name /etc/passwd-formatted `text` gives to `uid`.
+fn passwd_lookup(text: &[u8], uid: u32) -> Option<String> {
+    let want = uid.to_string();
+    text.split(|&b| b == b'\n').find_map(|line| {
+        let mut f = line.split(|&b| b == b':');
+        let name = f.next()?;
+        let uid_field = f.nth(1)?;
+        (uid_field == want.as_bytes() && !name.is_empty() && !name.starts_with(b"+"))
+            .then(|| String::from_utf8_lossy(name).into_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::passwd_lookup;
+
+    #[test]
+    fn passwd_lookup_finds_the_uid_field_not_the_gid() {
+        let text = b"root:x:0:0:root:/root:/bin/bash\nbob:x:1001:1000::/home/bob:/bin/sh\n\
+                     carol:x:1000:1001::/home/carol:/bin/sh\n+@netgroup::::::\n";
+        assert_eq!(passwd_lookup(text, 0).as_deref(), Some("root"));
+        assert_eq!(passwd_lookup(text, 1000).as_deref(), Some("carol"));
+        assert_eq!(passwd_lookup(text, 1001).as_deref(), Some("bob"));
+        assert_eq!(passwd_lookup(text, 4242), None);
+        assert_eq!(passwd_lookup(b"", 0), None);
     }
 }

@@ -362,14 +362,16 @@ impl LockDir {
     /// only its owner may rename over it or remove it, so we could not take the lock over.
     pub(crate) fn check(&self, name: &OsStr, meta: &Meta, role: &str) -> Result<()> {
         let path = self.join(name);
-        let owner = user_name(meta.uid);
+        // Named only for a refusal: a user lookup (NSS) costs a dozen system calls.
+        let owner = || user_name(meta.uid);
         if !meta.is_file() {
             return Err(Error::Squatted {
                 path,
                 why: format!(
-                    "{} owned by {owner} has the name of leasehold's {role}; leasehold uses \
+                    "{} owned by {} has the name of leasehold's {role}; leasehold uses \
                      only its own regular files there and left it untouched: remove it",
-                    meta.kind()
+                    meta.kind(),
+                    owner()
                 ),
             });
         }
@@ -377,9 +379,10 @@ impl LockDir {
             return Err(Error::Squatted {
                 path,
                 why: format!(
-                    "the {role} has {} hard links (owner {owner}): a link planted to another \
+                    "the {role} has {} hard links (owner {}): a link planted to another \
                      file; leasehold left it untouched: remove this name",
-                    meta.nlink
+                    meta.nlink,
+                    owner()
                 ),
             });
         }

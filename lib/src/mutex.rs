@@ -1,10 +1,12 @@
 //! The short kernel-lock mutex around reading and changing a lease, and the fencing-token
-//! high-water mark kept in the same file.
+//! high-water mark kept in the same file: a durable ceiling, raised a block of tokens at a
+//! time, and the last token handed out below it (PROTOCOL.md §3).
 //!
 //! Owns: every flock call leasehold makes (std's `File::try_lock`, flock(2) on Linux), the
 //! inode re-check after locking, bounded waiting by polling try-lock (a blocking flock can hang
 //! for tens of seconds on NFS), and detecting a process that sits on the mutex.
-//! Must never: rename, replace or delete the mutex file; hold the mutex while a job runs; wait
+//! Must never: hand out a token above the durable ceiling; rename, replace or delete the mutex
+//! file; hold the mutex while a job runs; wait
 //! past the caller's deadline.
 
 use std::fs::{File, OpenOptions};
@@ -24,6 +26,10 @@ use crate::store::StuckPolicy;
 
 const HWM_PREFIX: &str = "leasehold-mutex 1 token ";
 const HWM_LEN: usize = HWM_PREFIX.len() + 20 + 1;
+const LAST_PREFIX: &str = "last ";
+/// Room for a boot id (a UUID: 36 characters).
+const BOOT_ROOM: usize = 36;
+const LAST_LEN: usize = LAST_PREFIX.len() + 20 + " of ".len() + 20 + " boot ".len() + BOOT_ROOM + 1;
 
 /// The mutex file, open (not necessarily locked), with the identity of the inode it names and
 /// the process that opened it. Kept across acquisitions by a builder, and by a guard as its
@@ -287,25 +293,53 @@ impl MutexGuard {
         file.file.unlock().ok().map(|()| file)
     }
 
-    /// The highest fencing token ever handed out for this lock (0 if none yet).
-    pub(crate) fn high_water(&self) -> Result<u64> {
-        let mut buf = [0u8; HWM_LEN];
-        let n = self
-            .file
-            .file
-            .read_at(&mut buf, 0)
-            .map_err(|e| Error::io(&self.path, "read the mutex file", e))?;
-        Ok(std::str::from_utf8(&buf[..n])
+    /// What the mutex file says about fencing tokens (see [`Tokens`]).
+    pub(crate) fn tokens(&self) -> Result<Tokens> {
+        let mut buf = [0u8; HWM_LEN + LAST_LEN];
+        let mut n = 0;
+        while n < buf.len() {
+            match self.file.file.read_at(&mut buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.path, "read the mutex file", e)),
+            }
+        }
+        let ceiling = std::str::from_utf8(&buf[..n.min(HWM_LEN)])
             .ok()
             .and_then(|s| s.strip_prefix(HWM_PREFIX))
             .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0))
+            .unwrap_or(0);
+        let boot = crate::identity::Identity::current().boot_id;
+        let last = (n == buf.len())
+            .then(|| parse_last(&buf[HWM_LEN..], ceiling, &boot))
+            .flatten();
+        Ok(Tokens { ceiling, last })
     }
 
-    /// Records a new high-water mark in place (fixed width) and makes it durable. Through a
-    /// short-lived write descriptor on the very inode locked when ours is read-only.
-    pub(crate) fn set_high_water(&self, token: u64, durable: bool) -> Result<()> {
-        let text = format!("{HWM_PREFIX}{token:020}\n");
+    /// Records token `t` (from [`Tokens::floor`] of `seen`, read under this same lock) as handed
+    /// out or reserved. Within the ceiling: the second line only, never synced. Above it: a new
+    /// ceiling `t + block − 1` and the second line in one write, made durable (when `durable`)
+    /// before `t` is used. Through a short-lived write descriptor on the very inode locked when
+    /// ours is read-only.
+    pub(crate) fn record_token(
+        &self,
+        t: u64,
+        seen: &Tokens,
+        block: u64,
+        durable: bool,
+    ) -> Result<()> {
+        let boot = crate::identity::Identity::current().boot_id;
+        let (at, text, sync) = if t > seen.ceiling {
+            let ceiling = t.saturating_add(block.max(1) - 1);
+            let text = format!(
+                "{HWM_PREFIX}{ceiling:020}\n{}",
+                last_line(t, ceiling, &boot)
+            );
+            (0, text, durable)
+        } else {
+            (HWM_LEN as u64, last_line(t, seen.ceiling, &boot), false)
+        };
         let opened;
         let f = if self.file.write {
             &self.file.file
@@ -317,14 +351,53 @@ impl MutexGuard {
                 .map_err(|e| Error::io(&self.path, "open the mutex file for writing", e))?;
             &opened
         };
-        f.write_all_at(text.as_bytes(), 0)
+        f.write_all_at(text.as_bytes(), at)
             .map_err(|e| Error::io(&self.path, "write the token high-water mark", e))?;
-        if durable {
+        if sync {
             f.sync_data()
                 .map_err(|e| Error::io(&self.path, "fsync the token high-water mark", e))?;
         }
         Ok(())
     }
+}
+
+/// The fencing-token state of a mutex file (PROTOCOL.md §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tokens {
+    /// The first line: the durable ceiling — no token above it was ever handed out.
+    pub(crate) ceiling: u64,
+    /// The second line: the last token handed out or reserved, when it vouches for it — it
+    /// names the current ceiling and this boot (so no power loss, and no writer that knows
+    /// only the first line, came between).
+    pub(crate) last: Option<u64>,
+}
+
+impl Tokens {
+    /// What the next token must exceed (besides the token in LOCK): the last one handed out
+    /// when the second line vouches for it, else the ceiling (skipping what a crash may have
+    /// handed out unrecorded).
+    pub(crate) fn floor(&self) -> u64 {
+        self.last.unwrap_or(self.ceiling)
+    }
+}
+
+/// The second line of the mutex file: `last N of C boot ID` (fixed width).
+fn last_line(last: u64, ceiling: u64, boot: &str) -> String {
+    // A boot id that does not fit is recorded empty: such a line never vouches.
+    let boot = if boot.len() <= BOOT_ROOM { boot } else { "" };
+    format!("{LAST_PREFIX}{last:020} of {ceiling:020} boot {boot:<BOOT_ROOM$}\n")
+}
+
+/// The last token a second line vouches for: well formed, naming `ceiling` and the non-empty
+/// `boot`, and not above the ceiling.
+fn parse_last(line: &[u8], ceiling: u64, boot: &str) -> Option<u64> {
+    let s = std::str::from_utf8(line).ok()?.strip_suffix('\n')?;
+    let rest = s.strip_prefix(LAST_PREFIX)?;
+    let (last, rest) = rest.split_once(" of ")?;
+    let (of, id) = rest.split_once(" boot ")?;
+    let (last, of): (u64, u64) = (last.parse().ok()?, of.parse().ok()?);
+    let id = id.trim_end();
+    (of == ceiling && !boot.is_empty() && id == boot && last <= ceiling).then_some(last)
 }
 
 /// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.

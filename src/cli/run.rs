@@ -1,8 +1,8 @@
 //! `leasehold run`: take the lease, run the command under it, report how it ended.
 //!
-//! Owns: the order of a run (resolve the command, check the timing, take the lease — waiting as
-//! asked —, say what was broken, supervise, release recording how the job ended) and the choice
-//! of exit status. Must never: start the command without the lease, release the lease before the
+//! Owns: the order of a run (resolve the command, fork it held at its gate, check the timing,
+//! take the lease naming it — waiting as asked —, say what was broken, supervise, release
+//! recording how the job ended) and the choice of exit status. Must never: start the command without the lease, release the lease before the
 //! command is dead, or report a conflict with anything but the -E status.
 
 use crate::cli::args::RunArgs;
@@ -37,9 +37,21 @@ pub(super) fn run(a: &RunArgs) -> i32 {
             return exit::exit_code(&e);
         }
     };
-    let guard = match take(a, &job, &sup) {
+    // The command's process is forked first, held at its gate, so that the lease names it in
+    // the one write that takes it.
+    let child = match sup.prepare(&a.lock, &job) {
+        Ok(c) => c,
+        Err(e) => {
+            say!("{}", report::error_line(&e));
+            return exit::exit_code(&e);
+        }
+    };
+    let guard = match take(a, &job, &sup, child) {
         Ok(g) => g,
-        Err(code) => return code,
+        Err(code) => {
+            sup.abandon();
+            return code;
+        }
     };
     if let (Some(v), false) = (guard.broke(), a.quiet) {
         say!("{}", report::broke_line(v, false));
@@ -85,13 +97,15 @@ fn resolve(a: &RunArgs) -> Result<Job, i32> {
 }
 
 /// Takes the lease as the flags ask (at once, with a time limit, or waiting for ever), showing
-/// the wait; `Err` is the exit status (-E for a conflict), the problem already said.
-fn take(a: &RunArgs, job: &Job, sup: &Supervisor) -> Result<LeaseGuard, i32> {
+/// the wait, naming `child` (pid, start time; held at its gate) as the job's process; `Err` is
+/// the exit status (-E for a conflict), the problem already said.
+fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<LeaseGuard, i32> {
     let display = WaitDisplay::new(a.quiet);
     let shown = display.clone();
     let mut b = LeaseBuilder::new(&a.lock)
         .ttl(a.ttl)
         .command(job.argv_lossy())
+        .child(child.0, child.1, child.0)
         .poll(a.poll)
         .on_lost(sup.loss_notifier())
         .on_wait(move |v| shown.waiting(v));

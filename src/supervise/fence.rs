@@ -1,10 +1,12 @@
 //! Fencing: stopping the command's process group once the lease is lost, and stopping what the
 //! command left running when it ended by itself.
 //!
-//! Owns: SIGTERM (and SIGCONT) of the command's group, the grace wait, SIGKILL of the group and
-//! the command, waiting until no live member is left (counting the survivors), reaping the
-//! command last, and telling a command that was killed from outside while the lease was taken
-//! (a fence too) from one that simply ended.
+//! Owns: the one fence sequence ([`stop_job`]: SIGTERM (and SIGCONT) of the command's group, the
+//! grace wait, SIGKILL of the group and the command, waiting until no live member is left,
+//! counting the survivors), used both for a lost lease and for what a command left running;
+//! knowing cheaply that a group is empty (leasehold is a child subreaper); reaping the command
+//! last and orphans re-parented to leasehold; and telling a command that was killed from outside
+//! while the lease was taken (a fence too) from one that simply ended.
 //! Must never: reap the command before its group is dead (its pid is the group's id, and must
 //! not be reused while the group is signalled); or report a fenced job as an ordinary exit.
 
@@ -44,48 +46,102 @@ impl Supervisor {
             other => {
                 // The command ended while the lease was ours, but processes it started may
                 // still run in its group: the job is not over until they are, so stop them
-                // (SIGTERM, grace, SIGKILL) before the lease is released.
-                let left = process::group_members(child.as_raw());
-                if !left.is_empty() {
-                    let _ = killpg(child, Signal::SIGTERM);
-                    let _ = killpg(child, Signal::SIGCONT);
-                    let end = Instant::now() + guard.timing().grace;
-                    while !process::group_members(child.as_raw()).is_empty() && Instant::now() < end
-                    {
-                        std::thread::sleep(Duration::from_millis(2));
+                // with the fence sequence before the lease is released.
+                if !self.group_surely_empty(child) {
+                    let left = process::group_members(child.as_raw());
+                    if !left.is_empty() {
+                        stop_job(child, guard.timing().grace);
+                        self.leftovers.set(left.len());
                     }
-                    kill_group_and_wait(child, None, KILL_WAIT);
-                    self.leftovers.set(left.len());
                 }
                 other
             }
         };
         let _ = waitpid(child, None);
+        reap_adopted();
         o
     }
 
-    /// Fences: SIGTERM (and SIGCONT) the command's group, wait up to `grace`, SIGKILL the group
-    /// and the command, wait until nothing in the group lives, and only then reap the command.
+    /// Fences: [`stop_job`], and only then reap the command.
     pub(super) fn fence(&self, child: Pid, grace: Duration, reason: String) -> Outcome {
         let survivors = stop_job(child, grace);
         let _ = waitpid(child, None);
+        reap_adopted();
         Outcome::Fenced { reason, survivors }
+    }
+
+    /// Whether the command's process group (the command itself has ended, reported but not
+    /// reaped) surely has no live member, known without reading every process of the host.
+    ///
+    /// Leasehold is a child subreaper (`PR_SET_CHILD_SUBREAPER`, set by [`Supervisor::new`]):
+    /// every orphan among the command's descendants is re-parented to it, so when its only
+    /// child is the ended command, no descendant of the command lives. A process that is no
+    /// descendant can be in the group only by having moved itself (or its child) in with
+    /// `setpgid` from the same session: nothing the command left running. False (the caller
+    /// scans /proc, as it always did) whenever there is any other child — an orphan left
+    /// running, a daemon that left the group, a zombie not yet reaped — or the lists cannot be
+    /// read.
+    pub(super) fn group_surely_empty(&self, child: Pid) -> bool {
+        if !self.subreaper {
+            return false;
+        }
+        let me = nix::unistd::getpid();
+        let tid = nix::unistd::gettid();
+        // Orphans go to the first live thread (the main one); the command is a child of the
+        // thread that forked it (this one).
+        let threads = if tid == me { vec![me] } else { vec![me, tid] };
+        threads.iter().all(|t| {
+            match std::fs::read_to_string(format!("/proc/self/task/{t}/children")) {
+                Ok(text) => text
+                    .split_ascii_whitespace()
+                    .all(|p| p == child.as_raw().to_string()),
+                Err(_) => false,
+            }
+        })
     }
 }
 
-/// The fence sequence, shared with script mode's keeper (`crate::script`): SIGTERM (and
-/// SIGCONT) the process group `leader` leads and `leader` itself, wait up to `grace` for them
-/// to end, SIGKILL the group and `leader`, and wait until nothing of it lives. Reaps nothing.
-/// Returns how many processes were still alive at the end.
-pub(crate) fn stop_job(leader: Pid, grace: Duration) -> usize {
-    let _ = killpg(leader, Signal::SIGTERM);
-    let _ = kill(leader, Signal::SIGTERM);
-    let _ = killpg(leader, Signal::SIGCONT);
+/// The one fence sequence, for a lost lease and for what a command left running: SIGTERM (and
+/// SIGCONT) the command's group and the command, wait up to `grace` while any of it lives,
+/// SIGKILL the group and the command, and wait until nothing of it lives. Does not reap the
+/// command (its pid is the group's id). Returns how many processes still lived at the end
+/// (normally 0). Script mode's keeper (`crate::script`) fences a script with it too.
+pub(crate) fn stop_job(child: Pid, grace: Duration) -> usize {
+    let _ = killpg(child, Signal::SIGTERM);
+    let _ = kill(child, Signal::SIGTERM);
+    let _ = killpg(child, Signal::SIGCONT);
     let end = Instant::now() + grace;
-    while job_alive(leader) && Instant::now() < end {
+    while job_alive(child) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(2).min(end - Instant::now()));
     }
-    kill_group_and_wait(leader, Some(leader), KILL_WAIT)
+    kill_group_and_wait(child, Some(child), KILL_WAIT)
+}
+
+/// Reaps every ended child other than the command: orphans re-parented to leasehold (a child
+/// subreaper) that have died. Call only once the command itself is reaped, or with `keep` =
+/// the command, which is never reaped here.
+pub(super) fn reap_adopted_except(keep: Option<Pid>) {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    loop {
+        let peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        let pid = match waitid(Id::All, peek) {
+            Ok(st) => match st.pid() {
+                Some(p) => p,
+                None => return,
+            },
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return,
+        };
+        if Some(pid) == keep {
+            return;
+        }
+        let _ = waitpid(pid, None);
+    }
+}
+
+/// [`reap_adopted_except`] with nothing to keep.
+pub(super) fn reap_adopted() {
+    reap_adopted_except(None);
 }
 
 /// Why the lease was lost, in words.

@@ -20,10 +20,18 @@
 //! *thread* that forked exits). Between `fork` and `exec` the child only makes raw system calls:
 //! it resets the signal dispositions the wrapper changed, moves into its own process group, sets
 //! PDEATHSIG to SIGKILL, checks that its parent is still the wrapper (closing the race with a
-//! wrapper that died just before), and then blocks on a pipe. The wrapper meanwhile records the
-//! child's pid, start time and process group in the lease ([`LeaseGuard::set_child`]) and only
-//! then opens the gate; the child `execve`s the command. An `exec` failure comes back through a
-//! second close-on-exec pipe and ends in exit status 127 (not found) or 126 (cannot run).
+//! wrapper that died just before), and then blocks on a pipe. `leasehold run` forks it before
+//! taking the lease ([`Supervisor::prepare`]), so that the lease names the child's pid, start
+//! time and process group in the write that takes it (`LeaseBuilder::child`); a child forked
+//! after the lease was taken is recorded by a second write ([`LeaseGuard::set_child`]). Only
+//! then does the wrapper open the gate, with a message carrying the token, lease id and LOCK
+//! path into room left in the child's environment; the child `execve`s the command. When the
+//! lease is not taken, [`Supervisor::abandon`] closes the gate unopened and the child exits
+//! without running anything. An `exec` failure comes back through a second close-on-exec pipe
+//! and ends in exit status 127 (not found) or 126 (cannot run).
+//!
+//! Leasehold is a child subreaper while it supervises (orphans of the command come back to it),
+//! so that an ended command's group is known to be empty from its list of children (`fence`).
 //!
 //! # The terminal
 //!
@@ -83,7 +91,7 @@ use leasehold::{LeaseGuard, LossReason};
 use fence::loss_text;
 pub use signals::FORWARDED;
 use signals::{CREATED, LOST, WAKE_FD, install, wake};
-use spawn::{Prepared, Started};
+use spawn::{Held, Started};
 use terminal::Terminal;
 
 /// How long the wrapper sleeps at most without a wake-up byte: a safety net only (every event
@@ -258,8 +266,9 @@ impl Outcome {
 /// that the guard's loss callback writes to.
 ///
 /// Order of use: [`Supervisor::new`] before taking the lease (so that
-/// [`Supervisor::loss_notifier`] can be given to `LeaseBuilder::on_lost`), then
-/// [`Supervisor::run`] with the guard.
+/// [`Supervisor::loss_notifier`] can be given to `LeaseBuilder::on_lost`), optionally
+/// [`Supervisor::prepare`] (its pid and start time go to `LeaseBuilder::child`), then
+/// [`Supervisor::run`] with the guard — or [`Supervisor::abandon`] if the lease was not taken.
 #[derive(Debug)]
 pub struct Supervisor {
     wake_rx: OwnedFd,
@@ -267,6 +276,10 @@ pub struct Supervisor {
     forwarded: Vec<Signal>,
     tty: Option<Terminal>,
     leftovers: std::cell::Cell<usize>,
+    /// Whether leasehold is a child subreaper (see `fence.rs`).
+    subreaper: bool,
+    /// The command forked by [`Supervisor::prepare`], held at its gate.
+    held: Option<Held>,
 }
 
 impl Supervisor {
@@ -284,12 +297,17 @@ impl Supervisor {
         WAKE_FD.store(tx.as_raw_fd(), Ordering::Release);
         LOST.store(false, Ordering::Release);
         install(Signal::SIGCHLD)?;
+        // Orphans of the command come back to us, so that an ended command's group is known to
+        // be empty without a scan of every process on the host (`fence.rs`).
+        let subreaper = nix::sys::prctl::set_child_subreaper(true).is_ok();
         Ok(Supervisor {
             wake_rx: rx,
             wake_tx: tx,
             forwarded: Vec::new(),
             tty: None,
             leftovers: std::cell::Cell::new(0),
+            subreaper,
+            held: None,
         })
     }
 
@@ -301,9 +319,36 @@ impl Supervisor {
         }
     }
 
+    /// Forks `job`'s process before the lease is taken, held at a gate where it runs nothing of
+    /// its own, and returns its pid and start time: give them to `LeaseBuilder::child` (its
+    /// process group is its pid), so that the lease names it in the one write that takes it.
+    /// [`Supervisor::run`] then opens the gate; [`Supervisor::abandon`] lets it go when the
+    /// lease was not taken. `lock` names the lock in messages.
+    pub fn prepare(&mut self, lock: &Path, job: &Job) -> Result<(i32, u64)> {
+        if let Some(h) = self.held.take() {
+            h.abandon();
+        }
+        let h = Held::fork(lock, job, &self.forwarded)?;
+        let named = (h.child.as_raw(), h.start);
+        self.held = Some(h);
+        Ok(named)
+    }
+
+    /// The lease was not taken: the process forked by [`Supervisor::prepare`] exits at its
+    /// gate, without running the command, and is reaped.
+    pub fn abandon(&mut self) {
+        if let Some(h) = self.held.take() {
+            h.abandon();
+        }
+    }
+
     /// Runs `job` while `guard` holds the lease and returns how it ended. Call it from the main
     /// thread. The caller releases the guard afterwards (recording [`Outcome::ending`]) and
     /// exits with [`Outcome::exit_code`].
+    ///
+    /// The command is the process [`Supervisor::prepare`] forked, if any (the lease names it
+    /// already: the gate opens at once); otherwise it is forked now and recorded in the lease
+    /// ([`LeaseGuard::set_child`]) before its gate opens.
     ///
     /// The command's environment is leasehold's, plus `LEASEHOLD_LOCK` (the absolute LOCK path),
     /// `LEASEHOLD_TOKEN` (the fencing token, decimal) and `LEASEHOLD_LEASE_ID`.
@@ -314,8 +359,7 @@ impl Supervisor {
             }
         }
         self.tty = Terminal::detect();
-        let prepared = Prepared::new(guard, job, &self.forwarded)?;
-        let child = self.spawn(guard, &prepared)?;
+        let child = self.spawn(guard, job)?;
         let outcome = match child {
             Started::Running(pid) => self.supervise(guard, pid)?,
             Started::Done(o) => o,
@@ -357,6 +401,8 @@ impl Supervisor {
                 return Ok(self.fence(child, guard.timing().grace, reason));
             }
             self.forward_pending(child);
+            // Orphans re-parented to us that have died (never the command).
+            fence::reap_adopted_except(Some(child));
             // Signals, the command's end and loss all write to the wake pipe; the timeout is only
             // a safety net, kept long (ten minutes) so that an idle job is woken by its
             // renewals alone.

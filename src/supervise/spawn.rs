@@ -2,14 +2,15 @@
 //! the lease names it, PDEATHSIG, and exec.
 //!
 //! Owns: everything the child needs built before the fork (program, argv, environment with
-//! `LEASEHOLD_LOCK`/`LEASEHOLD_TOKEN`/`LEASEHOLD_LEASE_ID`, signals to reset), the fork itself,
-//! the child's side between fork and exec (own process group, `PR_SET_PDEATHSIG` = SIGKILL,
-//! parent check, the gate), recording the child in the lease before opening the gate, and
-//! reading back a failed exec (127 not found, 126 cannot run).
+//! room for `LEASEHOLD_LOCK`/`LEASEHOLD_TOKEN`/`LEASEHOLD_LEASE_ID`, which the gate message
+//! fills in, signals to reset), the fork itself, the child's side between fork and exec (own
+//! process group, `PR_SET_PDEATHSIG` = SIGKILL, parent check, the gate), opening the gate only
+//! once the lease names the child, and reading back a failed exec (127 not found, 126 cannot
+//! run).
 //! Must never: let the command run a single instruction of its own before the lease records its
 //! pid, start time and process group; or allocate or take a lock between `fork` and `exec`.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -37,30 +38,72 @@ pub(super) enum Started {
 }
 
 /// The forked child, held at the gate, with the wrapper's ends of its two pipes.
-struct Held {
-    child: Pid,
-    /// Writing one byte opens the gate; closing it unopened makes the child exit.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) child: Pid,
+    /// Its start time (/proc/PID/stat), as the lease records it.
+    pub(super) start: u64,
+    /// Writing the gate message opens the gate; closing it unwritten makes the child exit.
     go_tx: OwnedFd,
     /// EOF once exec succeeded; four bytes (an errno) when it failed.
     err_rx: OwnedFd,
+    /// The program, for messages.
+    program: PathBuf,
+}
+
+impl Held {
+    /// Forks `job` held at its gate, and reads its start time. `forwarded`: the signals whose
+    /// handlers are installed now (the child resets them). `lock` names the lock in messages.
+    pub(super) fn fork(lock: &Path, job: &Job, forwarded: &[Signal]) -> Result<Held> {
+        let p = Prepared::new(lock, job, forwarded)?;
+        let (child, go_tx, err_rx) = fork_held(lock, &p)?;
+        let start = match start_time(lock, child) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return Err(e);
+            }
+        };
+        Ok(Held {
+            child,
+            start,
+            go_tx,
+            err_rx,
+            program: p.program,
+        })
+    }
+
+    /// Lets the child go without running the command: it reads EOF at its gate and exits; then
+    /// it is reaped.
+    pub(super) fn abandon(self) {
+        let child = self.child;
+        drop(self);
+        let _ = waitpid(child, None);
+    }
 }
 
 impl Supervisor {
-    /// Forks the command, records it in the lease, and only then lets it exec.
-    pub(super) fn spawn(&mut self, guard: &LeaseGuard, p: &Prepared) -> Result<Started> {
+    /// Starts the command held at its gate — forked by [`Supervisor::prepare`] before the lease
+    /// was taken (the lease names it already), or now, recorded with a second write
+    /// ([`LeaseGuard::set_child`]) — and lets it exec.
+    pub(super) fn spawn(&mut self, guard: &LeaseGuard, job: &Job) -> Result<Started> {
         let lock = guard.path();
-        let held = fork_held(lock, p)?;
+        let held = match self.held.take() {
+            Some(h) => h,
+            None => Held::fork(lock, job, &self.forwarded)?,
+        };
         let child = held.child;
         let abort = |why: Error| -> Result<Started> {
             let _ = kill(child, Signal::SIGKILL);
             let _ = waitpid(child, None);
             Err(why)
         };
-        let start = match start_time(lock, child) {
-            Ok(s) => s,
-            Err(e) => return abort(e),
-        };
-        if let Err(e) = guard.set_child(child.as_raw(), start, child.as_raw()) {
+        let h = guard.lease().holder;
+        let named = h.child_pid == Some(child.as_raw())
+            && h.child_start == Some(held.start)
+            && h.pgid == Some(child.as_raw());
+        if !named && let Err(e) = guard.set_child(child.as_raw(), held.start, child.as_raw()) {
             if let Error::Lost { why, .. } = &e {
                 return Ok(Started::Done(fence_unstarted(child, why)));
             }
@@ -74,8 +117,12 @@ impl Supervisor {
         {
             self.tty = None;
         }
-        // Open the gate.
-        let opened = nix::unistd::write(&held.go_tx, &[1u8]);
+        // Open the gate: the message carries what the child's environment lacked.
+        let msg = match gate_message(guard) {
+            Ok(m) => m,
+            Err(e) => return abort(e),
+        };
+        let opened = write_all(&held.go_tx, &msg);
         drop(held.go_tx);
         if let Err(e) = opened {
             return abort(io_error(lock, "start the command", e.into()));
@@ -83,16 +130,63 @@ impl Supervisor {
         match exec_failure(&held.err_rx) {
             Some(errno) => {
                 let _ = waitpid(child, None);
-                Ok(Started::Done(Outcome::NotStarted(cannot_run(p, errno))))
+                Ok(Started::Done(Outcome::NotStarted(cannot_run(
+                    &held.program,
+                    errno,
+                ))))
             }
             None => Ok(Started::Running(child)),
         }
     }
 }
 
+/// Room for `LEASEHOLD_TOKEN`'s value (a u64 in decimal) and its NUL.
+const TOKEN_ROOM: usize = 21;
+/// Room for `LEASEHOLD_LEASE_ID`'s value (32 hex digits today) and its NUL.
+const ID_ROOM: usize = 65;
+/// Room for `LEASEHOLD_LOCK`'s value (an absolute path) and its NUL.
+const LOCK_ROOM: usize = libc::PATH_MAX as usize;
+/// The gate message: the three values, each NUL-padded to its room, in this order.
+const GATE_LEN: usize = TOKEN_ROOM + ID_ROOM + LOCK_ROOM;
+
+/// The gate message for `guard`'s lease: token, lease id and LOCK path, each NUL-padded.
+fn gate_message(guard: &LeaseGuard) -> Result<Vec<u8>> {
+    let mut msg = vec![0u8; GATE_LEN];
+    let token = guard.token().to_string();
+    let id = guard.lease_id();
+    let lock = guard.path().as_os_str().as_bytes();
+    let fits = |v: &[u8], room: usize| v.len() < room && !v.contains(&0);
+    if !fits(id.as_bytes(), ID_ROOM) || !fits(lock, LOCK_ROOM) {
+        return Err(io_error(
+            guard.path(),
+            "start the command",
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the lock's path or lease id is too long for the command's environment",
+            ),
+        ));
+    }
+    msg[..token.len()].copy_from_slice(token.as_bytes());
+    msg[TOKEN_ROOM..TOKEN_ROOM + id.len()].copy_from_slice(id.as_bytes());
+    msg[TOKEN_ROOM + ID_ROOM..TOKEN_ROOM + ID_ROOM + lock.len()].copy_from_slice(lock);
+    Ok(msg)
+}
+
+/// Writes all of `buf` to `fd`.
+fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> nix::Result<()> {
+    while !buf.is_empty() {
+        match nix::unistd::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Creates the gate and exec-status pipes and forks, all signals blocked across the fork; the
 /// child goes to [`child_after_fork`] and never returns here.
-fn fork_held(lock: &Path, p: &Prepared) -> Result<Held> {
+fn fork_held(lock: &Path, p: &Prepared) -> Result<(Pid, OwnedFd, OwnedFd)> {
     let (go_rx, go_tx) = pipe2(OFlag::O_CLOEXEC)
         .map_err(|e| io_error(lock, "create the start gate pipe", e.into()))?;
     let (err_rx, err_tx) = pipe2(OFlag::O_CLOEXEC)
@@ -131,11 +225,7 @@ fn fork_held(lock: &Path, p: &Prepared) -> Result<Held> {
     drop(err_tx);
     // Both sides set the group, so it is in place whichever runs first.
     let _ = setpgid(child, child);
-    Ok(Held {
-        child,
-        go_tx,
-        err_rx,
-    })
+    Ok((child, go_tx, err_rx))
 }
 
 /// The held child's start time, as recorded in the lease.
@@ -168,35 +258,41 @@ fn exec_failure(err_rx: &OwnedFd) -> Option<Errno> {
 }
 
 /// Why a failed exec did not start the command: 127 when the program is gone, 126 otherwise.
-fn cannot_run(p: &Prepared, errno: Errno) -> NotStarted {
+fn cannot_run(program: &Path, errno: Errno) -> NotStarted {
     let code = if errno == Errno::ENOENT { 127 } else { 126 };
     NotStarted {
         code,
         why: format!(
             "cannot run {}: {}",
-            leasehold::text::escape_path(&p.program),
+            leasehold::text::escape_path(program),
             errno.desc()
         ),
     }
 }
 
 /// Everything the child needs between fork and exec, built beforehand: the child must not
-/// allocate.
+/// allocate. `LEASEHOLD_TOKEN`, `LEASEHOLD_LEASE_ID` and `LEASEHOLD_LOCK` are known only once
+/// the lease is taken: their values are zero-filled room that the child fills in from the gate
+/// message (its own copy of this memory).
 pub(super) struct Prepared {
     program: PathBuf,
     c_program: CString,
     _argv: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
     _envp: Vec<CString>,
+    /// `KEY=` followed by zeroed room for the value (and one more NUL), for the three.
+    _ours: Vec<Vec<u8>>,
+    /// Where each of the three values goes, and its room, in gate-message order.
+    slots: [(*mut u8, usize); 3],
     envp_ptrs: Vec<*const libc::c_char>,
     reset: Vec<libc::c_int>,
 }
 
 impl Prepared {
-    pub(super) fn new(guard: &LeaseGuard, job: &Job, forwarded: &[Signal]) -> Result<Prepared> {
+    pub(super) fn new(lock: &Path, job: &Job, forwarded: &[Signal]) -> Result<Prepared> {
         let nul = |what: &str| {
             io_error(
-                guard.path(),
+                lock,
                 "prepare the command",
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -211,10 +307,11 @@ impl Prepared {
             .iter()
             .map(|a| cstr(a, "an argument"))
             .collect::<Result<Vec<_>>>()?;
+        // In gate-message order.
         let ours = [
-            ("LEASEHOLD_LOCK", guard.path().as_os_str().to_os_string()),
-            ("LEASEHOLD_TOKEN", guard.token().to_string().into()),
-            ("LEASEHOLD_LEASE_ID", guard.lease_id().into()),
+            ("LEASEHOLD_TOKEN", TOKEN_ROOM),
+            ("LEASEHOLD_LEASE_ID", ID_ROOM),
+            ("LEASEHOLD_LOCK", LOCK_ROOM),
         ];
         let mut envp = Vec::new();
         for (k, v) in std::env::vars_os() {
@@ -226,31 +323,66 @@ impl Prepared {
             kv.push(&v);
             envp.push(cstr(&kv, "an environment variable")?);
         }
-        for (k, v) in &ours {
-            let mut kv = OsString::from(k);
-            kv.push("=");
-            kv.push(v);
-            envp.push(cstr(&kv, "LEASEHOLD_LOCK")?);
+        let mut own: Vec<Vec<u8>> = ours
+            .iter()
+            .map(|(k, room)| {
+                let mut kv = format!("{k}=").into_bytes();
+                kv.resize(kv.len() + room + 1, 0);
+                kv
+            })
+            .collect();
+        let mut slots = [(std::ptr::null_mut(), 0); 3];
+        for (i, ((k, room), kv)) in ours.iter().zip(own.iter_mut()).enumerate() {
+            // SAFETY: `k.len() + 1` is within `kv`, which has `room + 1` bytes after it.
+            slots[i] = (unsafe { kv.as_mut_ptr().add(k.len() + 1) }, *room);
         }
-        let ptrs = |v: &[CString]| {
-            v.iter()
-                .map(|c| c.as_ptr())
-                .chain(std::iter::once(std::ptr::null()))
-                .collect::<Vec<_>>()
-        };
+        let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|c| c.as_ptr()).collect();
+        envp_ptrs.extend(
+            own.iter_mut()
+                .map(|kv| kv.as_mut_ptr() as *const libc::c_char),
+        );
+        envp_ptrs.push(std::ptr::null());
+        let argv_ptrs = argv
+            .iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect::<Vec<_>>();
         let mut reset: Vec<libc::c_int> = forwarded.iter().map(|s| *s as libc::c_int).collect();
         reset.push(libc::SIGCHLD);
         reset.push(libc::SIGPIPE);
         Ok(Prepared {
             program: job.program.clone(),
-            argv_ptrs: ptrs(&argv),
-            envp_ptrs: ptrs(&envp),
+            argv_ptrs,
+            envp_ptrs,
             c_program,
             _argv: argv,
             _envp: envp,
+            _ours: own,
+            slots,
             reset,
         })
     }
+}
+
+/// Reads exactly `len` bytes from `fd` into `at`, with raw system calls only (between fork and
+/// exec). False on EOF or an error.
+///
+/// # Safety
+/// `at` must be valid for `len` bytes of writes.
+unsafe fn read_exact_raw(fd: libc::c_int, at: *mut u8, len: usize) -> bool {
+    let mut got = 0;
+    while got < len {
+        // SAFETY: within the `len` bytes at `at`.
+        let n = unsafe { libc::read(fd, at.add(got).cast(), len - got) };
+        if n > 0 {
+            got += n as usize;
+        } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
 }
 
 /// The child between fork and exec. Only async-signal-safe system calls; never returns.
@@ -281,17 +413,12 @@ unsafe fn child_after_fork(
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        // The gate: one byte once the lease names us; EOF if the wrapper gave up or died.
-        let mut b = 0u8;
-        loop {
-            let n = libc::read(go_rx, (&raw mut b).cast(), 1);
-            if n == 1 {
-                break;
+        // The gate: the message (token, lease id, LOCK path) comes once the lease names us,
+        // durably; EOF if the wrapper gave up or died.
+        for &(at, room) in &p.slots {
+            if !read_exact_raw(go_rx, at, room) {
+                libc::_exit(1);
             }
-            if n < 0 && *libc::__errno_location() == libc::EINTR {
-                continue;
-            }
-            libc::_exit(1);
         }
         libc::close(go_rx);
         libc::execve(

@@ -351,3 +351,56 @@ fn break_of_a_stale_lease_and_run_reports_what_it_broke() {
     let l = lease(&lock).expect("lease");
     assert_eq!(l["state"], "released");
 }
+
+/// The children of process `pid` (its main thread's list).
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_waiting_runs_held_child_runs_nothing_and_dies_with_its_wrapper() {
+    // `run` forks its command's process before it takes the lease, held at a gate until the
+    // lease names it. While it waits, that process must run nothing; a SIGKILLed wrapper takes
+    // it along (PDEATHSIG), and the command never runs.
+    let d = tmp();
+    let lock = d.path().join("held-child.lock");
+    let marker = d.path().join("must-not-run");
+    let mut h = Holder::start(&lock, &["--ttl", "5s"]);
+    let mut w = Proc::spawn(
+        lh().args(["run", "-w", "60s"])
+            .arg(&lock)
+            .args(["--", "touch"])
+            .arg(&marker)
+            .stderr(Stdio::piped()),
+        "waiter",
+    );
+    // Synchronise on the waiter's own report that it is blocked.
+    let mut err = BufReader::new(w.take_stderr().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("read waiter stderr");
+    assert!(line.starts_with("Blocking waiting for lock "), "{line}");
+    let held = children_of(w.pid());
+    assert_eq!(held.len(), 1, "the waiter's children: {held:?}");
+    let held = held[0];
+    assert!(alive(held), "the held child {held}");
+    assert!(!marker.exists());
+    w.kill();
+    ensure_within(
+        "the held child to die with its wrapper",
+        Duration::from_secs(10),
+        || !alive(held),
+    );
+    assert!(h.finish().success());
+    // The lock is free again and was never used by the killed waiter's command.
+    lh_assert()
+        .args(["run", "-n"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .assert()
+        .success();
+    assert!(!marker.exists(), "the held child ran the command");
+}

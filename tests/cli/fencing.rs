@@ -355,3 +355,80 @@ fn processes_left_behind_by_a_finished_command_are_stopped_before_release() {
     let l = lease(&lock).expect("lease");
     assert_eq!(l["state"], "released");
 }
+
+/// Runs `leasehold run --ttl 2s --grace 200ms LOCK -c SCRIPT` to its end in `d`.
+fn run_to_end(d: &Path, name: &str, script: &str) -> (std::process::Output, PathBuf) {
+    let lock = d.join(format!("{name}.lock"));
+    let out = lh()
+        .args(["run", "--ttl", "2s", "--grace", "200ms"])
+        .arg(&lock)
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("run");
+    (out, lock)
+}
+
+#[test]
+fn a_leftover_whose_parent_still_runs_is_stopped_with_its_parent_before_release() {
+    // The sleep is not an orphan (its subshell waits for it), so it never comes back to the
+    // wrapper as a child of its own: it is found in the command's group all the same.
+    let d = tmp();
+    let gc = d.path().join("nested.gc");
+    let script = format!(
+        "(sleep 100 & echo $! > '{gc}.tmp' && mv '{gc}.tmp' '{gc}'; wait) & \
+         while [ ! -e '{gc}' ]; do sleep 0.01; done; exit 0",
+        gc = gc.display()
+    );
+    let (out, lock) = run_to_end(d.path(), "nested", &script);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("left 2 process(es) running"), "{err}");
+    let grandchild = read_pid(&gc);
+    assert!(!alive(grandchild), "the nested sleep {grandchild} survived");
+    assert_eq!(lease(&lock).expect("lease")["state"], "released");
+}
+
+#[test]
+fn a_leftover_ignoring_sigterm_is_sigkilled_after_the_grace_before_release() {
+    let d = tmp();
+    let gc = d.path().join("stubborn.gc");
+    let script = format!(
+        "(trap '' TERM; exec sleep 100) & echo $! > '{gc}.tmp' && mv '{gc}.tmp' '{gc}'; exit 5",
+        gc = gc.display()
+    );
+    let (out, lock) = run_to_end(d.path(), "stubborn", &script);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("left 1 process(es) running"), "{err}");
+    let leftover = read_pid(&gc);
+    assert!(
+        !alive(leftover),
+        "the sleep ignoring SIGTERM {leftover} survived"
+    );
+    assert_eq!(lease(&lock).expect("lease")["state"], "released");
+}
+
+#[test]
+fn a_process_that_left_the_commands_group_is_neither_stopped_nor_reported() {
+    // `setsid` makes a new session and group: not the job's any more (as before the wrapper
+    // became a child subreaper, to which this orphan now comes back). Its output goes elsewhere,
+    // or collecting the wrapper's output would wait for it.
+    let d = tmp();
+    let pidf = d.path().join("daemon.pid");
+    let script = format!(
+        "setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $! > '{p}.tmp' && mv '{p}.tmp' '{p}'; \
+         exit 0",
+        p = pidf.display()
+    );
+    let (out, lock) = run_to_end(d.path(), "daemon", &script);
+    let daemon = read_pid(&pidf);
+    let still = alive(daemon);
+    // The test started it: stop it whatever happened.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon), Signal::SIGKILL);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("left"), "{err}");
+    assert!(still, "the process {daemon} in its own session was stopped");
+    assert_eq!(lease(&lock).expect("lease")["state"], "released");
+}

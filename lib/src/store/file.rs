@@ -59,10 +59,24 @@ pub(crate) struct Place {
     reserved: Option<u64>,
 }
 
+/// How many tokens one durable raise of the ceiling covers on a local disk (PROTOCOL.md §3).
+const TOKEN_BLOCK: u64 = 64;
+
 impl FileStore {
     /// LOCK's path, its directory and its helper names.
     pub(crate) fn paths(&self) -> &LockPaths {
         &self.paths
+    }
+
+    /// Tokens per durable raise of the ceiling: a block on a local disk; one where writes are
+    /// not synced anyway (tmpfs, `durable(false)`) and on network file systems, where hosts
+    /// with different boot ids share the file (the second line vouches for one boot only).
+    fn token_block(&self) -> u64 {
+        if self.sync && !self.storage.network {
+            TOKEN_BLOCK
+        } else {
+            1
+        }
     }
 
     /// The store of an acquirer, on storage it inspected.
@@ -218,9 +232,10 @@ impl Store for FileStore {
         if place.head && place.reserved.is_none() {
             // Next in line: reserve our token now, durably, so that taking the lease after
             // the wake-up needs no write of the high-water mark (see `take`).
-            if let Ok(hwm) = m.high_water()
-                && let Ok(t) = next_token(hwm, current_token)
-                && m.set_high_water(t, self.sync).is_ok()
+            if let Ok(seen) = m.tokens()
+                && let Ok(t) = next_token(seen.floor(), current_token)
+                && m.record_token(t, &seen, self.token_block(), self.sync)
+                    .is_ok()
             {
                 place.reserved = Some(t);
             }
@@ -252,14 +267,14 @@ impl Store for FileStore {
             reserved,
             ..
         } = place;
-        let hwm = m.high_water()?;
+        let seen = m.tokens()?;
         let token = match reserved {
             // Nobody reserved or used a token since ours: it is still above every token
-            // handed out, and already durable in the high-water mark.
-            Some(t) if hwm == t && prev_token < t => t,
+            // handed out, and already below the durable ceiling.
+            Some(t) if seen.last == Some(t) && prev_token < t => t,
             _ => {
-                let t = next_token(hwm, prev_token)?;
-                m.set_high_water(t, self.sync)?;
+                let t = next_token(seen.floor(), prev_token)?;
+                m.record_token(t, &seen, self.token_block(), self.sync)?;
                 t
             }
         };
