@@ -6,6 +6,7 @@
 //! used as a stable API by other programs (use `leasehold-lib`).
 
 pub mod cli;
+pub mod flock;
 pub mod supervise;
 
 pub use cli::exit::{self, exit_code};

@@ -162,6 +162,37 @@ impl LockPaths {
     }
 }
 
+/// The suffix of the lease that the `flock`-compatible front end keeps beside a user's file.
+pub const FLOCK_LEASE_SUFFIX: &str = ".leasehold-flock";
+
+/// Where the lease for a *user's* file lives when that file is locked the flock(1) way (the
+/// `flock` name of the `leasehold` binary): beside it, in the same directory, named
+/// `.NAME.leasehold-flock` (shortened like every helper name when NAME is long). The user's file
+/// itself is never written; this lease is an ordinary LOCK with its own helper files.
+///
+/// `None` when `file` names no final component (`/`, `.`, a path ending in `..`): such a lock
+/// has no directory beside it to keep a lease in. Pure: looks at nothing on disk.
+///
+/// ```
+/// let l = leasehold::lease_beside("/srv/job.sh").unwrap();
+/// assert_eq!(l, std::path::Path::new("/srv/.job.sh.leasehold-flock"));
+/// assert!(leasehold::lease_beside("/").is_none());
+/// ```
+pub fn lease_beside(file: impl AsRef<Path>) -> Option<PathBuf> {
+    let file = file.as_ref();
+    let name = file.file_name()?;
+    let parent = file.parent().unwrap_or(Path::new(""));
+    Some(parent.join(helper_name(name, FLOCK_LEASE_SUFFIX)))
+}
+
+/// The lease beside `file` (see [`lease_beside`]) if one exists there (as anything: the caller
+/// that opens it applies the usual checks), else `None`. This is how `leasehold status FILE`
+/// finds the lease of a file that the `flock` front end locks.
+pub fn existing_lease_beside(file: impl AsRef<Path>) -> Option<PathBuf> {
+    let lease = lease_beside(file)?;
+    std::fs::symlink_metadata(&lease).ok().map(|_| lease)
+}
+
 /// The longest file name (one path component) Linux file systems accept, in bytes.
 pub const NAME_MAX: usize = 255;
 
