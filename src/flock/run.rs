@@ -70,6 +70,13 @@ fn plan(o: &Options, path: &OsStr, fd: &OwnedFd) -> Plan {
 
 /// Runs the file form and returns the exit status.
 pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) -> i32 {
+    let ttl = match lease_ttl() {
+        Ok(t) => t,
+        Err(why) => {
+            warn(prog, &why);
+            return 64;
+        }
+    };
     let mut fd = match lock::open(path, o.api, o.mode, false, o.close) {
         Ok(fd) => fd,
         Err(e) => {
@@ -87,7 +94,7 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
     let mut only = None;
     match plan(o, path, &fd) {
         Plan::Kernel(why) => only = Some(why),
-        Plan::Lease(lease) => match take_lease(o, &lease, command) {
+        Plan::Lease(lease) => match take_lease(o, &lease, ttl, command) {
             Ok(h) => held = Some(h),
             Err(Some(f)) => return super::conflict_or_failure(prog, o, f, ""),
             Err(None) => only = Some(KernelOnly::LeaseUnavailable),
@@ -125,6 +132,7 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
 fn take_lease(
     o: &Options,
     lease: &Path,
+    ttl: Option<Duration>,
     command: &[OsString],
 ) -> Result<(Supervisor, LeaseGuard), Option<lock::Fail>> {
     let sup = Supervisor::new().map_err(|_| None)?;
@@ -132,9 +140,12 @@ fn take_lease(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let b = LeaseBuilder::new(lease)
+    let mut b = LeaseBuilder::new(lease)
         .command(argv)
         .on_lost(sup.loss_notifier());
+    if let Some(t) = ttl {
+        b = b.ttl(t);
+    }
     let got = match o.wait {
         Wait::No => b.try_acquire(),
         Wait::For(d) => b.acquire_timeout(d),
@@ -152,6 +163,26 @@ fn take_lease(
         Err(Error::Timeout { .. }) => Err(Some(lock::Fail::Timeout)),
         Err(_) => Err(None),
     }
+}
+
+/// The environment variable that sets the lease's TTL (flock(1)'s command line has no room
+/// for it): a leasehold DURATION, e.g. `10s`; the library's default when unset.
+pub const TTL_VAR: &str = "LEASEHOLD_FLOCK_TTL";
+
+/// The TTL asked for in [`TTL_VAR`], checked the way `leasehold run --ttl` checks it; `Err` says
+/// what is wrong.
+fn lease_ttl() -> Result<Option<Duration>, String> {
+    let Some(v) = std::env::var_os(TTL_VAR) else {
+        return Ok(None);
+    };
+    let text = v.to_string_lossy();
+    let d = crate::cli::duration::parse_duration(&text)
+        .map_err(|e| format!("{TTL_VAR}={}: {e}", leasehold::text::escape(&text)))?;
+    LeaseBuilder::new("/")
+        .ttl(d)
+        .timing()
+        .map_err(|e| format!("{TTL_VAR}={}: {e}", leasehold::text::escape(&text)))?;
+    Ok(Some(d))
 }
 
 /// Takes the kernel lock on `fd` within the deadline, reopening read-write once where NFS

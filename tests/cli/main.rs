@@ -7,6 +7,7 @@ mod support;
 mod basics;
 mod contention;
 mod fencing;
+mod flock;
 mod readme;
 mod terminal;
 
