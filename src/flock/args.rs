@@ -181,6 +181,10 @@ const TRY_HELP: &str = "try-help";
 /// A parse step's early end: a finished [`Parsed`] (help, version, an error).
 type Step<T> = Result<T, Parsed>;
 
+/// Options read from one argument (`key`, and its value if it takes one), and how many of the
+/// arguments after it were used as a value.
+type Read = (Vec<(char, Option<OsString>)>, usize);
+
 fn usage(lines: &[String], try_help: bool) -> Parsed {
     let mut v = lines.to_vec();
     if try_help {
@@ -294,7 +298,7 @@ fn apply(
 
 /// One bundle of short options (`nx`, `w5`, `w` followed by its argument in `next`): the
 /// options and how many following arguments were used.
-fn short(cluster: &[u8], next: Option<&OsString>) -> Step<(Vec<(char, Option<OsString>)>, usize)> {
+fn short(cluster: &[u8], next: Option<&OsString>) -> Step<Read> {
     let mut out = Vec::new();
     for (k, &c) in cluster.iter().enumerate() {
         if SHORT_FLAGS.contains(&c) {
@@ -324,7 +328,7 @@ fn short(cluster: &[u8], next: Option<&OsString>) -> Step<(Vec<(char, Option<OsS
 /// One long option (`nonblock`, `time=3`, `wait` followed by its argument in `next`), by
 /// `getopt_long`'s rules: an exact name wins; else a prefix of exactly one option, or of several
 /// that all mean the same thing.
-fn long(body: &[u8], next: Option<&OsString>) -> Step<(Vec<(char, Option<OsString>)>, usize)> {
+fn long(body: &[u8], next: Option<&OsString>) -> Step<Read> {
     let (name, inline) = match body.iter().position(|&b| b == b'=') {
         Some(p) => (&body[..p], Some(&body[p + 1..])),
         None => (body, None),
@@ -454,7 +458,7 @@ pub fn timeout_value(s: &OsStr) -> Step<Duration> {
     if v.is_nan() {
         return Err(bad());
     }
-    if !v.is_finite() || v < 0.0 || v > 1e12 {
+    if !(0.0..=1e12).contains(&v) {
         return Err(Parsed::BadTimer);
     }
     let secs = v.trunc();

@@ -66,14 +66,13 @@ impl Bench {
     }
 }
 
-/// Runs `cmd` to its end and returns (status, stdout, stderr).
-fn outcome(mut cmd: Command) -> (i32, String, String) {
-    let out = cmd.output().expect("run");
-    (
-        code(out.status),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// Runs `cmd` to its end (killed and failed after [`LIMIT`]) and returns (status, stdout,
+/// stderr).
+#[track_caller]
+fn outcome(cmd: Command) -> (i32, String, String) {
+    let name = format!("{cmd:?}");
+    let o = Proc::spawn_collecting(cmd, &name).finish(LIMIT);
+    (o.code, o.stdout, o.stderr)
 }
 
 fn real<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
@@ -91,7 +90,7 @@ fn blocked_in_kernel(pid: i32, file: &Path) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.get(1) == Some(&"->")
             && f.get(5) == Some(&pid.to_string().as_str())
-            && f.get(6).and_then(|d| d.rsplit(':').next()) == Some(&ino.to_string().as_str())
+            && f.get(6).and_then(|d| d.rsplit(':').next()) == Some(ino.to_string().as_str())
     })
 }
 
@@ -780,4 +779,52 @@ fn converted_and_unconverted_users_never_overlap() {
     let iv = cs.verify();
     assert_eq!(iv.len(), 10, "every job ran");
     assert!(iv.iter().all(|i| i.ended));
+}
+
+#[test]
+fn a_frozen_holder_is_taken_over_but_its_kernel_lock_still_excludes() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("f");
+    let cs = Cs::new(b.dir.path(), "cs");
+    let mut a = Command::new(b.ours_path());
+    a.arg(&f)
+        .args(cs.hold_args(&[], &f, "a")[3..].iter())
+        .env("LEASEHOLD_FLOCK_TTL", "1s")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut a = Proc::spawn(a, "frozen holder");
+    cs.wait_entered("a", LIMIT);
+    cs.allow_fenced();
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    // B takes the lease over once A has been silent for its TTL (stopping A's command), then
+    // waits in the kernel: the frozen flock process still holds the kernel lock.
+    let mut bj = Command::new(b.ours_path());
+    bj.arg(&f)
+        .args(cs.job("b", 1, "0.01"))
+        .env("LEASEHOLD_FLOCK_TTL", "1s")
+        .process_group(0)
+        .stdin(Stdio::null());
+    let mut bp = Proc::spawn(bj, "contender");
+    ensure_within("the contender to wait for the kernel lock", LIMIT, || {
+        blocked_in_kernel(bp.pid(), &f)
+    });
+    assert_eq!(
+        lease_json(&b.path(".f.leasehold-flock")).and_then(|l| l["pid"].as_i64()),
+        Some(i64::from(bp.pid())),
+        "the contender holds the lease"
+    );
+    assert!(
+        !cs.entered("b"),
+        "the contender ran while the frozen holder kept the lock"
+    );
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(
+        code(a.wait_timeout(LIMIT)),
+        74,
+        "the thawed holder reports the loss"
+    );
+    assert_eq!(code(bp.wait_timeout(LIMIT)), 0);
+    assert!(cs.entered("b"));
+    cs.verify();
 }
