@@ -338,3 +338,25 @@ impl Drop for Unmount {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
+
+#[test]
+fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("f");
+    let squatter = b.path(".f.leasehold-flock");
+    fs::write(&squatter, "not a lease\n").unwrap();
+    let before = fingerprint(&squatter);
+    let mut ours = b.hold(&b.ours_path(), &[], &f);
+    assert_eq!(outcome(real(&["-n", f.to_str().unwrap(), "true"])).0, 1);
+    ours.close_stdin();
+    assert_eq!(code(ours.wait_timeout(LIMIT)), 0);
+    assert_eq!(ours.stderr(), "", "the fallback is silent");
+    let (c, _, err) = outcome(b.ours(&["--verbose", f.to_str().unwrap(), "true"]));
+    assert_eq!(c, 0);
+    assert!(err.contains("kernel lock only"), "{err}");
+    assert_eq!(
+        fingerprint(&squatter),
+        before,
+        "a file at the lease's name was changed"
+    );
+}
