@@ -282,6 +282,31 @@ mod tests {
     }
 
     #[test]
+    fn the_flock_lease_sits_beside_the_file_and_its_own_helpers_fit() {
+        assert_eq!(
+            lease_beside("rel/job.sh").unwrap(),
+            Path::new("rel/.job.sh.leasehold-flock")
+        );
+        assert_eq!(
+            lease_beside("data/").unwrap(),
+            Path::new(".data.leasehold-flock")
+        );
+        for p in ["/", ".", "a/.."] {
+            assert!(lease_beside(p).is_none(), "{p}");
+        }
+        // A long name: the lease's own name is shortened, and so are its helpers' names.
+        let long = format!("/srv/{}", "n".repeat(NAME_MAX));
+        let lease = lease_beside(&long).unwrap();
+        let name = lease.file_name().unwrap();
+        assert!(name.len() <= NAME_MAX);
+        assert!(
+            name.as_encoded_bytes()
+                .ends_with(FLOCK_LEASE_SUFFIX.as_bytes())
+        );
+        assert!(helper_name(name, ".leasehold-mutex").len() <= NAME_MAX);
+    }
+
+    #[test]
     fn every_name_and_suffix_up_to_the_limits_fits() {
         for len in [
             1, 100, 189, 190, 200, 206, 207, 230, 238, 239, 240, 254, 255,

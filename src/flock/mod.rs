@@ -94,6 +94,12 @@ pub fn main(prog: &str, args: &[OsString]) -> i32 {
 
 /// The FD form: lock (or unlock) descriptor `fd`, which the caller's shell holds, and exit.
 fn descriptor(prog: &str, o: &args::Options, fd: i32) -> i32 {
+    if o.verbose && o.mode != args::Mode::Unlock {
+        warn(
+            prog,
+            &format!("kernel lock only: {}", KernelOnly::Descriptor.why()),
+        );
+    }
     let started = Instant::now();
     let wait = run::wait_for(o.wait, None);
     match lock::lock(fd, o.api, o.mode, wait) {

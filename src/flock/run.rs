@@ -216,6 +216,11 @@ fn kernel_lock(
                 })?;
             }
             Err(f) => {
+                // A -w wait whose time the lease used up ends in a last attempt: a timeout.
+                let f = match (f, o.wait) {
+                    (lock::Fail::Conflict, Wait::For(_)) => lock::Fail::Timeout,
+                    (f, _) => f,
+                };
                 let shown = leasehold::text::escape_os(path).into_owned();
                 return Err(super::conflict_or_failure(prog, o, f, &shown));
             }

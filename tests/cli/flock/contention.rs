@@ -66,7 +66,11 @@ fn usr_bin_flock_waits_for_and_is_refused_by_a_leasehold_holder() {
     let fs_ = f.to_str().unwrap();
     assert_eq!(outcome(real(&["-n", fs_, "true"])).0, 1);
     assert_eq!(outcome(real(&["-w", "0.2", "-E", "9", fs_, "true"])).0, 9);
-    // Another converted user is refused by the lease, just as silently.
+    // Another converted user is refused by the lease, just as silently, at once or in time.
+    assert_eq!(
+        outcome(b.ours(&["-w", "0.2", "-E", "9", fs_, "true"])),
+        (9, String::new(), String::new())
+    );
     assert_eq!(
         outcome(b.ours(&["-n", fs_, "true"])),
         (1, String::new(), String::new())
