@@ -132,6 +132,25 @@ fn exit_statuses_match_util_linux_flock_and_success_is_silent() {
         before,
         "the user's file changed under --fcntl"
     );
+    // --verbose: flock's own two lines on stdout, in its shape, for ours as for util-linux's.
+    for flock in [b.ours_path(), PathBuf::from(REAL)] {
+        let mut c = Command::new(&flock);
+        c.args(["--verbose", fs_, "true"]).stdin(Stdio::null());
+        let (c, out, err) = outcome(c);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            (c, err.as_str(), lines.len()),
+            (0, "", 2),
+            "{flock:?}: {out}"
+        );
+        let took = lines[0]
+            .strip_prefix("flock: getting lock took ")
+            .and_then(|t| t.strip_suffix(" seconds"))
+            .unwrap_or_else(|| panic!("{flock:?}: {out}"));
+        let (secs, micros) = took.split_once('.').unwrap();
+        assert!(secs.parse::<u64>().is_ok() && micros.len() == 6, "{out}");
+        assert_eq!(lines[1], "flock: executing true");
+    }
     // The lease lives beside the file (exclusive, forked), under its documented name.
     let lease = b.path(".f.leasehold-flock");
     assert_eq!(lease_state(&lease).as_deref(), Some("released"));
