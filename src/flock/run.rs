@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::{Error, LeaseBuilder, LeaseGuard};
 use nix::errno::Errno;
+use nix::sys::signal::SigHandler;
 use nix::sys::stat::{SFlag, fstat};
 
 use super::args::{Mode, Options, Wait};
@@ -291,7 +292,15 @@ fn forked(prog: &str, command: &[OsString]) -> i32 {
     let Some((first, rest)) = command.split_first() else {
         return 64;
     };
-    match std::process::Command::new(first).args(rest).status() {
+    let mut cmd = std::process::Command::new(first);
+    cmd.args(rest);
+    // SAFETY: the hook does nothing (so it is async-signal-safe). Its presence makes std fork
+    // and exec rather than use posix_spawn, whose child leaves glibc's internal real-time
+    // signals ignored across the exec: the command starts with the dispositions flock(1)'s does.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || Ok(()));
+    }
+    match cmd.status() {
         Ok(st) => match (st.code(), st.signal()) {
             (Some(c), _) => c,
             (None, Some(s)) => 128 + s,
@@ -314,6 +323,10 @@ fn exec(prog: &str, command: &[OsString]) -> i32 {
     let Some(first) = argv.first() else {
         return 64;
     };
+    // Rust ignores SIGPIPE in its own processes; the command must start with the default, as
+    // it does under flock(1). SAFETY: setting a disposition to SIG_DFL installs no handler.
+    let _ =
+        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, SigHandler::SigDfl) };
     let e = match nix::unistd::execvp(first, &argv) {
         Err(e) => e,
         Ok(never) => match never {},

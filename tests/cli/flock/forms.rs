@@ -364,3 +364,45 @@ fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
         "a file at the lease's name was changed"
     );
 }
+
+/// The command's ignored and blocked standard signals (1–31), under `flock ARGS` started by a
+/// shell that ignores SIGHUP (as `nohup` does): `(SigIgn, SigBlk)`, as the command (a shell
+/// that execs `grep`, so that no shell of its own blocks signals meanwhile) inherited them.
+fn dispositions(flock: &Path, args: &[&str]) -> (u64, u64) {
+    let mut c = Command::new("sh");
+    c.args(["-c", "trap '' HUP; exec \"$@\"", "sh"])
+        .arg(flock)
+        .args(args)
+        .args(["sh", "-c", "exec grep -E '^Sig(Ign|Blk)' /proc/self/status"])
+        .stdin(Stdio::null());
+    let (code, out, err) = outcome(c);
+    assert_eq!(code, 0, "{err}");
+    let field = |name: &str| {
+        let hex = out
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{out}"));
+        u64::from_str_radix(hex.trim(), 16).unwrap() & 0x7fff_ffff
+    };
+    (field("SigIgn:"), field("SigBlk:"))
+}
+
+#[test]
+fn the_command_starts_with_the_signal_dispositions_it_has_under_util_linux_flock() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("f");
+    let fs_ = f.to_str().unwrap();
+    const HUP: u64 = 1 << 0;
+    const PIPE: u64 = 1 << 12;
+    for pre in [&[][..], &["-s"][..], &["-F"][..], &["-o"][..]] {
+        let args: Vec<&str> = pre.iter().copied().chain([fs_]).collect();
+        let ours = dispositions(&b.ours_path(), &args);
+        let theirs = dispositions(Path::new(REAL), &args);
+        assert_eq!(ours, theirs, "flock {pre:?}: (ignored, blocked)");
+        assert_eq!(
+            ours.0 & (HUP | PIPE),
+            HUP,
+            "flock {pre:?}: nohup kept, SIGPIPE default"
+        );
+    }
+}
