@@ -115,13 +115,8 @@ fn a_lost_lease_stops_the_command_and_exits_74() {
         .stderr(Stdio::piped());
     let mut p = Proc::spawn_piped(c, "flock holder");
     p.line("held", LIMIT);
-    let lease = b.path(".f.leasehold-flock");
-    let st = lh()
-        .arg("break")
-        .arg("--force")
-        .arg(&lease)
-        .output()
-        .unwrap();
+    // `leasehold break FILE` finds the lease beside the user's file, as `status` does.
+    let st = lh().arg("break").arg("--force").arg(&f).output().unwrap();
     assert!(
         st.status.success(),
         "{}",
@@ -129,6 +124,11 @@ fn a_lost_lease_stops_the_command_and_exits_74() {
     );
     assert_eq!(code(p.wait_timeout(LIMIT)), 74);
     assert!(p.stderr().contains("flock: lease lost"), "{}", p.stderr());
+    assert_eq!(
+        fs::read(&f).unwrap(),
+        b"",
+        "the user's file was not written"
+    );
     // A bad TTL is a usage error, before anything is locked.
     let (c, _, err) = outcome({
         let mut c = b.ours(&[f.to_str().unwrap(), "true"]);
