@@ -24,6 +24,8 @@ use std::io::Write as _;
 use std::time::Instant;
 
 use args::{Parsed, Target};
+/// flock's `--help` and `--version` texts under a given program name (for a `flock` man page).
+pub use args::{help_text, version_text};
 
 /// Why a lock is taken as flock(1) takes it, kernel lock only, without a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
