@@ -75,25 +75,41 @@ fn no_fork_makes_the_command_the_flock_process_still_holding_the_lock() {
     );
 }
 
-/// An open-file-description lock held by this test process, as `flock --fcntl` takes one.
-fn ofd_lock(file: &Path, write: bool) -> Result<fs::File, nix::errno::Errno> {
+/// One `F_OFD_SETLK` of type `kind` (`F_WRLCK`, `F_RDLCK`, `F_UNLCK`) on the whole of `fh`.
+fn ofd(fh: &fs::File, kind: i32) -> Result<(), nix::errno::Errno> {
     use std::os::fd::AsRawFd;
+    // SAFETY of the test: an all-zero struct flock is the whole file from offset 0, l_pid 0.
+    let mut fl: nix::libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as nix::libc::c_short;
+    fl.l_whence = nix::libc::SEEK_SET as nix::libc::c_short;
+    // SAFETY of the test: fl lives across the call; fh is open.
+    let r = unsafe { nix::libc::fcntl(fh.as_raw_fd(), nix::libc::F_OFD_SETLK, &fl) };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// An open-file-description lock held by this test process, as `flock --fcntl` takes one,
+/// dropped with an explicit unlock: closing is not enough, since a child that another test
+/// thread is forking at that moment shares the open file description until it execs.
+struct OfdLock(fs::File);
+
+impl Drop for OfdLock {
+    fn drop(&mut self) {
+        let _ = ofd(&self.0, nix::libc::F_UNLCK);
+    }
+}
+
+fn ofd_lock(file: &Path, write: bool) -> Result<OfdLock, nix::errno::Errno> {
     let fh = fs::File::options()
         .read(true)
         .write(true)
         .open(file)
         .unwrap();
-    // SAFETY of the test: an all-zero struct flock is the whole file from offset 0, l_pid 0.
-    let mut fl: nix::libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = if write {
+    let kind = if write {
         nix::libc::F_WRLCK
     } else {
         nix::libc::F_RDLCK
-    } as nix::libc::c_short;
-    fl.l_whence = nix::libc::SEEK_SET as nix::libc::c_short;
-    // SAFETY of the test: fl lives across the call; fh is open.
-    let r = unsafe { nix::libc::fcntl(fh.as_raw_fd(), nix::libc::F_OFD_SETLK, &fl) };
-    nix::errno::Errno::result(r).map(|_| fh)
+    };
+    ofd(&fh, kind).map(|()| OfdLock(fh))
 }
 
 #[test]
