@@ -7,6 +7,7 @@
 //! used as a stable API by other programs (use `leasehold-lib`).
 
 pub mod cli;
+pub mod flock;
 pub mod script;
 pub mod supervise;
 

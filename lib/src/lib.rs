@@ -75,7 +75,7 @@ pub use error::{Error, Result, TimingError};
 pub use guard::LeaseGuard;
 pub use identity::Identity;
 pub use loss::LossReason;
-pub use paths::LockPaths;
+pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_beside};
 pub use record::{Ending, FORMAT_VERSION, Holder, Lease, LeaseState};
 pub use status::{BreakMode, Broken, Frees, break_lease, status, status_with};
 pub use timing::Timing;

@@ -162,6 +162,37 @@ impl LockPaths {
     }
 }
 
+/// The suffix of the lease that the `flock`-compatible front end keeps beside a user's file.
+pub const FLOCK_LEASE_SUFFIX: &str = ".leasehold-flock";
+
+/// Where the lease for a *user's* file lives when that file is locked the flock(1) way (the
+/// `flock` name of the `leasehold` binary): beside it, in the same directory, named
+/// `.NAME.leasehold-flock` (shortened like every helper name when NAME is long). The user's file
+/// itself is never written; this lease is an ordinary LOCK with its own helper files.
+///
+/// `None` when `file` names no final component (`/`, `.`, a path ending in `..`): such a lock
+/// has no directory beside it to keep a lease in. Pure: looks at nothing on disk.
+///
+/// ```
+/// let l = leasehold::lease_beside("/srv/job.sh").unwrap();
+/// assert_eq!(l, std::path::Path::new("/srv/.job.sh.leasehold-flock"));
+/// assert!(leasehold::lease_beside("/").is_none());
+/// ```
+pub fn lease_beside(file: impl AsRef<Path>) -> Option<PathBuf> {
+    let file = file.as_ref();
+    let name = file.file_name()?;
+    let parent = file.parent().unwrap_or(Path::new(""));
+    Some(parent.join(helper_name(name, FLOCK_LEASE_SUFFIX)))
+}
+
+/// The lease beside `file` (see [`lease_beside`]) if one exists there (as anything: the caller
+/// that opens it applies the usual checks), else `None`. This is how `leasehold status FILE`
+/// finds the lease of a file that the `flock` front end locks.
+pub fn existing_lease_beside(file: impl AsRef<Path>) -> Option<PathBuf> {
+    let lease = lease_beside(file)?;
+    std::fs::symlink_metadata(&lease).ok().map(|_| lease)
+}
+
 /// The longest file name (one path component) Linux file systems accept, in bytes.
 pub const NAME_MAX: usize = 255;
 
@@ -248,6 +279,31 @@ mod tests {
         let pinned = helper_name(OsStr::new(&"L".repeat(250)), ".leasehold-mutex");
         let want = format!(".{}~0f91a5d6f33c56c5.leasehold-mutex", "L".repeat(189));
         assert_eq!(pinned, OsString::from(want));
+    }
+
+    #[test]
+    fn the_flock_lease_sits_beside_the_file_and_its_own_helpers_fit() {
+        assert_eq!(
+            lease_beside("rel/job.sh").unwrap(),
+            Path::new("rel/.job.sh.leasehold-flock")
+        );
+        assert_eq!(
+            lease_beside("data/").unwrap(),
+            Path::new(".data.leasehold-flock")
+        );
+        for p in ["/", ".", "a/.."] {
+            assert!(lease_beside(p).is_none(), "{p}");
+        }
+        // A long name: the lease's own name is shortened, and so are its helpers' names.
+        let long = format!("/srv/{}", "n".repeat(NAME_MAX));
+        let lease = lease_beside(&long).unwrap();
+        let name = lease.file_name().unwrap();
+        assert!(name.len() <= NAME_MAX);
+        assert!(
+            name.as_encoded_bytes()
+                .ends_with(FLOCK_LEASE_SUFFIX.as_bytes())
+        );
+        assert!(helper_name(name, ".leasehold-mutex").len() <= NAME_MAX);
     }
 
     #[test]

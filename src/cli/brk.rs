@@ -16,7 +16,9 @@ pub(super) fn brk(a: &BreakArgs) -> i32 {
         (None, false) => BreakMode::Stale,
     };
     let stale_only = mode == BreakMode::Stale;
-    match break_lease(&a.lock, mode) {
+    // A file locked by the `flock` front end keeps its lease beside it.
+    let lease = leasehold::existing_lease_beside(&a.lock);
+    match break_lease(lease.as_deref().unwrap_or(&a.lock), mode) {
         Ok(b) => {
             if !a.quiet {
                 say!("{}", report::broken_line(&b));

@@ -55,6 +55,18 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    // Called as `flock` (e.g. `ln -s leasehold flock`), or `leasehold flock ARGS...`: flock(1)'s
+    // command line, not clap's.
+    let name = argv.first().map(std::path::Path::new);
+    if name
+        .and_then(|n| n.file_name())
+        .is_some_and(|n| n == "flock")
+    {
+        return crate::flock::main("flock", &argv[1..]);
+    }
+    if argv.get(1).is_some_and(|a| a == "flock") {
+        return crate::flock::main("leasehold flock", &argv[2..]);
+    }
     let cli = match args::Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {

@@ -14,7 +14,9 @@ pub(super) fn status(a: &StatusArgs) -> i32 {
     let mut code = 0;
     let mut json_out: Vec<Value> = Vec::new();
     for (i, lock) in a.locks.iter().enumerate() {
-        match leasehold::status(lock) {
+        // A file locked by the `flock` front end keeps its lease beside it.
+        let lease = leasehold::existing_lease_beside(lock);
+        match leasehold::status(lease.as_deref().unwrap_or(lock)) {
             Ok(v) => {
                 if a.json {
                     json_out.push(json::verdict(&v));

@@ -1,6 +1,7 @@
 //! The `leasehold` command line: run, status and break, contention between runs, fencing of the
 //! command, the terminal, script mode (lock/unlock), the README's examples, the manual page,
-//! completions and systemd recipe (`manual`), and the messages a first-time user reads
+//! completions and systemd recipe (`manual`), the `flock` name (`flock`), and the messages a
+//! first-time user reads
 //! (`messages`).
 
 #[path = "../support/mod.rs"]
@@ -9,6 +10,7 @@ mod support;
 mod basics;
 mod contention;
 mod fencing;
+mod flock;
 mod manual;
 mod messages;
 mod readme;

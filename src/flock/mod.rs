@@ -1,0 +1,175 @@
+//! The `flock` front end: util-linux flock(1)'s command line and behaviour, on leasehold.
+//!
+//! Invoked as `flock` (the binary's file name, e.g. through `ln -s leasehold flock`) or as
+//! `leasehold flock ARGS...`. It takes the same kernel lock flock(1) takes on the named file, so
+//! unconverted flock(1) users, `lslocks` and udev see and respect it, and — for an exclusive
+//! lock around a command — a heartbeat lease beside the file ([`leasehold::lease_beside`]),
+//! taken first, so converted users queue in FIFO order, `leasehold status FILE` explains who
+//! holds it, and a lost lease fences the command (exit 74).
+//!
+//! Owns: the entry point, flock's messages (prefixed with the program name; the lock's own
+//! messages only with `--verbose`) and exit statuses, and the FD form. `args` parses, `lock`
+//! holds the kernel lock, `run` runs the file form. Must never: write, truncate, chmod, rename
+//! or delete the named file; print anything flock(1) would not print without `--verbose`.
+//!
+//! Not yet leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-s`
+//! (until shared leases), `-F` and the FD form (until the script-mode keeper), `-u`.
+
+mod args;
+mod lock;
+mod run;
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::time::Instant;
+
+use args::{Parsed, Target};
+/// flock's `--help` and `--version` texts under a given program name (for a `flock` man page).
+pub use args::{help_text, version_text};
+
+/// Why a lock is taken as flock(1) takes it, kernel lock only, without a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelOnly {
+    /// `-s`: shared leases are not part of this build (wire to `--shared` when they are).
+    Shared,
+    /// `-u`: dropping a lock takes no lease.
+    Unlock,
+    /// `-F`: no process is left to keep a lease (wire to the script-mode keeper).
+    NoFork,
+    /// The FD form: the lock outlives flock (wire to the script-mode keeper).
+    Descriptor,
+    /// The path has no directory beside it to hold a lease (`/`, `.`, `..`).
+    NoPlaceBeside,
+    /// Not a regular file or a directory (a device, FIFO or socket): its directory belongs to
+    /// the system (`/dev`), and its lock protocol is the kernel lock alone.
+    NotAFile,
+    /// The lease could not be taken for a reason other than a holder (no write access to the
+    /// directory, a read-only or full file system, an untrusted file at its name...).
+    LeaseUnavailable,
+}
+
+impl KernelOnly {
+    /// Why, in words, for `--verbose`.
+    pub fn why(self) -> &'static str {
+        match self {
+            KernelOnly::Shared => "shared locks take no lease yet",
+            KernelOnly::Unlock => "unlocking takes no lease",
+            KernelOnly::NoFork => "--no-fork leaves no process to keep a lease",
+            KernelOnly::Descriptor => "a descriptor's lock takes no lease yet",
+            KernelOnly::NoPlaceBeside => "the path has no directory to keep a lease in",
+            KernelOnly::NotAFile => "not a regular file or directory",
+            KernelOnly::LeaseUnavailable => "the lease cannot be taken",
+        }
+    }
+}
+
+/// Runs the flock front end with `args` (without the program name) under the name `prog`
+/// (used in messages) and returns the exit status.
+pub fn main(prog: &str, args: &[OsString]) -> i32 {
+    match args::parse(args) {
+        Parsed::Help => {
+            print_out(&args::help_text(prog));
+            0
+        }
+        Parsed::Version => {
+            print_out(&args::version_text(prog));
+            0
+        }
+        Parsed::Usage(lines) => {
+            for l in lines {
+                if args::is_try_help(&l) {
+                    raw_err(&format!("Try '{prog} --help' for more information."));
+                } else {
+                    warn(prog, &l);
+                }
+            }
+            64
+        }
+        Parsed::BadTimer => {
+            warn(prog, "cannot set up timer: Invalid argument");
+            71
+        }
+        Parsed::Run(o, Target::Fd(fd)) => descriptor(prog, &o, fd),
+        Parsed::Run(o, Target::File { path, command }) => run::file(prog, &o, &path, &command),
+    }
+}
+
+/// The FD form: lock (or unlock) descriptor `fd`, which the caller's shell holds, and exit.
+fn descriptor(prog: &str, o: &args::Options, fd: i32) -> i32 {
+    if o.verbose && o.mode != args::Mode::Unlock {
+        warn(
+            prog,
+            &format!("kernel lock only: {}", KernelOnly::Descriptor.why()),
+        );
+    }
+    let started = Instant::now();
+    let wait = run::wait_for(o.wait, None);
+    match lock::lock(fd, o.api, o.mode, wait) {
+        Ok(()) => {
+            if o.verbose {
+                took(prog, started);
+            }
+            0
+        }
+        Err(f) => conflict_or_failure(prog, o, f, &fd.to_string()),
+    }
+}
+
+/// Says and returns what a failed lock call means: the -E status for a conflict or a timeout
+/// (said only with `--verbose`), else flock's status for a lock failure.
+fn conflict_or_failure(prog: &str, o: &args::Options, f: lock::Fail, what: &str) -> i32 {
+    match f {
+        lock::Fail::Conflict => {
+            if o.verbose {
+                warn(prog, "failed to get lock");
+            }
+            i32::from(o.conflict)
+        }
+        lock::Fail::Timeout => {
+            if o.verbose {
+                warn(prog, "timeout while waiting to get lock");
+            }
+            i32::from(o.conflict)
+        }
+        lock::Fail::Os(e) => {
+            warn(prog, &format!("{what}: {}", strerror(e)));
+            lock::lock_failure_code(e)
+        }
+    }
+}
+
+/// The C library's text for `e` ("Bad file descriptor"), as flock(1) prints it.
+fn strerror(e: nix::errno::Errno) -> String {
+    let s = std::io::Error::from_raw_os_error(e as i32).to_string();
+    match s.rfind(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// `--verbose`'s "getting lock took S.UUUUUU seconds", on stdout.
+fn took(prog: &str, started: Instant) {
+    let d = started.elapsed();
+    print_out(&format!(
+        "{prog}: getting lock took {}.{:06} seconds\n",
+        d.as_secs(),
+        d.subsec_micros()
+    ));
+}
+
+/// Writes to stdout and flushes (the command shares it), ignoring failure.
+fn print_out(s: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes());
+    let _ = out.flush();
+}
+
+/// One line on stderr, escaped (file names and arguments come from anywhere), ignoring failure.
+fn raw_err(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{}", leasehold::text::scrub(line));
+}
+
+/// `PROG: MESSAGE` on stderr, as flock's `warn`/`warnx`.
+fn warn(prog: &str, msg: &str) {
+    raw_err(&format!("{prog}: {msg}"));
+}
