@@ -30,6 +30,7 @@ use crate::paths::LockPaths;
 use crate::record::{Draft, Lease, LeaseState};
 use crate::store::StuckPolicy;
 use crate::store::file::FileStore;
+use crate::store::resolved::Resolved;
 use crate::store::{Joiner, Store};
 use crate::takeover;
 use crate::timing::Timing;
@@ -142,14 +143,6 @@ impl LeaseBuilder {
         }
         out
     }
-}
-
-/// What a builder keeps between its own calls (see [`LeaseBuilder::try_acquire`]).
-#[derive(Debug)]
-pub(crate) struct Resolved {
-    paths: LockPaths,
-    fs: FsInfo,
-    kept: <FileStore as Store>::Kept,
 }
 
 impl Acquirer {

@@ -71,7 +71,7 @@ pub struct LeaseBuilder {
     /// paths and file-system facts) and kept open (the mutex file), for its next call: shared
     /// by clones, which all name the same LOCK. A call that finds it taken (another thread is
     /// acquiring through a clone) resolves afresh.
-    pub(crate) cache: Arc<Mutex<Option<crate::acquire::Resolved>>>,
+    pub(crate) cache: Arc<Mutex<Option<crate::store::resolved::Resolved>>>,
 }
 
 impl std::fmt::Debug for LeaseBuilder {

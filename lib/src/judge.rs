@@ -19,7 +19,7 @@ use crate::identity::Identity;
 use crate::observe::{self, Memory};
 use crate::process::{self, Liveness};
 use crate::record::{Lease, LeaseState, fingerprint};
-use crate::store::Binding;
+use crate::store::binding::Binding;
 use crate::verdict::{State, Verdict};
 
 /// Where the judge learns whether a same-host holder's processes live.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::process;
 use crate::record::Lease;
-use crate::store::Binding;
+use crate::store::binding::Binding;
 use crate::verdict::{State, Verdict};
 
 /// Before a stale or hung same-host lease is taken over or broken: stops what is left of its

@@ -10,7 +10,6 @@
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
 
-use std::path::Path;
 use std::time::Instant;
 
 use crate::boottime::BootInstant;
@@ -18,12 +17,14 @@ use crate::error::Result;
 use crate::fsio::LockContent;
 use crate::judge::Judge;
 use crate::loss::LossReason;
-use crate::paths::LockPaths;
-use crate::process::JobEvidence;
 use crate::record::Lease;
 use crate::verdict::Verdict;
 
+pub(crate) mod binding;
 pub(crate) mod file;
+pub(crate) mod resolved;
+
+pub(crate) use binding::Binding;
 
 /// What a store does about a contender that has sat in the exclusive section for longer than a
 /// TTL (the file store: a process holding the mutex's flock).
@@ -34,46 +35,6 @@ pub(crate) enum StuckPolicy {
     /// Stop it if the store's own authority names it as the section's holder, it runs as our
     /// uid, and it is stopped (SIGSTOP, a frozen cgroup): it can never leave by itself.
     KillStopped,
-}
-
-/// How a lock's jobs are bound to it, and where this host's observations of it are kept: what
-/// judging and stopping an old job need from a store besides its leases.
-///
-/// The file store answers with LOCK's path, the evidence of `process.rs` (the job's environment
-/// naming this LOCK and lease id, or the holder's `O_PATH` mark on this lock's mutex file) and
-/// the per-uid observation files beside LOCK; a store without files (etcd) would name its lock
-/// by its URL, bind jobs by their environment alone, and keep observations in memory.
-pub(crate) trait Binding: Sync + std::fmt::Debug {
-    /// The lock's name: what errors and verdicts name, and what its jobs carry in
-    /// `LEASEHOLD_LOCK`.
-    fn lock(&self) -> &Path;
-    /// The kernel evidence that a process belongs to `lease`'s job on this lock, made now (a
-    /// replaced mutex file is noticed).
-    fn evidence(&self, lease: &Lease) -> JobEvidence;
-    /// Where this host keeps its observations of a foreign heartbeat, if the store keeps them
-    /// across processes (`None`: each process remembers only what it saw itself).
-    fn observations(&self) -> Option<&LockPaths>;
-}
-
-impl Binding for LockPaths {
-    fn lock(&self) -> &Path {
-        &self.lock
-    }
-    fn evidence(&self, lease: &Lease) -> JobEvidence {
-        let h = &lease.holder;
-        let ev = JobEvidence::for_lock(&lease.lease_id, h.uid, self);
-        // Script mode: the script carries nothing in its environment; the lease file names it,
-        // believed only when its own uid (or root) wrote that file (PROTOCOL.md §10).
-        match (h.on_behalf, h.child_pid, h.child_start) {
-            (true, Some(c), Some(cs)) if crate::fsio::written_by_holder(self, lease) => {
-                ev.with_trusted_child(c, cs)
-            }
-            _ => ev,
-        }
-    }
-    fn observations(&self) -> Option<&LockPaths> {
-        Some(self)
-    }
 }
 
 /// Where leases on one lock are kept, as the protocol needs it.
