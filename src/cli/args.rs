@@ -128,6 +128,8 @@ pub struct Cli {
 pub enum Generate {
     /// leasehold(1), as roff: `leasehold --generate man > leasehold.1`.
     Man,
+    /// flock(1) for the `flock` name (leasehold's flock-compatible front end), as roff.
+    ManFlock,
     /// A bash completion script.
     CompleteBash,
     /// A zsh completion script (`_leasehold`).
