@@ -62,6 +62,8 @@ pub struct LeaseBuilder {
     pub(crate) poll: bool,
     pub(crate) durable: bool,
     pub(crate) allow_host_local_locks: bool,
+    /// Exclusive (the default), shared, or one of N slots (see `slots.rs`).
+    pub(crate) want: crate::slots::Want,
     /// What the builder's own `try_acquire`/`acquire` worked out about LOCK (its resolved
     /// paths and file-system facts) and kept open (the mutex file), for its next call: shared
     /// by clones, which all name the same LOCK. A call that finds it taken (another thread is
@@ -100,6 +102,7 @@ impl LeaseBuilder {
             poll: false,
             durable: true,
             allow_host_local_locks: false,
+            want: crate::slots::Want::Exclusive,
             cache: Arc::default(),
         }
     }
@@ -183,6 +186,29 @@ impl LeaseBuilder {
         self
     }
 
+    /// Take a *shared* lease: any number of shared holders hold the lock together, and an
+    /// exclusive holder (a builder without `shared` or `slots`) excludes them all — a
+    /// readers-writer lock, like `flock -s`. Waiting stays first come, first served: a waiting
+    /// exclusive holder is not overtaken by shared holders arriving after it. Every holder gets
+    /// its own lease (heartbeat, lease id, fencing token). Default false.
+    pub fn shared(mut self, yes: bool) -> Self {
+        self.want = match yes {
+            true => crate::slots::Want::Shared,
+            false => crate::slots::Want::Exclusive,
+        };
+        self
+    }
+
+    /// Take one of `n` slots: at most `n` holders at once (a counting semaphore, like `sem -j
+    /// N`), each with its own lease. Every holder and waiter of the lock must ask for the same
+    /// `n`; one asking otherwise (or for a plain or shared lease) is refused with
+    /// [`Error::Mismatch`](crate::Error::Mismatch) while the lock is in use. `slots(1)` is a
+    /// semaphore of one, not a plain lock.
+    pub fn slots(mut self, n: u32) -> Self {
+        self.want = crate::slots::Want::Slots(n);
+        self
+    }
+
     /// The validated timing these settings give.
     pub fn timing(&self) -> Result<Timing> {
         Timing::new(self.ttl, self.heartbeat, self.grace)
@@ -216,6 +242,7 @@ impl LeaseBuilder {
                 note: self.note.clone(),
             },
             ended: None,
+            mode: None,
             damaged: false,
         }
     }

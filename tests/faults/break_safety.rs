@@ -92,6 +92,7 @@ fn forged(pid: i32, start: u64, pgid: Option<i32>, ttl: Duration) -> Vec<u8> {
             note: None,
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
     .to_bytes()

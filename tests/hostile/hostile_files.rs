@@ -52,6 +52,7 @@ fn valid_lease_bytes(pid: i32, start: u64, uid: u32, pgid: Option<i32>) -> Vec<u
             note: None,
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
     .to_bytes()
@@ -476,6 +477,7 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
                     how: "exit 0".into(),
                     by: None,
                 }),
+                mode: None,
                 damaged: false,
             }
             .to_bytes()

@@ -1179,6 +1179,7 @@ fn forged_observation_file_does_not_shorten_a_dead_foreign_holders_ttl() {
             note: None,
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
     .to_bytes();

@@ -149,6 +149,7 @@ fn forged(state: leasehold::LeaseState, host: &str, boot: &str) -> leasehold::Le
             note: Some(NOTE.into()),
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
 }

@@ -72,6 +72,7 @@ pub fn crafted(pid: i32, pid_start: u64, who: &Identity, ttl: Duration, token: u
             note: Some("crafted by a core test".into()),
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
 }

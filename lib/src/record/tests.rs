@@ -24,6 +24,7 @@ fn sample() -> Lease {
             note: Some("hi \"there\"\n".into()),
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
 }

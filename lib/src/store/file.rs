@@ -41,6 +41,9 @@ pub(crate) struct FileStore {
     /// Whether a fresh mutex descriptor is opened read-write whatever the storage (a look by
     /// `status` or `break`, which never resolves the storage).
     rw_mutex: bool,
+    /// For the store of a holder file of a shared lock (`slots.rs`): LOCK's own paths, which
+    /// name the lock and bind its jobs; `paths` then names the holder file.
+    origin: Option<LockPaths>,
 }
 
 /// A waiting contender's place in the queue, and what it keeps for its next look and its take.
@@ -71,6 +74,7 @@ impl FileStore {
             storage,
             sync,
             rw_mutex: false,
+            origin: None,
         }
     }
 
@@ -81,7 +85,28 @@ impl FileStore {
             storage: Storage::default(),
             sync: true,
             rw_mutex: true,
+            origin: None,
         }
+    }
+
+    /// LOCK's own paths (for a holder file's store, those of the lock it belongs to).
+    pub(crate) fn origin(&self) -> &LockPaths {
+        self.origin.as_ref().unwrap_or(&self.paths)
+    }
+}
+
+/// A store names its lock, and binds its jobs, by LOCK's own paths — also the store of a holder
+/// file of a shared lock, whose jobs carry LOCK's path — and keeps its observations beside the
+/// file it reads (a holder file has its own, so that several holders are observed apart).
+impl Binding for FileStore {
+    fn lock(&self) -> &std::path::Path {
+        &self.origin().lock
+    }
+    fn evidence(&self, lease: &Lease) -> crate::process::JobEvidence {
+        crate::process::JobEvidence::for_lock(&lease.lease_id, lease.holder.uid, self.origin())
+    }
+    fn observations(&self) -> Option<&LockPaths> {
+        Some(&self.paths)
     }
 }
 
@@ -111,7 +136,16 @@ impl Store for FileStore {
     type Holding = FileHolding;
 
     fn binding(&self) -> &dyn Binding {
-        &self.paths
+        self
+    }
+
+    fn holder(&self, k: u32) -> FileStore {
+        let origin = self.origin().clone();
+        FileStore {
+            paths: crate::slots::holder_paths(&origin, k),
+            origin: Some(origin),
+            ..self.clone()
+        }
     }
 
     fn read(&self) -> Result<LockContent> {
@@ -355,6 +389,9 @@ pub(crate) struct FileHolding {
     replaced: Mutex<Option<File>>,
     /// The holder's mark (see [`holder_mark`]): closed only after release has written LOCK.
     mark: Mutex<Option<OwnedFd>>,
+    /// For a holder file of a shared lock: LOCK's paths, nudged after our release so that the
+    /// head waiter wakes (see `slots::nudge`).
+    origin: Option<LockPaths>,
 }
 
 impl FileHolding {
@@ -375,6 +412,7 @@ impl FileHolding {
             written: Mutex::new(Some(written)),
             replaced: Mutex::new(replaced),
             mark: Mutex::new(mark.or_else(|| holder_mark(paths))),
+            origin: store.origin.clone(),
         }
     }
 
@@ -551,6 +589,18 @@ impl Holding for FileHolding {
     }
 
     fn release(&self, r: Release<'_>) -> Result<()> {
+        let (wait, stuck_after) = (r.wait, r.stuck_after);
+        let out = self.release_here(r);
+        if let Some(lock) = &self.origin {
+            crate::slots::nudge(lock, self.storage.network, wait, stuck_after);
+        }
+        out
+    }
+}
+
+impl FileHolding {
+    /// Releases our lease in the file we hold it in (see [`Holding::release`]).
+    fn release_here(&self, r: Release<'_>) -> Result<()> {
         let witness = lock(&self.witness).take();
         let written = lock(&self.written).take();
         // Closed when this returns, after the handover: freeing old files is off its path.
