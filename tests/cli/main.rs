@@ -8,6 +8,7 @@ mod basics;
 mod contention;
 mod fencing;
 mod readme;
+mod shared;
 mod terminal;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
