@@ -340,7 +340,7 @@ fn one_shot<S: Store>(
     let (ahead, waiting_ahead) = ctx.store.ahead(&section, None, ctx.timing.ttl)?;
     let mut place = S::Place::default();
     let content = ctx.store.current(&section, &mut place)?;
-    if crate::slots::involved(ctx.s.want, &content) {
+    if crate::slots::involved(ctx.s.want, &content, &ctx.store) {
         let mut mem = Memory::default();
         let line = slotted::Line {
             kept,
@@ -379,7 +379,7 @@ fn queued<S: Store>(
         .store
         .ahead(&section, Some(&mut q.place), ctx.timing.ttl)?;
     let content = ctx.store.current(&section, &mut q.place)?;
-    if crate::slots::involved(ctx.s.want, &content) {
+    if crate::slots::involved(ctx.s.want, &content, &ctx.store) {
         let place = S::Place::default(); // the take uses q's
         let line = slotted::Line {
             kept,

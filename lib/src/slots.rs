@@ -71,10 +71,15 @@ impl Want {
 }
 
 /// Whether an attempt that read `content` in LOCK goes the shared way: it asks for a shared
-/// lease or a slot, or LOCK is a shared lock's record (format 2). A plain lock's plain
-/// contender (the common case) goes on as ever.
-pub(crate) fn involved(want: Want, content: &LockContent) -> bool {
-    want != Want::Exclusive || lock_mode(content).is_some()
+/// lease or a slot, or LOCK is a shared lock's record (format 2), or LOCK is missing or empty
+/// (emptied by hand) while holder file 0 exists — its holders must be looked at before anyone
+/// takes LOCK. A plain lock's plain contender (the common case: LOCK holds a format-1 record)
+/// goes on as ever, without a look at any holder file.
+pub(crate) fn involved<S: Store>(want: Want, content: &LockContent, store: &S) -> bool {
+    want != Want::Exclusive
+        || lock_mode(content).is_some()
+        || (matches!(content, LockContent::Missing | LockContent::Empty)
+            && !matches!(store.holder(0).read(), Ok(LockContent::Missing)))
 }
 
 /// The mode LOCK records, if it is a shared lock's record.
@@ -146,7 +151,14 @@ impl<S: Store> Holders<S> {
         look: Look<'_>,
         mems: &mut Vec<Memory>,
     ) -> Result<Holders<S>> {
-        let width = mode.map_or(0, |m| m.width);
+        // Without a mode (LOCK is plain, missing or emptied by hand), the holder files present
+        // are counted: they are numbered from 0 without gaps, and never deleted.
+        let width = match mode {
+            Some(m) => m.width,
+            None => (0..MAX_WIDTH)
+                .find(|k| matches!(store.holder(*k).read(), Ok(LockContent::Missing)))
+                .unwrap_or(MAX_WIDTH),
+        };
         if mems.len() < width as usize {
             mems.resize_with(width as usize, Memory::default);
         }

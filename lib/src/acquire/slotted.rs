@@ -74,7 +74,7 @@ pub(super) fn attempt<S: Store>(
             }
             Want::Shared | Want::Slots(_) => {
                 if let Some(k) = holders.free_index(limit) {
-                    let width = mode.map_or(0, |m| m.width).max(k + 1);
+                    let width = (holders.slots.len() as u32).max(k + 1);
                     let new = Mode {
                         slots: want.limit(),
                         width,
