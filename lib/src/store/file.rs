@@ -31,6 +31,8 @@ use crate::record::{Ending, Lease, LeaseState, MUTABLE_RANGE};
 use crate::verdict::{Verdict, Waiting};
 use crate::wait::Waiter;
 
+mod origin;
+
 /// Leases on one LOCK path.
 #[derive(Debug, Clone)]
 pub(crate) struct FileStore {
@@ -41,8 +43,7 @@ pub(crate) struct FileStore {
     /// Whether a fresh mutex descriptor is opened read-write whatever the storage (a look by
     /// `status` or `break`, which never resolves the storage).
     rw_mutex: bool,
-    /// For the store of a holder file of a shared lock (`slots.rs`): LOCK's own paths, which
-    /// name the lock and bind its jobs; `paths` then names the holder file.
+    /// A holder file's store (`origin.rs`): LOCK's paths, which name the lock and bind its jobs.
     origin: Option<LockPaths>,
 }
 
@@ -88,26 +89,6 @@ impl FileStore {
             origin: None,
         }
     }
-
-    /// LOCK's own paths (for a holder file's store, those of the lock it belongs to).
-    pub(crate) fn origin(&self) -> &LockPaths {
-        self.origin.as_ref().unwrap_or(&self.paths)
-    }
-}
-
-/// A store names its lock, and binds its jobs, by LOCK's own paths — also the store of a holder
-/// file of a shared lock, whose jobs carry LOCK's path — and keeps its observations beside the
-/// file it reads (a holder file has its own, so that several holders are observed apart).
-impl Binding for FileStore {
-    fn lock(&self) -> &std::path::Path {
-        &self.origin().lock
-    }
-    fn evidence(&self, lease: &Lease) -> crate::process::JobEvidence {
-        crate::process::JobEvidence::for_lock(&lease.lease_id, lease.holder.uid, self.origin())
-    }
-    fn observations(&self) -> Option<&LockPaths> {
-        Some(&self.paths)
-    }
 }
 
 /// A queueing failure (a full or read-only directory) degrades to unordered waiting, never to
@@ -140,12 +121,7 @@ impl Store for FileStore {
     }
 
     fn holder(&self, k: u32) -> FileStore {
-        let origin = self.origin().clone();
-        FileStore {
-            paths: crate::slots::holder_paths(&origin, k),
-            origin: Some(origin),
-            ..self.clone()
-        }
+        self.holder_file(k)
     }
 
     fn read(&self) -> Result<LockContent> {
@@ -389,8 +365,7 @@ pub(crate) struct FileHolding {
     replaced: Mutex<Option<File>>,
     /// The holder's mark (see [`holder_mark`]): closed only after release has written LOCK.
     mark: Mutex<Option<OwnedFd>>,
-    /// For a holder file of a shared lock: LOCK's paths, nudged after our release so that the
-    /// head waiter wakes (see `slots::nudge`).
+    /// A holder file's: LOCK's paths, nudged after our release to wake the head (`slots.rs`).
     origin: Option<LockPaths>,
 }
 
@@ -589,11 +564,9 @@ impl Holding for FileHolding {
     }
 
     fn release(&self, r: Release<'_>) -> Result<()> {
-        let (wait, stuck_after) = (r.wait, r.stuck_after);
+        let (wait, stuck, net) = (r.wait, r.stuck_after, self.storage.network);
         let out = self.release_here(r);
-        if let Some(lock) = &self.origin {
-            crate::slots::nudge(lock, self.storage.network, wait, stuck_after);
-        }
+        (self.origin.iter()).for_each(|lock| crate::slots::nudge(lock, net, wait, stuck));
         out
     }
 }
