@@ -332,10 +332,16 @@ pub(crate) fn lock_record(
 
 /// After a holder file's release: rewrites LOCK's record of a shared lock as it is (a new file
 /// renamed into place, under the mutex), so that the head waiter — which watches LOCK — wakes
-/// to the freed place. Only a released shared-lock record is rewritten (never an exclusive
-/// holder's lease); nothing happens when the mutex cannot be had in time (the head then wakes
-/// at its next tick).
+/// to the freed place — when anyone is queued. Only a released shared-lock record is rewritten
+/// (never an exclusive holder's lease); nothing happens when the mutex cannot be had in time
+/// (the head then wakes at its next tick).
 pub(crate) fn nudge(lock: &LockPaths, network: bool, wait: Duration, stuck_after: Duration) {
+    // Nobody queued: nobody to wake. A waiter that queues later judges the holder files
+    // under the mutex after our release was written (it was, before this look), so it sees the
+    // freed place; waiters whose queueing failed wait unordered and see it at their next tick.
+    if !crate::queue::any_ticket(lock) {
+        return;
+    }
     let deadline = Some(Instant::now() + wait);
     let Ok(_m) = mutex::lock_with(
         None,
