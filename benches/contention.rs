@@ -23,7 +23,9 @@
 //! Environment: `LEASEHOLD_BENCH_QUICK=1` (short run), `LEASEHOLD_BENCH_OUT` (JSON path, default
 //! target/bench/contention.json), `LEASEHOLD_BENCH_PYTHON` (a python with filelock; Python rows are
 //! skipped without it), `LEASEHOLD_BENCH_DISK` (disk scratch dir, default target/bench-scratch),
-//! `LEASEHOLD_BENCH_IMPLS` (comma list to restrict: flock,leasehold,filelock,softfilelease),
+//! `LEASEHOLD_BENCH_IMPLS` (comma list to restrict: flock,leasehold,filelock,softfilelease; or
+//! the shared-lock rows, run only when named: `flock-s` — kernel `flock -s`, LOCK_SH — and
+//! `leasehold-shared` — `LeaseBuilder::shared`; their "handoff" column is not a hand-over),
 //! `LEASEHOLD_BENCH_NS` (comma list of N), `LEASEHOLD_BENCH_ROUNDS` (rounds of the paired
 //! hand-over phase, default 5, 2 when quick; 0 skips it).
 //!
@@ -90,6 +92,9 @@ enum Impl {
     Leasehold,
     FileLock,
     SoftFileLease,
+    /// Shared-lock rows (only when named in `LEASEHOLD_BENCH_IMPLS`).
+    FlockShared,
+    LeaseholdShared,
 }
 
 impl Impl {
@@ -99,12 +104,15 @@ impl Impl {
         Impl::FileLock,
         Impl::SoftFileLease,
     ];
+    const SHARED: [Impl; 2] = [Impl::FlockShared, Impl::LeaseholdShared];
     fn key(self) -> &'static str {
         match self {
             Impl::Flock => "flock",
             Impl::Leasehold => "leasehold",
             Impl::FileLock => "filelock",
             Impl::SoftFileLease => "softfilelease",
+            Impl::FlockShared => "flock-s",
+            Impl::LeaseholdShared => "leasehold-shared",
         }
     }
     fn label(self) -> &'static str {
@@ -113,10 +121,15 @@ impl Impl {
             Impl::Leasehold => "leasehold",
             Impl::FileLock => "filelock.FileLock",
             Impl::SoftFileLease => "filelock.SoftFileLease",
+            Impl::FlockShared => "kernel flock -s (floor, shared)",
+            Impl::LeaseholdShared => "leasehold --shared",
         }
     }
     fn parse(s: &str) -> Option<Impl> {
-        Impl::ALL.into_iter().find(|i| i.key() == s)
+        Impl::ALL
+            .into_iter()
+            .chain(Impl::SHARED)
+            .find(|i| i.key() == s)
     }
     fn is_python(self) -> bool {
         matches!(self, Impl::FileLock | Impl::SoftFileLease)
@@ -126,6 +139,7 @@ impl Impl {
 /// One lock held by a worker, of whichever implementation.
 enum Locker {
     Flock(File),
+    FlockShared(File),
     Leasehold(Box<leasehold::LeaseBuilder>),
 }
 
@@ -136,18 +150,21 @@ enum Held {
 
 impl Locker {
     fn new(kind: Impl, path: &Path) -> Res<Locker> {
-        match kind {
-            Impl::Flock => File::options()
+        let open = || {
+            File::options()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
                 .open(path)
-                .map(Locker::Flock)
-                .map_err(|e| format!("open {}: {e}", path.display())),
-            Impl::Leasehold => Ok(Locker::Leasehold(Box::new(
-                leasehold::LeaseBuilder::new(path).ttl(Duration::from_secs(30)),
-            ))),
+                .map_err(|e| format!("open {}: {e}", path.display()))
+        };
+        let lease = || leasehold::LeaseBuilder::new(path).ttl(Duration::from_secs(30));
+        match kind {
+            Impl::Flock => open().map(Locker::Flock),
+            Impl::FlockShared => open().map(Locker::FlockShared),
+            Impl::Leasehold => Ok(Locker::Leasehold(Box::new(lease()))),
+            Impl::LeaseholdShared => Ok(Locker::Leasehold(Box::new(lease().shared(true)))),
             _ => Err(format!("{} is run by the Python worker", kind.key())),
         }
     }
@@ -159,6 +176,10 @@ impl Locker {
                 .lock()
                 .map(|()| Some(Held::Flock))
                 .map_err(|e| format!("flock: {e}")),
+            Locker::FlockShared(f) => f
+                .lock_shared()
+                .map(|()| Some(Held::Flock))
+                .map_err(|e| format!("flock -s: {e}")),
             Locker::Leasehold(b) => {
                 let r = if deadline_ns == 0 {
                     b.acquire()
@@ -180,7 +201,9 @@ impl Locker {
 
     fn release(&mut self, h: Held) -> Res<()> {
         match (self, h) {
-            (Locker::Flock(f), Held::Flock) => f.unlock().map_err(|e| format!("unlock: {e}")),
+            (Locker::Flock(f) | Locker::FlockShared(f), Held::Flock) => {
+                f.unlock().map_err(|e| format!("unlock: {e}"))
+            }
             (_, Held::Lease(g)) => g.release().map_err(|e| format!("leasehold release: {e}")),
             _ => Err("mismatched lock".into()),
         }
@@ -622,11 +645,16 @@ fn orchestrate() -> Res<()> {
                 );
                 rows.push(row);
             }
-            let takeover = match run_takeover(&s, kind, dir, trials) {
-                Ok(v) => v,
-                Err(e) => {
-                    eprintln!("contention: {fs} {} takeover: {e}", kind.key());
-                    json!({ "error": e })
+            // Two shared holders do not wait for each other: nothing to take over.
+            let takeover = if Impl::SHARED.contains(&kind) {
+                json!({ "skipped": "shared lock" })
+            } else {
+                match run_takeover(&s, kind, dir, trials) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        eprintln!("contention: {fs} {} takeover: {e}", kind.key());
+                        json!({ "error": e })
+                    }
                 }
             };
             eprintln!(

@@ -36,6 +36,8 @@ use crate::takeover;
 use crate::timing::Timing;
 use crate::verdict::{State, Verdict};
 
+mod slotted;
+
 /// The running state of acquisitions of one lock with one set of settings, made by
 /// [`LeaseBuilder::acquirer`] (as walkdir's `WalkDir` makes its `IntoIter`).
 ///
@@ -95,6 +97,8 @@ struct Ctx<'a, S> {
 struct Queued<S: Store> {
     place: S::Place,
     draft: Option<Draft>,
+    /// What this process saw of each holder file of a shared lock (`slots.rs`).
+    holders: Vec<Memory>,
 }
 
 impl LeaseBuilder {
@@ -225,6 +229,7 @@ impl Acquirer {
 
 fn ctx<S: Store>(s: &LeaseBuilder, store: S) -> Result<Ctx<'_, S>> {
     let poll = s.poll || store.polls();
+    s.want.validate()?;
     Ok(Ctx {
         s,
         timing: s.timing()?,
@@ -252,6 +257,7 @@ fn blocking<S: Store>(
     let mut q = Queued::<S> {
         place: Default::default(),
         draft: None,
+        holders: Vec::new(),
     };
     loop {
         let (mut v, ahead) = match queued(ctx, kept, deadline, &mut mem, &mut q) {
@@ -319,6 +325,15 @@ fn one_shot<S: Store>(
     let (ahead, waiting_ahead) = ctx.store.ahead(&section, None, ctx.timing.ttl)?;
     let mut place = S::Place::default();
     let content = ctx.store.current(&section, &mut place)?;
+    if crate::slots::involved(ctx.s.want, &content, &ctx.store) {
+        let mut mem = Memory::default();
+        let line = slotted::Line {
+            kept,
+            ahead,
+            waiting_ahead,
+        };
+        return slotted::attempt(ctx, section, place, content, line, &mut mem, None);
+    }
     if let Some(l) = released(&content, ahead.is_none()) {
         return take(ctx, section, place, Some(l), None, None);
     }
@@ -349,6 +364,15 @@ fn queued<S: Store>(
         .store
         .ahead(&section, Some(&mut q.place), ctx.timing.ttl)?;
     let content = ctx.store.current(&section, &mut q.place)?;
+    if crate::slots::involved(ctx.s.want, &content, &ctx.store) {
+        let place = S::Place::default(); // the take uses q's
+        let line = slotted::Line {
+            kept,
+            ahead,
+            waiting_ahead,
+        };
+        return slotted::attempt(ctx, section, place, content, line, mem, Some(q));
+    }
     if let Some(l) = released(&content, ahead.is_none()) {
         let place = std::mem::take(&mut q.place);
         return take(ctx, section, place, Some(l), None, q.draft.take());
@@ -362,6 +386,21 @@ fn queued<S: Store>(
     } else {
         behind_queue(&mut v, waiting_ahead);
     }
+    line_up(ctx, section, kept, q, v, ahead, waiting_ahead)
+}
+
+/// Inside the section, for a blocking caller that cannot take the lease yet (judged `v`):
+/// joins the line (or keeps its place), leaves the section, and serialises its lease while it
+/// waits.
+fn line_up<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: S::Section,
+    kept: &mut S::Kept,
+    q: &mut Queued<S>,
+    mut v: Verdict,
+    ahead: Option<S::Ahead>,
+    waiting_ahead: usize,
+) -> Result<Attempt<S>> {
     let token = v.lease.as_ref().map_or(0, |l| l.token);
     let command = ctx.s.command.clone().unwrap_or_default();
     let clock = ctx.s.clock.as_ref();
@@ -424,6 +463,20 @@ fn take<S: Store>(
     broke: Option<Verdict>,
     draft: Option<Draft>,
 ) -> Result<Attempt<S>> {
+    let prev = prev.map_or(0, |l| l.token);
+    take_in(ctx, &ctx.store, section, place, prev, broke, draft)
+}
+
+/// [`take`] into `store` (LOCK's, or a holder file's of a shared lock), above token `prev`.
+fn take_in<S: Store>(
+    ctx: &Ctx<'_, S>,
+    store: &S,
+    section: S::Section,
+    place: S::Place,
+    prev: u64,
+    broke: Option<Verdict>,
+    draft: Option<Draft>,
+) -> Result<Attempt<S>> {
     let s = ctx.s;
     let mut draft = draft;
     let mut make = |token: u64| {
@@ -438,8 +491,7 @@ fn take<S: Store>(
             }
         }
     };
-    let prev = prev.map_or(0, |l| l.token);
-    let (lease, bytes, started, holding) = ctx.store.take(section, place, prev, &mut make)?;
+    let (lease, bytes, started, holding) = store.take(section, place, prev, &mut make)?;
     Ok(Attempt::Taken(Box::new(Start {
         path: ctx.store.binding().lock().to_path_buf(),
         timing: ctx.timing,

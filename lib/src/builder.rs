@@ -67,6 +67,8 @@ pub struct LeaseBuilder {
     /// Script mode: the process (pid, start time, process group) this process holds the lease
     /// for (see [`LeaseBuilder::on_behalf_of`]).
     pub(crate) on_behalf: Option<(i32, u64, i32)>,
+    /// Exclusive (the default), shared, or one of N slots (see `slots.rs`).
+    pub(crate) want: crate::slots::Want,
     /// What the builder's own `try_acquire`/`acquire` worked out about LOCK (its resolved
     /// paths and file-system facts) and kept open (the mutex file), for its next call: shared
     /// by clones, which all name the same LOCK. A call that finds it taken (another thread is
@@ -107,6 +109,7 @@ impl LeaseBuilder {
             durable: true,
             allow_host_local_locks: false,
             on_behalf: None,
+            want: crate::slots::Want::Exclusive,
             cache: Arc::default(),
         }
     }
@@ -219,6 +222,29 @@ impl LeaseBuilder {
         self
     }
 
+    /// Take a *shared* lease: any number of shared holders hold the lock together, and an
+    /// exclusive holder (a builder without `shared` or `slots`) excludes them all — a
+    /// readers-writer lock, like `flock -s`. Waiting stays first come, first served: a waiting
+    /// exclusive holder is not overtaken by shared holders arriving after it. Every holder gets
+    /// its own lease (heartbeat, lease id, fencing token). Default false.
+    pub fn shared(mut self, yes: bool) -> Self {
+        self.want = match yes {
+            true => crate::slots::Want::Shared,
+            false => crate::slots::Want::Exclusive,
+        };
+        self
+    }
+
+    /// Take one of `n` slots: at most `n` holders at once (a counting semaphore, like `sem -j
+    /// N`), each with its own lease. Every holder and waiter of the lock must ask for the same
+    /// `n`; one asking otherwise (or for a plain or shared lease) is refused with
+    /// [`Error::Mismatch`](crate::Error::Mismatch) while the lock is in use. `slots(1)` is a
+    /// semaphore of one, not a plain lock.
+    pub fn slots(mut self, n: u32) -> Self {
+        self.want = crate::slots::Want::Slots(n);
+        self
+    }
+
     /// The validated timing these settings give.
     pub fn timing(&self) -> Result<Timing> {
         Timing::new(self.ttl, self.heartbeat, self.grace)
@@ -259,6 +285,7 @@ impl LeaseBuilder {
                 on_behalf: self.on_behalf.is_some(),
             },
             ended: None,
+            mode: None,
             damaged: false,
         }
     }

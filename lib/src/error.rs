@@ -94,6 +94,19 @@ pub enum Error {
     /// Settings that cannot work together.
     #[error("invalid settings: {0}")]
     Settings(String),
+    /// This contender's setting (`--shared`, `--slots N`, or a plain lock) disagrees with the
+    /// one the lock's holders use: every holder and waiter of one lock must agree.
+    #[error(
+        "{path}: its holders use it as {held}, but this asks for {asked}: every holder of one lock must use the same setting"
+    )]
+    Mismatch {
+        /// The lock path.
+        path: PathBuf,
+        /// The setting of the lock's holders (`--slots 3`, `--shared`, `a plain lock`).
+        held: String,
+        /// The setting asked for here.
+        asked: String,
+    },
     /// A TTL, heartbeat and grace that cannot work together.
     #[error("invalid settings: {0}")]
     Timing(TimingError),

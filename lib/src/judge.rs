@@ -110,6 +110,7 @@ impl Judge<'_> {
             queue_ahead: 0,
             queue: Vec::new(),
             behind: None,
+            holders: Vec::new(),
         };
         let (lease, bytes) = match content {
             LockContent::Missing => {

@@ -60,6 +60,7 @@ mod paths;
 pub mod process;
 mod queue;
 mod record;
+mod slots;
 mod status;
 mod store;
 mod takeover;
@@ -76,7 +77,9 @@ pub use guard::LeaseGuard;
 pub use identity::Identity;
 pub use loss::LossReason;
 pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_beside};
-pub use record::{Ending, FORMAT_VERSION, Holder, Lease, LeaseState};
+pub use record::{
+    Ending, FORMAT_VERSION, Holder, Lease, LeaseState, MAX_WIDTH, Mode, PLAIN_FORMAT_VERSION,
+};
 pub use status::{BreakMode, Broken, Frees, break_lease, status, status_with};
 pub use timing::Timing;
 pub use verdict::Waiting;

@@ -255,6 +255,15 @@ pub(crate) fn live_ahead(
     Ok((out, count))
 }
 
+/// Whether any ticket is present, live or not (an error says yes): whether anyone may wait.
+pub(crate) fn any_ticket(paths: &LockPaths) -> bool {
+    match open_queue(paths) {
+        Ok(Some(q)) => list(&q).map_or(true, |t| !t.is_empty()),
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
 /// Everyone waiting, in order (for `status`). Does not prune.
 pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
     let Ok(Some(q)) = open_queue(paths) else {

@@ -9,12 +9,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::RFC3339_WIDTH;
 
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u64 = 1;
+/// The highest format version this build reads and writes: 2, a lock used with `--shared` or
+/// `--slots` (a record carrying a [`Mode`]); a plain lock's records stay version 1.
+pub const FORMAT_VERSION: u64 = 2;
+/// The format version of a plain (exclusive-only) lock's records, and of holder files.
+pub const PLAIN_FORMAT_VERSION: u64 = 1;
 /// A lease file larger than this is not a lease.
 pub const MAX_LEASE_BYTES: u64 = 64 * 1024;
 
 const P_CHECKSUM: &str = "{\n  \"leasehold\": 1,\n  \"checksum\": \"";
+/// The same prefix for format 2 (same length: every offset below holds for both).
+const P_CHECKSUM_2: &str = "{\n  \"leasehold\": 2,\n  \"checksum\": \"";
 const CHECKSUM_W: usize = 16;
 const P_STATE: &str = "\",\n  \"state\": ";
 const STATE_W: usize = 10; // "\"released\"" is 10 bytes; "\"held\"" and "\"revoked\"" are padded
@@ -145,6 +150,33 @@ pub struct Ending {
     pub by: Option<String>,
 }
 
+/// How a shared or counted lock admits its holders: recorded in LOCK (format 2) by every holder
+/// of a lock used with `--shared` or `--slots N`, so that every contender sees the lock's one
+/// setting (PROTOCOL.md §13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mode {
+    /// At most this many holders at once (`--slots N`, a counting semaphore); `None`: any
+    /// number of shared holders at once, and an exclusive holder excludes them all
+    /// (`--shared`).
+    pub slots: Option<u32>,
+    /// How many holder files (`.NAME.leasehold-slot-K`, K below it) may hold a lease: every
+    /// contender reads them all. Grows as more holders come together; never above `slots`.
+    pub width: u32,
+}
+
+/// The most holder files a shared lock may have (and so the most holders at once).
+pub const MAX_WIDTH: u32 = 4096;
+
+impl Mode {
+    /// The setting as the command line spells it: `--shared` or `--slots N`.
+    pub fn setting(&self) -> String {
+        match self.slots {
+            None => "--shared".into(),
+            Some(n) => format!("--slots {n}"),
+        }
+    }
+}
+
 /// One lease record, as read from or written to LOCK.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -166,6 +198,9 @@ pub struct Lease {
     pub holder: Holder,
     /// How it ended, for released records.
     pub ended: Option<Ending>,
+    /// In LOCK of a shared or counted lock: its setting and width (the record is then format
+    /// 2). `None` for a plain lock (format 1) and in holder files.
+    pub mode: Option<Mode>,
     /// True when the checksum never matched (a record damaged, e.g. by a crash of the machine
     /// mid-write); such a record is only ever judged by observation, never by its content.
     pub damaged: bool,
@@ -180,6 +215,8 @@ struct Body {
     holder: Holder,
     #[serde(default)]
     ended: Option<Ending>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<Mode>,
 }
 
 /// The whole record as read. Flat rather than `#[serde(flatten)]` over [`Body`]: flattening
@@ -199,6 +236,8 @@ struct Wire {
     holder: Holder,
     #[serde(default)]
     ended: Option<Ending>,
+    #[serde(default)]
+    mode: Option<Mode>,
 }
 
 /// What a read of LOCK's bytes gave.
@@ -255,6 +294,7 @@ impl Lease {
             acquired_at: self.acquired_at.clone(),
             holder: self.holder.clone(),
             ended: self.ended.clone(),
+            mode: self.mode,
         };
         // Serialising plain structs of strings and integers cannot fail.
         let mut body = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "{\n}".into());
@@ -266,7 +306,10 @@ impl Lease {
             body.replace_range(start..start + len, &format!("{:>TOKEN_W$}", self.token));
         }
         let mut out = String::with_capacity(OFF_BODY + body.len() + 1);
-        out.push_str(P_CHECKSUM);
+        out.push_str(match self.mode {
+            None => P_CHECKSUM,
+            Some(_) => P_CHECKSUM_2,
+        });
         out.push_str(&"0".repeat(CHECKSUM_W));
         out.push_str(P_STATE);
         out.push_str(self.state.field());
@@ -309,7 +352,8 @@ impl Lease {
         if bytes.len() as u64 > MAX_LEASE_BYTES {
             return Parsed::NotALease(format!("{} bytes, larger than any lease", bytes.len()));
         }
-        if !bytes.starts_with(P_CHECKSUM.as_bytes()) {
+        if !bytes.starts_with(P_CHECKSUM.as_bytes()) && !bytes.starts_with(P_CHECKSUM_2.as_bytes())
+        {
             return classify_foreign(bytes);
         }
         let fixed_ok = bytes.len() > OFF_BODY
@@ -345,8 +389,20 @@ impl Lease {
 
     fn decode(bytes: &[u8]) -> Result<Lease, String> {
         let w: Wire = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
-        if w.leasehold != FORMAT_VERSION {
-            return Err(format!("format version {}", w.leasehold));
+        match (w.leasehold, &w.mode) {
+            (PLAIN_FORMAT_VERSION, None) => {}
+            (FORMAT_VERSION, Some(m)) => {
+                let width_ok = m.width <= m.slots.unwrap_or(MAX_WIDTH).min(MAX_WIDTH);
+                if m.slots == Some(0) || !width_ok {
+                    return Err(format!(
+                        "mode {} with width {} out of range",
+                        m.setting(),
+                        m.width
+                    ));
+                }
+            }
+            (FORMAT_VERSION, None) => return Err("format version 2 without a mode".into()),
+            (v, _) => return Err(format!("format version {v}")),
         }
         let b = &w;
         let id_ok = b.lease_id.len() == 32 && b.lease_id.bytes().all(|c| c.is_ascii_hexdigit());
@@ -373,6 +429,7 @@ impl Lease {
             acquired_at: w.acquired_at,
             holder: w.holder,
             ended: w.ended,
+            mode: w.mode,
             damaged: false,
         })
     }

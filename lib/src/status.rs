@@ -25,6 +25,8 @@ use crate::store::{Binding, Store, StuckPolicy};
 use crate::takeover;
 use crate::verdict::{State, Verdict};
 
+mod holders;
+
 /// How long `status` and `break` wait for the mutex before reading without it.
 const LOOK_WAIT: Duration = Duration::from_secs(2);
 
@@ -68,6 +70,15 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     let mut judge = store.judge(me, clock);
     judge.persist = m.is_some();
     let mut v = judge.judge(&content, &mut Memory::default());
+    if let Some(mode) = crate::slots::lock_mode(&content) {
+        let look = crate::slots::Look {
+            me,
+            clock,
+            wall_skew: None,
+            persist: m.is_some(),
+        };
+        holders::look(&store, mode, &mut v, look)?;
+    }
     v.queue = store.waiting();
     Ok(v)
 }
@@ -140,6 +151,9 @@ pub struct Broken {
     /// The lease was already revoked: nothing was written (writing it again would restart
     /// every other host's TTL).
     pub already_revoked: bool,
+    /// On a shared or counted lock, the other holders broken by the same call (a stale-only
+    /// break breaks every stale holder; a forced one every holder).
+    pub more: Vec<Broken>,
 }
 
 /// Breaks the lease at `path`.
@@ -182,6 +196,15 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     let v = store
         .judge(&me, &clock)
         .judge(&content, &mut Memory::default());
+    if let Some(m) = crate::slots::lock_mode(&content) {
+        let look = crate::slots::Look {
+            me: &me,
+            clock: &clock,
+            wall_skew: None,
+            persist: true,
+        };
+        return holders::brk(&store, &section, m, &content, &v, &mode, look);
+    }
     let refuse = |why: String| Error::Refused {
         path: store.paths().lock.clone(),
         why,
@@ -208,6 +231,7 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         forged: None,
         unchecked: None,
         already_revoked: false,
+        more: Vec::new(),
     };
     if was_live {
         b.live(&mode, out)

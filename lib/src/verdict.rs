@@ -94,6 +94,9 @@ pub struct Verdict {
     /// ahead, or a process sitting on the lease mutex — named by the kernel's word (who holds
     /// the flock), never by what a file claims.
     pub behind: Option<String>,
+    /// For a shared or counted lock (`--shared`, `--slots N`): the verdict of each holder that
+    /// holds one of its holder files (LOCK's own exclusive lease, if any, is this verdict).
+    pub holders: Vec<Verdict>,
 }
 
 impl Verdict {

@@ -128,6 +128,8 @@ pub struct Cli {
 pub enum Generate {
     /// leasehold(1), as roff: `leasehold --generate man > leasehold.1`.
     Man,
+    /// flock(1) for the `flock` name (leasehold's flock-compatible front end), as roff.
+    ManFlock,
     /// A bash completion script.
     CompleteBash,
     /// A zsh completion script (`_leasehold`).
@@ -183,6 +185,14 @@ pub struct RunArgs {
     /// Free text stored in the lease (shown by `status`).
     #[arg(long, value_name = "TEXT")]
     pub note: Option<String>,
+    /// Hold a shared lease: any number of --shared holders run together; a plain `run` on the
+    /// same LOCK is exclusive and waits for them all (and they for it), in arrival order.
+    #[arg(long, conflicts_with = "slots")]
+    pub shared: bool,
+    /// Hold one of N slots: at most N commands run at once (a counting semaphore). Every
+    /// holder of LOCK must give the same N.
+    #[arg(long, value_name = "N")]
+    pub slots: Option<u32>,
     /// Poll instead of waiting for change notifications (for NFS).
     #[arg(long)]
     pub poll: bool,

@@ -22,6 +22,9 @@ pub(super) fn brk(a: &BreakArgs) -> i32 {
         Ok(b) => {
             if !a.quiet {
                 say!("{}", report::broken_line(&b));
+                for more in &b.more {
+                    say!("{}", report::broken_line(more));
+                }
             }
             0
         }

@@ -6,8 +6,8 @@
 //! DURATION, the top-level options, the exit statuses, the environment the command gets, the
 //! files kept beside LOCK — and the bash, zsh and fish completion scripts (`clap_complete`).
 //! Must never: describe a flag by hand that clap already knows (options come from `args`), or
-//! write anywhere but the writer given. A later page for the `flock` name belongs here too, as
-//! another [`Generate`] kind with its own `man_*` function.
+//! write anywhere but the writer given. The page for the `flock` name (`man-flock`) is made from
+//! the `flock` front end's own option list (`crate::flock::args`), for the same reason.
 
 use std::io::{self, Write};
 
@@ -23,6 +23,7 @@ pub fn generate(kind: Generate, w: &mut dyn Write) -> io::Result<()> {
     let mut cmd = Cli::command();
     let shell = match kind {
         Generate::Man => return man_leasehold(w),
+        Generate::ManFlock => return man_flock(w),
         Generate::CompleteBash => Shell::Bash,
         Generate::CompleteZsh => Shell::Zsh,
         Generate::CompleteFish => Shell::Fish,
@@ -130,6 +131,87 @@ fn man_leasehold(w: &mut dyn Write) -> io::Result<()> {
     page.push(r.render());
     man.render_version_section(&mut page.chunk())?;
     w.write_all(page.text().as_bytes())
+}
+
+/// flock(1) as the `flock` name gives it: util-linux's command line, and what leasehold adds.
+fn man_flock(w: &mut dyn Write) -> io::Result<()> {
+    use crate::flock::args::{EXIT_STATUS, FORMS, OPTIONS};
+    let mut r = Roff::new();
+    r.control(
+        "TH",
+        [
+            "FLOCK",
+            "1",
+            "",
+            &format!("leasehold {}", env!("CARGO_PKG_VERSION")),
+        ],
+    );
+    r.control("SH", ["NAME"]);
+    r.text([roman(
+        "flock - manage locks from shell scripts (leasehold's flock(1)-compatible front end)",
+    )]);
+    r.control("SH", ["SYNOPSIS"]);
+    for f in FORMS {
+        r.text([roman(f.replace("{prog}", "flock"))])
+            .control("br", []);
+    }
+    r.control("SH", ["DESCRIPTION"]);
+    paragraph(
+        &mut r,
+        "Called as flock (ln -s leasehold /usr/local/bin/flock) or as leasehold flock, \
+         leasehold accepts util-linux 2.41 flock(1)'s command line and behaves as it does: it \
+         takes the same kernel lock on the named file (flock(2), or an open-file-description \
+         lock), so unconverted flock(1) users, lslocks and udev see and respect it, and it is \
+         silent unless asked to be verbose. The named file is never written, truncated, \
+         renamed or chmodded; it may be the script itself, a directory or a device.",
+    );
+    paragraph(
+        &mut r,
+        "For an exclusive lock around a command it first takes a heartbeat lease beside the \
+         file (.NAME.leasehold-flock), then the kernel lock: waiters queue in order and are \
+         told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
+         the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
+         74). Where no lease can be kept (a shared lock, no fork, the file-descriptor form, an \
+         unlock, no write access to the directory, a read-only or full file system) it takes \
+         the kernel lock only, exactly as flock(1) does, and says why when verbose.",
+    );
+    r.control("SH", ["OPTIONS"]);
+    for (left, what) in OPTIONS.iter().chain(&[
+        ("-h, --help", "display this help"),
+        ("-V, --version", "display version"),
+    ]) {
+        r.control("TP", [])
+            .text([bold(left.trim())])
+            .text([roman(*what)]);
+    }
+    r.control("SH", ["EXIT STATUS"]);
+    paragraph(&mut r, &format!("Exit status: {EXIT_STATUS}"));
+    r.control("SH", ["ENVIRONMENT"]);
+    for (var, what) in [
+        (
+            "SHELL",
+            "the shell that runs the command string of -c (/bin/sh when unset or empty)",
+        ),
+        (
+            "LEASEHOLD_FLOCK_TTL",
+            "the lease's time-to-live, a DURATION as leasehold(1) takes it (default 30s)",
+        ),
+    ] {
+        r.control("TP", []).text([bold(var)]).text([roman(what)]);
+    }
+    r.control("SH", ["FILES"]);
+    r.control("TP", [])
+        .text([bold(".NAME.leasehold-flock")])
+        .text([roman(
+            "beside the named file DIR/NAME: the lease, an ordinary leasehold LOCK with its own \
+             helper files (see leasehold(1))",
+        )]);
+    r.control("SH", ["SEE ALSO"]);
+    paragraph(
+        &mut r,
+        "flock(1) from util-linux, leasehold(1), flock(2), fcntl(2)",
+    );
+    w.write_all(r.render().as_bytes())
 }
 
 /// One subcommand: `.SS leasehold NAME`, its usage, what it does, its options, and its own

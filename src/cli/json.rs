@@ -50,5 +50,11 @@ pub fn verdict(v: &Verdict) -> Value {
         "ended": l.and_then(|l| l.ended.as_ref()).map(|e| json!({
             "at": e.at, "how": e.how, "by": e.by,
         })),
+        // A shared or counted lock: its setting, and every holder of a holder file (LOCK's
+        // own exclusive holder, if any, is the object itself).
+        "mode": l.and_then(|l| l.mode).map(|m| json!({
+            "shared": m.slots.is_none(), "slots": m.slots, "width": m.width,
+        })),
+        "holders": v.holders.iter().map(verdict).collect::<Vec<_>>(),
     })
 }

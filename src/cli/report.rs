@@ -389,6 +389,10 @@ fn strip_csi(s: &str) -> String {
 pub fn status_block(v: &Verdict) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{}: {}", escape_path(&v.path), v.state);
+    if let Some(m) = v.lease.as_ref().and_then(|l| l.mode) {
+        holders_fields(&mut s, v, m);
+        return s;
+    }
     let Some(l) = &v.lease else {
         field(&mut s, "reason", &v.reason);
         return s;
@@ -403,6 +407,34 @@ pub fn status_block(v: &Verdict) -> String {
     }
     queue_fields(&mut s, v);
     s
+}
+
+/// The `status` fields of a shared or counted lock: its setting, then each holder as a block of
+/// its own (LOCK's exclusive holder first, if any), then the queue.
+fn holders_fields(s: &mut String, v: &Verdict, m: leasehold::Mode) {
+    field(
+        s,
+        "mode",
+        &format!("{} ({} holder(s))", m.setting(), v.holders.len()),
+    );
+    if v.state == State::Free {
+        field(s, "reason", &v.reason);
+    }
+    let exclusive = v.lease.as_ref().filter(|l| l.state != LeaseState::Released);
+    let all = exclusive.map(|l| (v, l)).into_iter().chain(
+        v.holders
+            .iter()
+            .filter_map(|h| h.lease.as_ref().map(|l| (h, l))),
+    );
+    for (i, (h, l)) in all.enumerate() {
+        let _ = writeln!(s, "  holder {}:", i + 1);
+        let mut block = String::new();
+        held_fields(&mut block, h, l);
+        for line in block.lines() {
+            let _ = writeln!(s, "  {line}");
+        }
+    }
+    queue_fields(s, v);
 }
 
 /// One `  name:        value` line of the `status` block.

@@ -118,6 +118,10 @@ fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<L
     if let Some(n) = &a.note {
         b = b.note(n.clone());
     }
+    b = b.shared(a.shared);
+    if let Some(n) = a.slots {
+        b = b.slots(n);
+    }
     if let Err(e) = b.timing() {
         say!("{}", report::error_line(&e));
         return Err(exit::exit_code(&e));

@@ -466,41 +466,75 @@ pub fn timeout_value(s: &OsStr) -> Step<Duration> {
     Ok(Duration::from_secs(secs as u64) + Duration::from_micros(micros))
 }
 
-/// flock(1)'s `--help` text, in its shape, under the name it was called by.
+/// flock(1)'s options as its help lists them: (the option column, what it does). The help text
+/// and the `flock` manual page (`leasehold --generate man-flock`) are both made from this list.
+pub const OPTIONS: &[(&str, &str)] = &[
+    ("-s, --shared", "get a shared lock"),
+    ("-x, --exclusive", "get an exclusive lock (default)"),
+    ("-u, --unlock", "remove a lock"),
+    ("-n, --nonblock", "fail rather than wait"),
+    ("-w, --timeout <secs>", "wait for a limited amount of time"),
+    (
+        "-E, --conflict-exit-code <number>",
+        "exit code after conflict or timeout",
+    ),
+    (
+        "-o, --close",
+        "close file descriptor before running command",
+    ),
+    (
+        "-c, --command <command>",
+        "run a single command string through the shell",
+    ),
+    ("-F, --no-fork", "execute command without forking"),
+    ("    --fcntl", "use fcntl(F_OFD_SETLK) rather than flock()"),
+    ("    --verbose", "increase verbosity"),
+];
+
+/// The three forms of the command line, with `{prog}` for the program name.
+pub const FORMS: &[&str] = &[
+    "{prog} [options] <file>|<directory> <command> [<argument>...]",
+    "{prog} [options] <file>|<directory> -c <command>",
+    "{prog} [options] <file descriptor number>",
+];
+
+/// The exit statuses, as the help and the manual page say them.
+pub const EXIT_STATUS: &str = "the command's; 1 (or -E) on a conflict or timeout; 64 usage, 65 \
+     lock, 66 open, 69 cannot execute, 71 system error, 73 cannot create; 74 the lease was lost \
+     and the command stopped.";
+
+/// One option line in flock(1)'s two columns.
+fn option_line(left: &str, what: &str) -> String {
+    if left.len() >= 25 {
+        format!(" {left}  {what}\n")
+    } else {
+        format!(" {left:<25}{what}\n")
+    }
+}
+
+/// The `--help` text, in flock(1)'s shape.
 pub fn help_text(prog: &str) -> String {
-    format!(
-        "
-Usage:
- {prog} [options] <file>|<directory> <command> [<argument>...]
- {prog} [options] <file>|<directory> -c <command>
- {prog} [options] <file descriptor number>
-
-Manage file locks from shell scripts (leasehold's flock(1)-compatible front end: the
-kernel lock flock(1) takes, plus a heartbeat lease beside the file; see leasehold(1)).
-
-Options:
- -s, --shared             get a shared lock
- -x, --exclusive          get an exclusive lock (default)
- -u, --unlock             remove a lock
- -n, --nonblock           fail rather than wait
- -w, --timeout <secs>     wait for a limited amount of time
- -E, --conflict-exit-code <number>  exit code after conflict or timeout
- -o, --close              close file descriptor before running command
- -c, --command <command>  run a single command string through the shell
- -F, --no-fork            execute command without forking
-     --fcntl              use fcntl(F_OFD_SETLK) rather than flock()
-     --verbose            increase verbosity
-
- -h, --help               display this help
- -V, --version            display version
-
-Exit status: the command's; 1 (or -E) on a conflict or timeout; 64 usage, 65 lock,
-66 open, 69 cannot execute, 71 system error, 73 cannot create; 74 the lease was lost
-and the command stopped.
-
-For more details see flock(1) and leasehold(1).
-"
-    )
+    let mut s = String::from("\nUsage:\n");
+    for f in FORMS {
+        s.push_str(&format!(" {}\n", f.replace("{prog}", prog)));
+    }
+    s.push_str(
+        "\nManage file locks from shell scripts (leasehold's flock(1)-compatible front end: the\n\
+         kernel lock flock(1) takes, plus a heartbeat lease beside the file; see leasehold(1)).\n\
+         \nOptions:\n",
+    );
+    for (left, what) in OPTIONS {
+        s.push_str(&option_line(left, what));
+    }
+    s.push('\n');
+    s.push_str(&option_line("-h, --help", "display this help"));
+    s.push_str(&option_line("-V, --version", "display version"));
+    s.push_str(
+        "\nExit status: the command's; 1 (or -E) on a conflict or timeout; 64 usage, 65 lock,\n\
+         66 open, 69 cannot execute, 71 system error, 73 cannot create; 74 the lease was lost\n\
+         and the command stopped.\n\nFor more details see flock(1) and leasehold(1).\n",
+    );
+    s
 }
 
 /// The `--version` line.

@@ -15,7 +15,7 @@
 //! Not yet leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-s`
 //! (until shared leases), `-F` and the FD form (until the script-mode keeper), `-u`.
 
-mod args;
+pub mod args;
 mod lock;
 mod run;
 

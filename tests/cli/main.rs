@@ -15,6 +15,7 @@ mod manual;
 mod messages;
 mod readme;
 mod script;
+mod shared;
 mod skips;
 mod terminal;
 

@@ -41,6 +41,70 @@ fn every_option() -> Vec<(String, String)> {
     out
 }
 
+/// `--generate man-flock`: the page for the `flock` name renders with `man -l` without a groff
+/// warning and names each of its three forms, every option of the front end's own list (both
+/// spellings), every exit status, its environment and the lease file beside the named file.
+#[test]
+fn flock_man_page_renders_cleanly_and_covers_every_option() {
+    if skip(!have("man"), "man is missing (Debian: man-db, groff-base)") {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let page = d.path().join("flock.1");
+    std::fs::write(&page, generated("man-flock")).expect("write the page");
+    let out = Command::new("man")
+        .args(["--warnings", "-l"])
+        .arg(&page)
+        .env("MANWIDTH", "250")
+        .env("MANPAGER", "cat")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run man");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "man -l failed: {err}");
+    assert!(err.trim().is_empty(), "groff warnings: {err}");
+    let mut want: Vec<String> = leasehold_cli::flock::args::FORMS
+        .iter()
+        .map(|f| f.replace("{prog}", "flock"))
+        .collect();
+    for (left, _) in leasehold_cli::flock::args::OPTIONS {
+        want.extend(
+            left.split([',', ' '])
+                .filter(|w| w.starts_with('-'))
+                .map(String::from),
+        );
+    }
+    want.extend(
+        [
+            "--help",
+            "--version",
+            "1 (or -E)",
+            "64",
+            "65",
+            "66",
+            "69",
+            "71",
+            "73",
+            "74",
+            "SHELL",
+            "LEASEHOLD_FLOCK_TTL",
+            ".NAME.leasehold-flock",
+            "EXIT STATUS",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    assert!(want.iter().any(|w| w == "--fcntl") && want.iter().any(|w| w == "-E"));
+    for w in want {
+        assert!(
+            text.contains(&w),
+            "the rendered flock page lacks {w:?}:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn man_page_renders_cleanly_and_covers_everything() {
     if skip(!have("man"), "man is missing (Debian: man-db, groff-base)") {

@@ -12,6 +12,7 @@ mod liveness;
 mod mutex;
 mod refusals;
 mod release;
+mod shared;
 mod tokens;
 mod torn_reads;
 

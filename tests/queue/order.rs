@@ -85,11 +85,14 @@ pub fn waiter_role() -> i32 {
     let log = PathBuf::from(std::env::var("LH_LOG").unwrap());
     let ttl = Duration::from_millis(std::env::var("LH_TTL_MS").unwrap().parse().unwrap());
     let poll = std::env::var("LH_POLL").is_ok();
-    let b = LeaseBuilder::new(&lock)
+    let mut b = LeaseBuilder::new(&lock)
         .ttl(ttl)
         .poll(poll)
         .durable(false)
         .command(vec![name.clone()]);
+    if let Ok(n) = std::env::var("LH_SLOTS") {
+        b = b.slots(n.parse().unwrap());
+    }
     let res = match std::env::var("LH_WAIT_MS") {
         Ok(ms) => b.acquire_timeout(Duration::from_millis(ms.parse().unwrap())),
         Err(_) => b.acquire(),
@@ -573,4 +576,72 @@ fn a_head_that_dies_or_times_out_leaves_no_prepared_lease() {
 /// A lease on `lock` taken at once by this process (the holder the waiters queue behind).
 fn held(lock: &Path, ttl: Duration) -> leasehold::LeaseGuard {
     LeaseBuilder::new(lock).ttl(ttl).try_acquire().unwrap()
+}
+
+/// `--slots 2`, both held by this process; 5 waiters queued. One holder releases (its process
+/// lives on, so only the release itself can wake anyone, and well before the head's 5 s tick):
+/// the head wakes and takes the freed slot, its successor wakes at most once to become the
+/// head and finds no slot; nobody further back wakes. Then everyone is served in arrival order
+/// (by token: two slot holders may log out of order).
+#[test]
+fn a_slot_release_wakes_only_the_head_and_the_line_keeps_its_order() {
+    let dir = scratch();
+    let (lock, log) = (dir.path().join("slots.lock"), dir.path().join("log"));
+    let hold = dir.path().join("hold");
+    fs::write(&hold, "").unwrap();
+    let slot = || {
+        LeaseBuilder::new(&lock)
+            .ttl(Duration::from_secs(60))
+            .slots(2)
+            .try_acquire()
+            .unwrap()
+    };
+    let (first, second) = (slot(), slot());
+    let extra = [
+        ("LH_HOLD_FILE", hold.display().to_string()),
+        ("LH_SLOTS", "2".to_string()),
+    ];
+    let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
+    let sample = |w: &Workers| -> Vec<u64> {
+        w.children
+            .iter()
+            .map(|(_, c)| switches(c.child.id()))
+            .collect()
+    };
+    let mut before = sample(&w);
+    let settle_end = Instant::now() + Duration::from_secs(10);
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = sample(&w);
+        if now == before {
+            break;
+        }
+        assert!(Instant::now() < settle_end, "waiters never settled");
+        before = now;
+    }
+    first.release().unwrap();
+    // Woken by the release itself, not by its tick (min(TTL/4, 5 s) = 5 s).
+    let _ = wait_lines(&log, 1, 2);
+    std::thread::sleep(Duration::from_millis(50)); // let any herd show itself
+    let after = sample(&w);
+    let woke: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
+    eprintln!("wait: slot waiters woken by one release (head first): {woke:?}");
+    assert!(woke[0], "the head did not wake");
+    assert_eq!(&woke[2..], &[false, false, false], "a herd woke: {woke:?}");
+    assert_eq!(
+        wait_lines(&log, 1, 1).len(),
+        1,
+        "more than the freed slot was taken"
+    );
+    second.release().unwrap();
+    fs::remove_file(&hold).unwrap();
+    // Two may hold together, so they may log out of order: the order they were served in is
+    // that of their tokens.
+    let mut lines = wait_lines(&log, 5, 30);
+    let _ = served(&lines);
+    lines.sort_by_key(|l| l.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()));
+    assert_eq!(served(&lines), ["w0", "w1", "w2", "w3", "w4"]);
+    for (_, c) in &mut w.children {
+        assert!(c.wait_timeout(EXIT).success());
+    }
 }

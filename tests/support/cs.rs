@@ -21,6 +21,14 @@
 //! stopped that then ran on. Each job writes only files of its own, so jobs of users with any
 //! umask can share the directory (mode 0777, not sticky).
 //!
+//! **Shared and counting mode** ([`Cs::enter_as`], for `--shared` and `--slots N`): a section is
+//! exclusive or shared. Each occupant creates `DIR/in/ID` exclusively (its own file), then
+//! lists `DIR/in/`: an exclusive occupant must find nobody else, a shared one no exclusive one
+//! and at most LIMIT occupants in all (itself included) — dead occupants declared killed are
+//! removed first, as above. Whoever of two overlapping occupants created its file second lists
+//! the other's, so every overlap is recorded. [`Cs::verify_shared`] checks the intervals too: no
+//! exclusive interval intersects another, and never more than LIMIT intersect at one instant.
+//!
 //! Shell jobs are `sh DIR/job.sh DIR ID TICKS PERIOD`: TICKS ticks of PERIOD seconds (or until
 //! `DIR/release-ID` exists); with TICKS 0 the shell itself blocks on a FIFO until released.
 
@@ -103,6 +111,15 @@ exit 0
 
 pub struct Cs {
     pub dir: PathBuf,
+}
+
+/// What a section of a shared or counted lock is (see [`Cs::enter_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Alone: nobody else inside.
+    Exclusive,
+    /// With other shared sections (at most the limit together), never with an exclusive one.
+    Shared,
 }
 
 /// One job's log: start, last line, and whether it ended by itself.
@@ -354,15 +371,141 @@ impl Cs {
             cs: Cs::open(&self.dir),
             id: id.to_string(),
             log,
+            shared: false,
         }
     }
 }
 
-/// A critical section entered with [`Cs::enter`]; [`Section::leave`] ends it.
+impl Cs {
+    /// Enters as job `id` of kind `kind` in shared or counting mode (see the module comment):
+    /// at most `limit` sections inside together, an exclusive one alone.
+    pub fn enter_as(&self, id: &str, kind: Kind, limit: usize) -> Section {
+        let pid = std::process::id() as i32;
+        let start = procfs::start_time(pid).expect("own start time");
+        let tag = match kind {
+            Kind::Exclusive => "x",
+            Kind::Shared => "s",
+        };
+        let me = format!("{id} {pid} {start} {tag}\n");
+        let dir = self.dir.join("in");
+        let _ = fs::create_dir(&dir);
+        let kind_file = self.dir.join(format!("kind-{id}"));
+        fs::write(&kind_file, tag)
+            .unwrap_or_else(|e| panic!("cs: write {}: {e}", kind_file.display()));
+        let mine = dir.join(id);
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&mine)
+            .and_then(|mut f| f.write_all(me.as_bytes()))
+            .unwrap_or_else(|e| panic!("cs: create {}: {e}", mine.display()));
+        let mut others = Vec::new();
+        for e in fs::read_dir(&dir).expect("cs: list in/").flatten() {
+            if e.file_name() == std::ffi::OsStr::new(id) {
+                continue;
+            }
+            let occupant = fs::read_to_string(e.path()).unwrap_or_default();
+            if occupant.is_empty() {
+                continue; // left meanwhile (or not written yet: it will list us)
+            }
+            if self.may_replace(&occupant) {
+                let _ = fs::remove_file(e.path());
+            } else {
+                others.push(occupant.trim().to_string());
+            }
+        }
+        let exclusive_inside = others.iter().any(|o| o.ends_with(" x"));
+        let bad = match kind {
+            Kind::Exclusive => !others.is_empty(),
+            Kind::Shared => exclusive_inside || others.len() + 1 > limit,
+        };
+        if bad {
+            let v = self.dir.join(format!("violation-{id}"));
+            fs::write(
+                &v,
+                format!("{id} ({tag}, limit {limit}) entered while inside: {others:?}\n"),
+            )
+            .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+        }
+        let log = self.dir.join(format!("job-{id}"));
+        fs::write(&log, format!("start {}\n", now_ns()))
+            .unwrap_or_else(|e| panic!("cs: write {}: {e}", log.display()));
+        fs::write(self.dir.join(format!("entered-{id}")), &me).expect("cs: write entered");
+        Section {
+            cs: Cs::open(&self.dir),
+            id: id.to_string(),
+            log,
+            shared: true,
+        }
+    }
+
+    /// The kind job `id` entered as ([`Cs::enter_as`]); `None` for a plain section.
+    pub fn kind(&self, id: &str) -> Option<Kind> {
+        match fs::read_to_string(self.dir.join(format!("kind-{id}")))
+            .ok()?
+            .trim()
+        {
+            "x" => Some(Kind::Exclusive),
+            "s" => Some(Kind::Shared),
+            _ => None,
+        }
+    }
+
+    /// For shared or counting mode: panics unless no violation was recorded, no exclusive
+    /// interval intersects another, and at no instant more than `limit` intervals intersect.
+    /// Returns the intervals and the most that were ever inside together.
+    #[track_caller]
+    pub fn verify_shared(&self, limit: usize) -> (Vec<Interval>, usize) {
+        let violations = self.violations();
+        assert!(
+            violations.is_empty(),
+            "critical section entered against its kind or limit: {violations:?}"
+        );
+        let v = self.intervals();
+        let exclusive: Vec<bool> = v
+            .iter()
+            .map(|i| self.kind(&i.id) == Some(Kind::Exclusive))
+            .collect();
+        let mut bad = Vec::new();
+        // Sorted by start: only the intervals starting before `a` ends can meet it.
+        for (i, a) in v.iter().enumerate() {
+            for (j, b) in v.iter().enumerate().skip(i + 1) {
+                if b.start > a.last {
+                    break;
+                }
+                if exclusive[i] || exclusive[j] {
+                    bad.push(format!("{} and {} overlapped, one exclusive", a.id, b.id));
+                }
+            }
+        }
+        // Sweep: +1 at each start, -1 after each last sign of life.
+        let mut events: Vec<(u128, i32)> = v
+            .iter()
+            .flat_map(|i| [(i.start, 1), (i.last + 1, -1)])
+            .collect();
+        events.sort();
+        let (mut now, mut most) = (0i32, 0i32);
+        for (_, d) in events {
+            now += d;
+            most = most.max(now);
+        }
+        assert!(bad.is_empty(), "exclusive sections overlapped: {bad:#?}");
+        assert!(
+            most as usize <= limit,
+            "{most} sections were inside together, more than the limit {limit}"
+        );
+        (v, most as usize)
+    }
+}
+
+/// A critical section entered with [`Cs::enter`] (or [`Cs::enter_as`]); [`Section::leave`]
+/// ends it.
 pub struct Section {
     cs: Cs,
     id: String,
     log: PathBuf,
+    /// Entered with [`Cs::enter_as`]: its occupant file is `in/ID`.
+    shared: bool,
 }
 
 impl Section {
@@ -380,9 +523,22 @@ impl Section {
         self.append("tick");
     }
 
-    /// Logs the end and removes `inside`, which must still be this section's.
+    /// Logs the end and removes `inside` (or, in shared mode, `in/ID`), which must still be
+    /// this section's.
     pub fn leave(self) {
         self.append("end");
+        if self.shared {
+            let mine = self.cs.dir.join("in").join(&self.id);
+            if fs::remove_file(&mine).is_err() {
+                let v = self.cs.dir.join(format!("violation-{}", self.id));
+                fs::write(
+                    &v,
+                    format!("{} left, but its occupant file was gone\n", self.id),
+                )
+                .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+            }
+            return;
+        }
         let inside = self.cs.dir.join("inside");
         let occupant = fs::read_to_string(&inside).unwrap_or_default();
         if occupant.split_whitespace().next() == Some(self.id.as_str()) {

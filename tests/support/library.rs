@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::{Holder, Identity, Lease, LeaseBuilder, LeaseState, SkewedClock};
 
-use super::cs::Cs;
+use super::cs::{Cs, Kind};
 use super::proc::Proc;
 use super::worker::{self, say};
 
@@ -73,6 +73,7 @@ pub fn crafted(pid: i32, pid_start: u64, who: &Identity, ttl: Duration, token: u
             on_behalf: false,
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
 }
@@ -256,7 +257,8 @@ impl CsFiles {
 }
 
 /// Role `exclusion`: loops acquiring the lease at `LH_DIR/cs.lock` (TTL `LH_TTL_MS`) until
-/// `LH_TARGET` critical sections are logged in total; the worker's name is `LH_NAME`.
+/// `LH_TARGET` critical sections are logged in total; the worker's name is `LH_NAME`; `LH_MODE`
+/// makes it a shared or counted lock (see [`shared_mode`]).
 ///
 /// Each critical section is checked by the shared checker ([`Cs::enter`] as `NAME.N`, so that
 /// the test declares a worker killed with [`Cs::declare_killed`]`(NAME)` before it SIGKILLs
@@ -275,11 +277,14 @@ pub fn exclusion_role() -> i32 {
     let name = std::env::var("LH_NAME").expect("LH_NAME");
     let hold = env_ms("LH_HOLD_MS").unwrap_or(Duration::ZERO);
     let me = std::process::id() as i32;
+    let mode = std::env::var("LH_MODE").unwrap_or_default();
+    let mut seed = (now_us() as u64) ^ ((me as u64) << 32) | 1;
     for n in 0.. {
-        let g = match LeaseBuilder::new(&f.lock)
-            .ttl(ttl)
-            .acquire_timeout(Duration::from_secs(20))
-        {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let (b, kind) = shared_mode(LeaseBuilder::new(&f.lock).ttl(ttl), &mode, seed);
+        let g = match b.acquire_timeout(Duration::from_secs(20)) {
             Ok(g) => g,
             Err(e) => {
                 eprintln!("exclusion worker {me}: acquire failed: {e}");
@@ -287,7 +292,10 @@ pub fn exclusion_role() -> i32 {
             }
         };
         let token = g.token();
-        let section = cs.enter(&format!("{name}.{n}"));
+        let section = match kind {
+            None => cs.enter(&format!("{name}.{n}")),
+            Some((kind, limit)) => cs.enter_as(&format!("{name}.{n}"), kind, limit),
+        };
         let done = fs::read_to_string(&f.log)
             .unwrap_or_default()
             .lines()
@@ -313,6 +321,25 @@ pub fn exclusion_role() -> i32 {
         }
     }
     unreachable!()
+}
+
+/// The `exclusion` role's setting for one acquisition, from `LH_MODE`: empty for a plain
+/// lock; `shared` for a readers-writer lock (a quarter of the acquisitions exclusive, chosen
+/// by `seed`); `slots N` for a semaphore of N. With the checker's kind and limit.
+fn shared_mode(b: LeaseBuilder, mode: &str, seed: u64) -> (LeaseBuilder, Option<(Kind, usize)>) {
+    if mode == "shared" {
+        return match seed % 4 {
+            0 => (b, Some((Kind::Exclusive, usize::MAX))),
+            _ => (b.shared(true), Some((Kind::Shared, usize::MAX))),
+        };
+    }
+    match mode
+        .strip_prefix("slots ")
+        .and_then(|n| n.parse::<u32>().ok())
+    {
+        Some(n) => (b.slots(n), Some((Kind::Shared, n as usize))),
+        None => (b, None),
+    }
 }
 
 /// What the exclusion log says.

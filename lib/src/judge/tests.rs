@@ -83,6 +83,7 @@ fn lease(host: &str, state: LeaseState) -> Lease {
             how: "revoked by force: test".into(),
             by: Some("bob@here pid 1".into()),
         }),
+        mode: None,
         damaged: false,
     }
 }

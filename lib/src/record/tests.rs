@@ -25,6 +25,7 @@ fn sample() -> Lease {
             on_behalf: false,
         },
         ended: None,
+        mode: None,
         damaged: false,
     }
 }
@@ -161,4 +162,60 @@ fn on_behalf_is_written_only_when_set_and_read_back() {
         Parsed::Lease(p) => assert!(!p.holder.on_behalf),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_shared_locks_record_is_format_2_and_reads_back_with_its_mode() {
+    let mut l = sample();
+    l.mode = Some(Mode {
+        slots: Some(3),
+        width: 2,
+    });
+    let b = l.to_bytes();
+    // A format-1 leasehold accepts only its own prefix; anything else with a greater
+    // "leasehold" number it refuses as newer (NewerFormat, exit 65; checked by hand against
+    // the previous release, see PROTOCOL.md §13).
+    assert!(b.starts_with(P_CHECKSUM_2.as_bytes()));
+    assert!(!b.starts_with(P_CHECKSUM.as_bytes()));
+    let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(v["leasehold"], 2);
+    match Lease::parse(&b) {
+        Parsed::Lease(back) => assert_eq!(*back, l),
+        other => panic!("{other:?}"),
+    }
+    // A plain lease stays format 1.
+    assert!(sample().to_bytes().starts_with(P_CHECKSUM.as_bytes()));
+}
+
+#[test]
+fn a_mode_out_of_range_or_in_the_wrong_format_is_not_a_lease() {
+    let with = |slots, width| {
+        let mut l = sample();
+        l.mode = Some(Mode { slots, width });
+        l.to_bytes()
+    };
+    for bad in [
+        with(Some(0), 0),
+        with(Some(2), 3),
+        with(None, MAX_WIDTH + 1),
+    ] {
+        assert!(matches!(Lease::parse(&bad), Parsed::NotALease(_)));
+    }
+    // Format 1 with a mode, format 2 without one.
+    let v1_with_mode = String::from_utf8(with(Some(2), 1)).unwrap().replacen(
+        "\"leasehold\": 2",
+        "\"leasehold\": 1",
+        1,
+    );
+    let mut v1 = v1_with_mode.into_bytes();
+    seal(&mut v1);
+    assert!(matches!(Lease::parse(&v1), Parsed::NotALease(_)));
+    let v2_without = String::from_utf8(sample().to_bytes()).unwrap().replacen(
+        "\"leasehold\": 1",
+        "\"leasehold\": 2",
+        1,
+    );
+    let mut v2 = v2_without.into_bytes();
+    seal(&mut v2);
+    assert!(matches!(Lease::parse(&v2), Parsed::NotALease(_)));
 }

@@ -35,18 +35,25 @@ impl Binding for LockPaths {
         &self.lock
     }
     fn evidence(&self, lease: &Lease) -> JobEvidence {
-        let h = &lease.holder;
-        let ev = JobEvidence::for_lock(&lease.lease_id, h.uid, self);
-        // Script mode: the script carries nothing in its environment; the lease file names it,
-        // believed only when its own uid (or root) wrote that file (PROTOCOL.md §10).
-        match (h.on_behalf, h.child_pid, h.child_start) {
-            (true, Some(c), Some(cs)) if crate::fsio::written_by_holder(self, lease) => {
-                ev.with_trusted_child(c, cs)
-            }
-            _ => ev,
-        }
+        file_evidence(self, self, lease)
     }
     fn observations(&self) -> Option<&LockPaths> {
         Some(self)
+    }
+}
+
+/// The file store's evidence for `lease`, kept in the file `file` (LOCK itself, or a holder file
+/// of a shared or counted lock) of the lock `origin`: a process carrying `origin`'s LOCK path and
+/// the lease id in its environment, or holding the holder's mark on `origin`'s mutex — and, for
+/// a script-mode lease, the script itself, which carries nothing in its environment: named by
+/// the lease file, believed only when its own uid (or root) wrote that file (PROTOCOL.md §10).
+pub(crate) fn file_evidence(origin: &LockPaths, file: &LockPaths, lease: &Lease) -> JobEvidence {
+    let h = &lease.holder;
+    let ev = JobEvidence::for_lock(&lease.lease_id, h.uid, origin);
+    match (h.on_behalf, h.child_pid, h.child_start) {
+        (true, Some(c), Some(cs)) if crate::fsio::written_by_holder(file, lease) => {
+            ev.with_trusted_child(c, cs)
+        }
+        _ => ev,
     }
 }

@@ -32,6 +32,12 @@ use crate::record::{Ending, Lease, LeaseState, MUTABLE_RANGE};
 use crate::verdict::{Verdict, Waiting};
 use crate::wait::Waiter;
 
+mod holding;
+mod origin;
+
+pub(crate) use holding::FileHolding;
+use holding::holder_mark;
+
 /// Leases on one LOCK path.
 #[derive(Debug, Clone)]
 pub(crate) struct FileStore {
@@ -42,6 +48,8 @@ pub(crate) struct FileStore {
     /// Whether a fresh mutex descriptor is opened read-write whatever the storage (a look by
     /// `status` or `break`, which never resolves the storage).
     rw_mutex: bool,
+    /// A holder file's store (`origin.rs`): LOCK's paths, which name the lock and bind its jobs.
+    origin: Option<LockPaths>,
 }
 
 /// A waiting contender's place in the queue, and what it keeps for its next look and its take.
@@ -86,6 +94,7 @@ impl FileStore {
             storage,
             sync,
             rw_mutex: false,
+            origin: None,
         }
     }
 
@@ -96,6 +105,7 @@ impl FileStore {
             storage: Storage::default(),
             sync: true,
             rw_mutex: true,
+            origin: None,
         }
     }
 }
@@ -126,7 +136,11 @@ impl Store for FileStore {
     type Holding = FileHolding;
 
     fn binding(&self) -> &dyn Binding {
-        &self.paths
+        self
+    }
+
+    fn holder(&self, k: u32) -> FileStore {
+        self.holder_file(k)
     }
 
     fn read(&self) -> Result<LockContent> {
@@ -330,265 +344,5 @@ impl Store for FileStore {
 
     fn waiting(&self) -> Vec<Waiting> {
         queue::snapshot(&self.paths)
-    }
-}
-
-/// The holder's mark: an `O_PATH` descriptor on the lock's mutex file, kept for exactly as
-/// long as this process holds the lease (closed on exec, and after release has written our
-/// released record). Nobody else opens the mutex file `O_PATH` — waiters keep it open for
-/// reading, never so — so the kernel's /proc/PID/fd and fdinfo then say that this process is a
-/// holder of this very lock (see `process::JobEvidence`). Opened with `O_NOFOLLOW` (a
-/// symbolic link planted at the name gives a descriptor on the link, which no judge takes for
-/// the mutex file: they compare with a regular file's device and inode); `None` if it cannot
-/// be opened (this holder is then judged by its heartbeat and its command only). Opened under
-/// the mutex, before our lease is visible, so no judge ever sees our lease without our mark.
-fn holder_mark(paths: &LockPaths) -> Option<OwnedFd> {
-    paths.handle().open_path(paths.mutex_name()).ok()
-}
-
-fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A held lease in the lock file, and the files its holder keeps.
-#[derive(Debug)]
-pub(crate) struct FileHolding {
-    paths: LockPaths,
-    storage: Storage,
-    sync: bool,
-    /// The lock's mutex file, kept open (not locked) while we hold the lease: the kernel's
-    /// evidence, in /proc/PID/fd, that this process is a holder of this lock (see
-    /// `process::JobEvidence`). Closed on exec, so commands do not inherit it; locked through at
-    /// release, then closed.
-    witness: Mutex<Option<MutexFile>>,
-    /// Our lease's file as last renamed into place.
-    written: Mutex<Option<Written>>,
-    /// The file our lease replaced, still open (see `fsio::read_lock_keep`); closed at release.
-    replaced: Mutex<Option<File>>,
-    /// The holder's mark (see [`holder_mark`]): closed only after release has written LOCK.
-    mark: Mutex<Option<OwnedFd>>,
-}
-
-impl FileHolding {
-    fn new(
-        store: &FileStore,
-        witness: Option<MutexFile>,
-        written: Written,
-        replaced: Option<File>,
-        mark: Option<OwnedFd>,
-    ) -> FileHolding {
-        let paths = &store.paths;
-        let witness = witness.or_else(|| MutexFile::open(paths, store.storage.network).ok());
-        FileHolding {
-            paths: paths.clone(),
-            storage: store.storage,
-            sync: store.sync,
-            witness: Mutex::new(witness),
-            written: Mutex::new(Some(written)),
-            replaced: Mutex::new(replaced),
-            mark: Mutex::new(mark.or_else(|| holder_mark(paths))),
-        }
-    }
-
-    /// Opens LOCK afresh, read-write, for a renewal, and checks that LOCK's directory is still
-    /// the one everyone else reaches by its path.
-    fn open_for_renewal(&self) -> std::result::Result<(File, u32), Renewal> {
-        let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
-        let (file, mode) = match fsio::open_lock(&self.paths, true) {
-            Ok(Some(f)) => f,
-            Ok(None) => {
-                return vanished(format!("{} no longer exists", self.paths.lock.display()));
-            }
-            Err(
-                e @ (Error::NotALease { .. }
-                | Error::NewerFormat { .. }
-                | Error::Squatted { .. }
-                | Error::Untrusted { .. }),
-            ) => return vanished(e.to_string()),
-            Err(e) => return Err(Renewal::Transient(e)),
-        };
-        // Everyone else reaches LOCK through its directory's path: if that path no longer leads
-        // to the directory we renew in, no contender sees our heartbeat any more.
-        match self.paths.dir_moved() {
-            Ok(false) => Ok((file, mode)),
-            Ok(true) => vanished(format!(
-                "{} no longer leads to the directory the lease was taken in \
-                 (unmounted, moved or replaced)",
-                self.paths.dir.display()
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                vanished(format!("{} no longer exists", self.paths.dir.display()))
-            }
-            Err(e) => Err(Renewal::Transient(Error::io(&self.paths.dir, "stat", e))),
-        }
-    }
-
-    /// Errors with `Error::Lost` unless LOCK holds our lease, still held (or, with
-    /// `revoked_ok`, for a release, revoked: then who revoked it, if recorded).
-    fn ensure_ours(&self, mine: &Lease, revoked_ok: bool) -> Result<Option<String>> {
-        let why = match ours(&fsio::read_lock(&self.paths)?, &mine.lease_id) {
-            Ours::Held => return Ok(None),
-            // Revoked is still ours to release: a holder releases when its job is over, and a
-            // released record frees the lock at once instead of after its processes are gone
-            // (or, on other hosts, after a TTL).
-            Ours::Revoked(by) if revoked_ok => return Ok(by),
-            Ours::Revoked(_) => "it was revoked".to_string(),
-            Ours::Released => "it was released or broken".into(),
-            Ours::Taken(by, _) => format!("held by {by}"),
-            Ours::Empty => "LOCK is empty".into(),
-            Ours::Missing => "LOCK is missing".into(),
-        };
-        Err(Error::Lost {
-            path: self.paths.lock.clone(),
-            lease_id: mine.lease_id.clone(),
-            why,
-        })
-    }
-
-    /// The full released record (state `released`, how the job ended), written atomically
-    /// under the mutex, if LOCK still holds our lease (held or revoked).
-    fn write_released(&self, r: &Release<'_>, witness: Option<MutexFile>) -> Result<()> {
-        let mut released = r.mine.clone();
-        released.state = LeaseState::Released;
-        released.ended = Some(Ending {
-            at: format_rfc3339(r.clock.wall()),
-            how: r.how.to_string(),
-            by: None,
-        });
-        let _m = mutex::lock_with(
-            witness,
-            &self.paths,
-            Some(Instant::now() + r.wait),
-            r.stuck_after,
-            StuckPolicy::Report,
-            None,
-            self.storage.network,
-        )?;
-        if let Some(by) = self.ensure_ours(r.mine, true)?
-            && let Some(e) = released.ended.as_mut()
-        {
-            // Revoked by an operator: the released record keeps who ended the lease.
-            e.how = format!("{}, after it was revoked", e.how);
-            e.by = Some(by);
-        }
-        let bytes = released.to_bytes();
-        fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| ())
-    }
-
-    /// When the full released record could not be written (`e`: a full disk, a mutex someone
-    /// sits on): leaves a lease every contender judges free at once, by flipping our header to
-    /// released in place (no new blocks needed). Only how the job ended is then not recorded,
-    /// which is not worth failing a release for. Errs only when even that fails.
-    fn release_in_header(&self, r: &Release<'_>, e: Error) -> Result<()> {
-        let mut bytes = r.bytes.to_vec();
-        let seq = r.mine.heartbeat_seq.saturating_add(1);
-        let at = format_rfc3339(r.clock.wall());
-        if Lease::rewrite_header(&mut bytes, LeaseState::Released, seq, &at).is_some()
-            && self.mark_in_place(r.mine, &bytes[MUTABLE_RANGE])
-        {
-            return Ok(());
-        }
-        let what = "could not mark it released in place either; contenders will judge it by its holder's death or its TTL";
-        Err(Error::Io {
-            path: self.paths.lock.clone(),
-            op: "write the released record",
-            source: std::io::Error::new(
-                match &e {
-                    Error::Io { source, .. } => source.kind(),
-                    _ => std::io::ErrorKind::Other,
-                },
-                format!("{e}; {what}"),
-            ),
-        })
-    }
-
-    /// Writes the header `region` over LOCK in place if it still holds our lease (in any state).
-    fn mark_in_place(&self, mine: &Lease, region: &[u8]) -> bool {
-        let paths = &self.paths;
-        let Ok(Some((f, mode))) = fsio::open_lock(paths, true) else {
-            return false;
-        };
-        match fsio::read_open(&f, &paths.lock, mode).map(|c| ours(&c, &mine.lease_id)) {
-            Ok(Ours::Held | Ours::Revoked(_) | Ours::Released) => {}
-            _ => return false,
-        }
-        fsio::write_header(&f, &paths.lock, region).is_ok() && f.sync_data().is_ok()
-    }
-}
-
-impl Holding for FileHolding {
-    type Section = MutexGuard;
-
-    fn still_ours(&self, lease_id: &str) -> Result<Ours> {
-        fsio::read_lock(&self.paths).map(|c| ours(&c, lease_id))
-    }
-
-    fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
-        let path = &self.paths.lock;
-        let (file, mode) = self.open_for_renewal()?;
-        let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
-        let taken = |by: String| Err(Renewal::Lost(LossReason::Taken { by }));
-        match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
-            Ok(Ours::Held) => {}
-            Ok(Ours::Revoked(by)) => {
-                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
-                return taken(format!("holds our lease revoked{by}"));
-            }
-            Ok(Ours::Released) => return taken("holds our lease marked released (broken)".into()),
-            Ok(Ours::Taken(by, token)) => return taken(format!("held by {by} (token {token})")),
-            Ok(Ours::Empty) => return vanished("LOCK is empty".into()),
-            // read_open never reports Missing for an open file; vanished all the same.
-            Ok(Ours::Missing) => return vanished("LOCK is missing".into()),
-            Err(e @ Error::NotALease { .. }) => return vanished(e.to_string()),
-            Err(e) => return Err(Renewal::Transient(e)),
-        }
-        let Some(region) = bytes.get(MUTABLE_RANGE) else {
-            return vanished("internal: our record is shorter than its header".into());
-        };
-        fsio::write_header(&file, path, region).map_err(Renewal::Transient)?;
-        // Closing flushes the write to an NFS server (close-to-open); only then does it count.
-        drop(file);
-        Ok(())
-    }
-
-    fn enter(&self, deadline: Instant, stuck_after: Duration) -> Result<MutexGuard> {
-        mutex::lock(
-            &self.paths,
-            Some(deadline),
-            stuck_after,
-            StuckPolicy::KillStopped,
-        )
-    }
-
-    fn rewrite(&self, _: &MutexGuard, mine: &Lease, bytes: &[u8]) -> Result<()> {
-        // Never over a revoked record: that would make a broken lease held again.
-        self.ensure_ours(mine, false)?;
-        let w = fsio::replace_keep(&self.paths, &self.paths.lock, bytes, false)?;
-        *lock(&self.written) = Some(w);
-        Ok(())
-    }
-
-    fn release(&self, r: Release<'_>) -> Result<()> {
-        let witness = lock(&self.witness).take();
-        let written = lock(&self.written).take();
-        // Closed when this returns, after the handover: freeing old files is off its path.
-        let replaced = lock(&self.replaced).take();
-        // Our holder's mark goes only once LOCK no longer says we hold it.
-        let mark = lock(&self.mark).take();
-        // On a local file system, with someone waiting: mark our file released in place (no
-        // mutex: the file is the one we renamed into place, which only we change in place, and
-        // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
-        let handed = match (written, self.storage.network) {
-            (Some(w), false) => handover::release_in_place(&self.paths, r.bytes, w),
-            _ => None,
-        };
-        (r.stop)();
-        if let Some(f) = handed {
-            return handover::settle(&self.paths, f, self.sync, replaced, mark);
-        }
-        match self.write_released(&r, witness) {
-            Ok(()) | Err(Error::Lost { .. }) => Ok(()),
-            Err(e) => self.release_in_header(&r, e),
-        }
     }
 }

@@ -79,6 +79,11 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// How this lock's jobs are bound to it (see [`Binding`]).
     fn binding(&self) -> &dyn Binding;
 
+    /// The store of holder `k` of a shared or counted lock (`slots.rs`): its own lease (heartbeat,
+    /// token, judgement, fencing) in a place of its own, sharing this lock's exclusive section,
+    /// token sequence, line of waiters and name.
+    fn holder(&self, k: u32) -> Self;
+
     /// The judge of this store's leases (see `judge.rs`).
     fn judge<'a>(
         &'a self,
