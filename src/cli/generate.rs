@@ -167,12 +167,11 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
     );
     paragraph(
         &mut r,
-        "For an exclusive lock around a command it first takes a heartbeat lease beside the \
-         file (.NAME.leasehold-flock), then the kernel lock: waiters queue in order and are \
+        "For a lock around a command it first takes a heartbeat lease beside the file \
+         (.NAME.leasehold-flock; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
          told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
          the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
-         74). Where no lease can be kept (a shared lock, no fork, the file-descriptor form, an \
-         unlock, no write access to the directory, a read-only or full file system) it takes \
+         74). Where no lease can be kept (no fork, the file-descriptor form, an unlock, no write access to the directory, a read-only or full file system) it takes \
          the kernel lock only, exactly as flock(1) does, and says why when verbose.",
     );
     r.control("SH", ["OPTIONS"]);

@@ -2,8 +2,8 @@
 //!
 //! Invoked as `flock` (the binary's file name, e.g. through `ln -s leasehold flock`) or as
 //! `leasehold flock ARGS...`. It takes the same kernel lock flock(1) takes on the named file, so
-//! unconverted flock(1) users, `lslocks` and udev see and respect it, and — for an exclusive
-//! lock around a command — a heartbeat lease beside the file ([`leasehold::lease_beside`]),
+//! unconverted flock(1) users, `lslocks` and udev see and respect it, and — for a lock around
+//! a command — a heartbeat lease beside the file ([`leasehold::lease_beside`]; shared for `-s`),
 //! taken first, so converted users queue in FIFO order, `leasehold status FILE` explains who
 //! holds it, and a lost lease fences the command (exit 74).
 //!
@@ -12,8 +12,8 @@
 //! holds the kernel lock, `run` runs the file form. Must never: write, truncate, chmod, rename
 //! or delete the named file; print anything flock(1) would not print without `--verbose`.
 //!
-//! Not yet leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-s`
-//! (until shared leases), `-F` and the FD form (until the script-mode keeper), `-u`.
+//! Not leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-F` and the
+//! FD form (not yet: they need a keeper bound to the process that keeps the lock), `-u`.
 
 pub mod args;
 mod lock;
@@ -30,8 +30,6 @@ pub use args::{help_text, version_text};
 /// Why a lock is taken as flock(1) takes it, kernel lock only, without a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelOnly {
-    /// `-s`: shared leases are not part of this build (wire to `--shared` when they are).
-    Shared,
     /// `-u`: dropping a lock takes no lease.
     Unlock,
     /// `-F`: no process is left to keep a lease (wire to the script-mode keeper).
@@ -52,7 +50,6 @@ impl KernelOnly {
     /// Why, in words, for `--verbose`.
     pub fn why(self) -> &'static str {
         match self {
-            KernelOnly::Shared => "shared locks take no lease yet",
             KernelOnly::Unlock => "unlocking takes no lease",
             KernelOnly::NoFork => "--no-fork leaves no process to keep a lease",
             KernelOnly::Descriptor => "a descriptor's lock takes no lease yet",

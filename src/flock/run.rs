@@ -46,9 +46,10 @@ pub(super) fn wait_for(w: Wait, deadline: Option<Instant>) -> Option<Duration> {
 /// Whether this lock gets a lease, from the options and the opened file.
 fn plan(o: &Options, path: &OsStr, fd: &OwnedFd) -> Plan {
     match o.mode {
-        Mode::Shared => return Plan::Kernel(KernelOnly::Shared),
         Mode::Unlock => return Plan::Kernel(KernelOnly::Unlock),
-        Mode::Exclusive => {}
+        // A shared kernel lock takes a shared lease (`LeaseBuilder::shared`): shared holders
+        // together, an exclusive one alone, first come first served (PROTOCOL.md §13).
+        Mode::Shared | Mode::Exclusive => {}
     }
     if o.no_fork {
         return Plan::Kernel(KernelOnly::NoFork);
@@ -143,6 +144,7 @@ fn take_lease(
         .collect();
     let mut b = LeaseBuilder::new(lease)
         .command(argv)
+        .shared(o.mode == Mode::Shared)
         .on_lost(sup.loss_notifier());
     if let Some(t) = ttl {
         b = b.ttl(t);

@@ -71,9 +71,14 @@ fn durations_are_printed_rounded() {
     let err = stderr_of(&a);
     // How long it waited (at least the 300ms asked for; more on a busy machine), rounded.
     assert!(
-        ["gave up after 3", "gave up after 4", "gave up after 5", "gave up after 6"]
-            .iter()
-            .any(|w| err.contains(w))
+        [
+            "gave up after 3",
+            "gave up after 4",
+            "gave up after 5",
+            "gave up after 6"
+        ]
+        .iter()
+        .any(|w| err.contains(w))
             || err.contains("gave up after 1s")
             || err.contains("gave up after 2s"),
         "{err}"

@@ -214,3 +214,37 @@ fn a_frozen_holder_is_taken_over_but_its_kernel_lock_still_excludes() {
     assert!(cs.entered("b"));
     cs.verify();
 }
+
+/// `flock -s`: two shared holders hold together, each with its own shared lease beside the
+/// file (`leasehold status FILE --json` lists both), an exclusive `flock -n` is refused while
+/// they hold, and an exclusive `flock` that waits runs once both are gone.
+#[test]
+fn shared_flocks_hold_together_with_a_shared_lease_each_and_exclude_an_exclusive_one() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("readers");
+    let ours = b.ours_path();
+    let mut r1 = b.hold(&ours, &["-s"], &f);
+    let mut r2 = b.hold(&ours, &["-s"], &f);
+    let out = Command::new(bin())
+        .args(["status", "--json"])
+        .arg(&f)
+        .stdin(Stdio::null())
+        .output()
+        .expect("leasehold status");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let v = if v.is_array() { v[0].clone() } else { v };
+    let holders = v["holders"].as_array().map(Vec::len).unwrap_or(0);
+    assert_eq!(holders, 2, "two shared holders, each with a lease: {v}");
+    let fs_ = f.to_str().unwrap();
+    assert_eq!(outcome(b.ours(&["-n", fs_, "true"])).0, 1);
+    let mut writer = Proc::spawn_piped(
+        b.ours(&[fs_, "sh", "-c", "echo wrote"]).stdin(Stdio::piped()),
+        "exclusive waiter",
+    );
+    r1.close_stdin();
+    assert_eq!(code(r1.wait_timeout(LIMIT)), 0);
+    r2.close_stdin();
+    assert_eq!(code(r2.wait_timeout(LIMIT)), 0);
+    writer.line("wrote", LIMIT);
+    assert_eq!(code(writer.wait_timeout(LIMIT)), 0);
+}
