@@ -258,6 +258,14 @@ pub struct LockArgs {
     /// Hold the lease for process PID instead of the caller (the parent of `leasehold lock`).
     #[arg(long, value_name = "PID")]
     pub pid: Option<i32>,
+    /// Hold a shared lease: any number of --shared holders together; a plain holder of the
+    /// same LOCK is exclusive and waits for them all (and they for it), in arrival order.
+    #[arg(long, conflicts_with = "slots")]
+    pub shared: bool,
+    /// Hold one of N slots: at most N holders at once (a counting semaphore). Every holder of
+    /// LOCK must give the same N.
+    #[arg(long, value_name = "N")]
+    pub slots: Option<u32>,
     /// Poll instead of waiting for change notifications (for NFS).
     #[arg(long)]
     pub poll: bool,

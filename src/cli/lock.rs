@@ -30,7 +30,11 @@ pub(super) fn lock(a: &LockArgs) -> i32 {
         .ttl(a.ttl)
         .poll(a.poll)
         .command(cmd)
-        .on_behalf_of(pid, script.start, pgid);
+        .on_behalf_of(pid, script.start, pgid)
+        .shared(a.shared);
+    if let Some(n) = a.slots {
+        b = b.slots(n);
+    }
     if let Some(h) = a.heartbeat {
         b = b.heartbeat(h);
     }

@@ -31,7 +31,7 @@ pub(super) fn unlock(a: &UnlockArgs) -> i32 {
             return exit::exit_code(&e);
         }
     };
-    let Some(l) = v.lease.as_ref().filter(|l| l.state != LeaseState::Released) else {
+    let Some((v, l)) = pick(&v) else {
         if !a.quiet {
             say_line("not held: nothing to unlock");
         }
@@ -67,6 +67,34 @@ pub(super) fn unlock(a: &UnlockArgs) -> i32 {
         return exit::NOPERM;
     }
     ask_keeper(h.pid, h.pid_start, &ev, &say_line)
+}
+
+/// The lease to unlock, with the verdict on it: LOCK's own, or — for a shared or counted lock
+/// (`lock --shared`/`--slots`) — the holder whose lease id this process carries
+/// (`LEASEHOLD_LEASE_ID`, exported by the script's `eval`) or whose script it descends from,
+/// else the first live holder (whose checks below then refuse a stranger).
+fn pick(v: &leasehold::Verdict) -> Option<(&leasehold::Verdict, &leasehold::Lease)> {
+    fn live(hv: &leasehold::Verdict) -> Option<(&leasehold::Verdict, &leasehold::Lease)> {
+        hv.lease
+            .as_ref()
+            .filter(|l| l.state != LeaseState::Released)
+            .map(|l| (hv, l))
+    }
+    if v.holders.is_empty() {
+        return live(v);
+    }
+    let me = std::process::id() as i32;
+    let carried = std::env::var("LEASEHOLD_LEASE_ID").ok();
+    let held: Vec<_> = v.holders.iter().filter_map(live).collect();
+    let ours = held.iter().find(|(_, l)| {
+        carried.as_deref() == Some(l.lease_id.as_str())
+            || l.holder.on_behalf
+                && l.holder
+                    .child_pid
+                    .zip(l.holder.child_start)
+                    .is_some_and(|(p, st)| process::descends_from(me, p, st))
+    });
+    ours.or(held.first()).copied()
 }
 
 /// Verifies the keeper, sends it SIGUSR1 through a pidfd, and waits for it to exit.

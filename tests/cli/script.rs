@@ -538,3 +538,62 @@ fn a_lock_killed_while_waiting_leaves_no_keeper_behind() {
     );
     target.kill();
 }
+
+/// `lock --shared`: two scripts hold a shared lease each, together (`status --json` lists two
+/// holders); an exclusive `lock -n` is refused meanwhile; each script's `unlock` releases its
+/// own holder only (the other is still listed); once both are gone an exclusive lock is had.
+#[test]
+fn shared_script_locks_hold_together_and_each_unlock_releases_its_own_holder() {
+    let d = tempfile::tempdir().unwrap();
+    let lock = d.path().join("readers.lock");
+    let body = r#"out=$("$LH" lock -n --shared --ttl 60s "$1") || exit $?
+eval "$out"
+echo "held $LEASEHOLD_LEASE_ID"
+while [ ! -e "$2" ]; do sleep 0.02; done
+"$LH" unlock "$1"; echo "unlock $?"
+while [ ! -e "$3" ]; do sleep 0.02; done"#;
+    let holders = |lock: &Path| -> usize {
+        let out = lh()
+            .args(["status", "--json"])
+            .arg(lock)
+            .output()
+            .expect("status --json");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v["holders"].as_array().map(Vec::len).unwrap_or(0)
+    };
+    let (go1, go2, end) = (
+        d.path().join("go1"),
+        d.path().join("go2"),
+        d.path().join("end"),
+    );
+    let mut s1 = spawn_script(script("sh", body, &[&lock, &go1, &end]), "reader 1");
+    s1.line("held", LONG);
+    let mut s2 = spawn_script(script("sh", body, &[&lock, &go2, &end]), "reader 2");
+    s2.line("held", LONG);
+    assert_eq!(holders(&lock), 2, "two shared holders");
+    let o = lh().args(["lock", "-n"]).arg(&lock).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(75),
+        "an exclusive lock is refused while they hold"
+    );
+    fs::write(&go1, "").unwrap();
+    s1.line("unlock 0", LONG);
+    assert_eq!(
+        holders(&lock),
+        1,
+        "reader 1's unlock released its own holder only"
+    );
+    fs::write(&go2, "").unwrap();
+    s2.line("unlock 0", LONG);
+    fs::write(&end, "").unwrap();
+    assert_eq!(s1.finish(LONG).code, 0);
+    assert_eq!(s2.finish(LONG).code, 0);
+    ensure_within("the lock to be free for an exclusive holder", LONG, || {
+        lh().args(["run", "-n"])
+            .arg(&lock)
+            .args(["--", "true"])
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+}

@@ -238,7 +238,8 @@ fn shared_flocks_hold_together_with_a_shared_lease_each_and_exclude_an_exclusive
     let fs_ = f.to_str().unwrap();
     assert_eq!(outcome(b.ours(&["-n", fs_, "true"])).0, 1);
     let mut writer = Proc::spawn_piped(
-        b.ours(&[fs_, "sh", "-c", "echo wrote"]).stdin(Stdio::piped()),
+        b.ours(&[fs_, "sh", "-c", "echo wrote"])
+            .stdin(Stdio::piped()),
         "exclusive waiter",
     );
     r1.close_stdin();
