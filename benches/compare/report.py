@@ -402,6 +402,9 @@ def main(res_dir, out_md, out_svg):
                             None if r is None else r >= 20))
         del fl2
 
+    for line in shared_table(res_dir):
+        w(line)
+    w("")
     w("## Plot")
     w("")
     w("![throughput and handoff p50 against N](bench.svg)")
@@ -439,6 +442,30 @@ def main(res_dir, out_md, out_svg):
         f.write("\n".join(md).rstrip() + "\n")
     with open(out_svg, "w") as f:
         f.write(svg(cont, quick))
+
+
+def shared_table(res_dir):
+    """Shared-lock acquire throughput: leasehold --shared beside kernel flock -s (LOCK_SH), both
+    measured by the contention bench's throughput phase in one run (an empty section, no think
+    time); [] when the run has no shared.json."""
+    path = os.path.join(res_dir, "shared.json")
+    if not os.path.exists(path):
+        return []
+    d = load(path).get("results", {})
+    out = ["", "## Shared locks: acquire throughput beside kernel `flock -s`", "",
+           "N processes each take and release a shared lock in a loop (empty section). "
+           "`flock -s` is the kernel's LOCK_SH on one file; leasehold `--shared` gives every "
+           "holder its own lease (holder file, heartbeat, token) under the one mutex.", "",
+           "| file system | N | kernel `flock -s` | leasehold `--shared` | ratio |", "|---|---|---|---|---|"]
+    for fs in ("tmpfs", "disk"):
+        f = {r["n"]: r for r in get(d, fs, "flock-s", "rows") or []}
+        l = {r["n"]: r for r in get(d, fs, "leasehold-shared", "rows") or []}
+        for n in sorted(set(f) & set(l)):
+            a = get(f[n], "throughput", "throughput_per_s")
+            b = get(l[n], "throughput", "throughput_per_s")
+            if a and b:
+                out.append(f"| {fs} | {n} | {a:,.0f}/s | {b:,.0f}/s | {b / a:.4f}× |")
+    return out
 
 
 def svg(cont, quick):

@@ -59,6 +59,11 @@ log "contention"
 LEASEHOLD_BENCH_OUT=$OUT/contention.json cargo bench --bench contention ||
   echo "contention bench failed: its tables will be missing" >&2
 
+log "shared locks (leasehold --shared beside kernel flock -s)"
+LEASEHOLD_BENCH_IMPLS=flock-s,leasehold-shared LEASEHOLD_BENCH_ROUNDS=0 \
+  LEASEHOLD_BENCH_OUT=$OUT/shared.json cargo bench --bench contention ||
+  echo "shared-lock bench failed: its table will be missing" >&2
+
 log "whole process (hyperfine)"
 LH=$ROOT/target/release/leasehold
 if [ "$QUICK" = 1 ]; then HF=(--warmup 3 --min-runs 20 --max-runs 40); else HF=(--warmup 20 --min-runs 300); fi
