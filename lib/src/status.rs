@@ -221,9 +221,15 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         by: format!("{}@{} pid {}", me.user, me.host, std::process::id()),
         clock: &clock,
     };
-    let was_live = matches!(v.state, State::Held | State::Hung);
+    break_judged(&b, &mode)
+}
+
+/// Breaks the lease `b` judged, as `mode` allows: a live one revoked (or, when forged or
+/// hung, replaced), a stale one released — LOCK's own lease, or one holder's of a shared lock.
+fn break_judged<S: Store>(b: &Breaker<'_, S>, mode: &BreakMode) -> Result<Broken> {
+    let was_live = matches!(b.v.state, State::Held | State::Hung);
     let out = Broken {
-        verdict: v.clone(),
+        verdict: b.v.clone(),
         was_live,
         stopped: 0,
         written: LeaseState::Released,
@@ -234,9 +240,9 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
         more: Vec::new(),
     };
     if was_live {
-        b.live(&mode, out)
+        b.live(mode, out)
     } else {
-        b.stale(&mode, out)
+        b.stale(mode, out)
     }
 }
 

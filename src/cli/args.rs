@@ -158,12 +158,10 @@ pub enum Command {
     Break(BreakArgs),
 }
 
-/// `leasehold run [OPTIONS] LOCK -- CMD [ARGS...]` or `leasehold run [OPTIONS] LOCK -c 'SHELL COMMAND'`.
+/// The options of a lease that `run` and `lock` share: how long to wait, its timing, its note,
+/// shared or counted, and polling.
 #[derive(Debug, Args)]
-#[command(
-    override_usage = "leasehold run [OPTIONS] LOCK -- CMD [ARGS...]\n       leasehold run [OPTIONS] LOCK -c 'SHELL COMMAND'"
-)]
-pub struct RunArgs {
+pub struct LeaseOpts {
     /// Fail at once if the lock is held.
     #[arg(short = 'n', long, conflicts_with = "wait")]
     pub no_wait: bool,
@@ -196,6 +194,36 @@ pub struct RunArgs {
     /// Poll instead of waiting for change notifications (for NFS).
     #[arg(long)]
     pub poll: bool,
+}
+
+impl LeaseOpts {
+    /// `b` with these settings: TTL, heartbeat, grace, note, shared or slots, polling.
+    pub fn apply(&self, mut b: leasehold::LeaseBuilder) -> leasehold::LeaseBuilder {
+        b = b.ttl(self.ttl).poll(self.poll).shared(self.shared);
+        if let Some(h) = self.heartbeat {
+            b = b.heartbeat(h);
+        }
+        if let Some(g) = self.grace {
+            b = b.grace(g);
+        }
+        if let Some(n) = &self.note {
+            b = b.note(n.clone());
+        }
+        if let Some(n) = self.slots {
+            b = b.slots(n);
+        }
+        b
+    }
+}
+
+/// `leasehold run [OPTIONS] LOCK -- CMD [ARGS...]` or `leasehold run [OPTIONS] LOCK -c 'SHELL COMMAND'`.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "leasehold run [OPTIONS] LOCK -- CMD [ARGS...]\n       leasehold run [OPTIONS] LOCK -c 'SHELL COMMAND'"
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub lease: LeaseOpts,
     /// Print only errors.
     #[arg(short, long, conflicts_with = "verbose")]
     pub quiet: bool,
@@ -234,41 +262,11 @@ that terminal. Exit statuses as for `run` (0: held).";
 /// `leasehold lock [OPTIONS] LOCK`: the lease for the calling process.
 #[derive(Debug, Args)]
 pub struct LockArgs {
-    /// Fail at once if the lock is held.
-    #[arg(short = 'n', long, conflicts_with = "wait")]
-    pub no_wait: bool,
-    /// Give up after DURATION (default: wait forever).
-    #[arg(short = 'w', long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
-    pub wait: Option<Duration>,
-    /// Lease time-to-live.
-    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration, default_value = "30s")]
-    pub ttl: Duration,
-    /// Renewal interval [default: TTL/3].
-    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
-    pub heartbeat: Option<Duration>,
-    /// SIGTERM-to-SIGKILL grace when fencing the script [default: min(5s, TTL/4)].
-    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
-    pub grace: Option<Duration>,
-    /// Exit status when the lock could not be had.
-    #[arg(short = 'E', long, value_name = "N", default_value_t = 75)]
-    pub conflict_exit_code: u8,
-    /// Free text stored in the lease (shown by `status`).
-    #[arg(long, value_name = "TEXT")]
-    pub note: Option<String>,
+    #[command(flatten)]
+    pub lease: LeaseOpts,
     /// Hold the lease for process PID instead of the caller (the parent of `leasehold lock`).
     #[arg(long, value_name = "PID")]
     pub pid: Option<i32>,
-    /// Hold a shared lease: any number of --shared holders together; a plain holder of the
-    /// same LOCK is exclusive and waits for them all (and they for it), in arrival order.
-    #[arg(long, conflicts_with = "slots")]
-    pub shared: bool,
-    /// Hold one of N slots: at most N holders at once (a counting semaphore). Every holder of
-    /// LOCK must give the same N.
-    #[arg(long, value_name = "N")]
-    pub slots: Option<u32>,
-    /// Poll instead of waiting for change notifications (for NFS).
-    #[arg(long)]
-    pub poll: bool,
     /// Print only errors.
     #[arg(short, long)]
     pub quiet: bool,

@@ -26,34 +26,23 @@ pub(super) fn lock(a: &LockArgs) -> i32 {
     if cmd.is_empty() {
         cmd = vec![format!("pid {pid}")];
     }
-    let mut b = LeaseBuilder::new(&a.lock)
-        .ttl(a.ttl)
-        .poll(a.poll)
-        .command(cmd)
-        .on_behalf_of(pid, script.start, pgid)
-        .shared(a.shared);
-    if let Some(n) = a.slots {
-        b = b.slots(n);
-    }
-    if let Some(h) = a.heartbeat {
-        b = b.heartbeat(h);
-    }
-    if let Some(g) = a.grace {
-        b = b.grace(g);
-    }
-    if let Some(n) = &a.note {
-        b = b.note(n.clone());
-    }
+    let b = a
+        .lease
+        .apply(
+            LeaseBuilder::new(&a.lock)
+                .command(cmd)
+                .on_behalf_of(pid, script.start, pgid),
+        );
     if let Err(e) = b.timing() {
         say!("{}", report::error_line(&e));
         return exit::exit_code(&e);
     }
-    let how = match (a.no_wait, a.wait) {
+    let how = match (a.lease.no_wait, a.lease.wait) {
         (true, _) => Patience::NoWait,
         (false, Some(w)) => Patience::Upto(w),
         (false, None) => Patience::Forever,
     };
-    match script::start(b, how, a.quiet, a.conflict_exit_code, script) {
+    match script::start(b, how, a.quiet, a.lease.conflict_exit_code, script) {
         Ok(Started::Held(h, front)) => {
             if !print_all(&exports(&h)) {
                 let released = front.abort();

@@ -102,33 +102,20 @@ fn resolve(a: &RunArgs) -> Result<Job, i32> {
 fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<LeaseGuard, i32> {
     let display = WaitDisplay::new(a.quiet);
     let shown = display.clone();
-    let mut b = LeaseBuilder::new(&a.lock)
-        .ttl(a.ttl)
-        .command(job.argv_lossy())
-        .child(child.0, child.1, child.0)
-        .poll(a.poll)
-        .on_lost(sup.loss_notifier())
-        .on_wait(move |v| shown.waiting(v));
-    if let Some(h) = a.heartbeat {
-        b = b.heartbeat(h);
-    }
-    if let Some(g) = a.grace {
-        b = b.grace(g);
-    }
-    if let Some(n) = &a.note {
-        b = b.note(n.clone());
-    }
-    b = b.shared(a.shared);
-    if let Some(n) = a.slots {
-        b = b.slots(n);
-    }
+    let b = a.lease.apply(
+        LeaseBuilder::new(&a.lock)
+            .command(job.argv_lossy())
+            .child(child.0, child.1, child.0)
+            .on_lost(sup.loss_notifier())
+            .on_wait(move |v| shown.waiting(v)),
+    );
     if let Err(e) = b.timing() {
         say!("{}", report::error_line(&e));
         return Err(exit::exit_code(&e));
     }
-    let got = if a.no_wait {
+    let got = if a.lease.no_wait {
         b.try_acquire()
-    } else if let Some(w) = a.wait {
+    } else if let Some(w) = a.lease.wait {
         b.acquire_timeout(w)
     } else {
         b.acquire()
@@ -140,7 +127,7 @@ fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<L
             if !a.quiet {
                 say!("{}", report::error_line(&e));
             }
-            Err(i32::from(a.conflict_exit_code))
+            Err(i32::from(a.lease.conflict_exit_code))
         }
         Err(e) => {
             say!("{}", report::error_line(&e));

@@ -41,17 +41,13 @@ fn every_option() -> Vec<(String, String)> {
     out
 }
 
-/// `--generate man-flock`: the page for the `flock` name renders with `man -l` without a groff
-/// warning and names each of its three forms, every option of the front end's own list (both
-/// spellings), every exit status, its environment and the lease file beside the named file.
-#[test]
-fn flock_man_page_renders_cleanly_and_covers_every_option() {
-    if skip(!have("man"), "man is missing (Debian: man-db, groff-base)") {
-        return;
-    }
+/// `leasehold --generate KIND` (a manual page) rendered by `man -l`, which must succeed
+/// without a groff warning.
+#[track_caller]
+fn rendered(kind: &str) -> String {
     let d = tempfile::tempdir().expect("tempdir");
-    let page = d.path().join("flock.1");
-    std::fs::write(&page, generated("man-flock")).expect("write the page");
+    let page = d.path().join("page.1");
+    std::fs::write(&page, generated(kind)).expect("write the page");
     let out = Command::new("man")
         .args(["--warnings", "-l"])
         .arg(&page)
@@ -61,10 +57,21 @@ fn flock_man_page_renders_cleanly_and_covers_every_option() {
         .stdin(Stdio::null())
         .output()
         .expect("run man");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "man -l failed: {err}");
     assert!(err.trim().is_empty(), "groff warnings: {err}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `--generate man-flock`: the page for the `flock` name renders with `man -l` without a groff
+/// warning and names each of its three forms, every option of the front end's own list (both
+/// spellings), every exit status, its environment and the lease file beside the named file.
+#[test]
+fn flock_man_page_renders_cleanly_and_covers_every_option() {
+    if skip(!have("man"), "man is missing (Debian: man-db, groff-base)") {
+        return;
+    }
+    let text = rendered("man-flock");
     let mut want: Vec<String> = leasehold_cli::flock::args::FORMS
         .iter()
         .map(|f| f.replace("{prog}", "flock"))
@@ -110,22 +117,7 @@ fn man_page_renders_cleanly_and_covers_everything() {
     if skip(!have("man"), "man is missing (Debian: man-db, groff-base)") {
         return;
     }
-    let d = tempfile::tempdir().expect("tempdir");
-    let page = d.path().join("leasehold.1");
-    std::fs::write(&page, generated("man")).expect("write the page");
-    let out = Command::new("man")
-        .args(["--warnings", "-l"])
-        .arg(&page)
-        .env("MANWIDTH", "250")
-        .env("MANPAGER", "cat")
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run man");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "man -l failed: {err}");
-    assert!(err.trim().is_empty(), "groff warnings: {err}");
+    let text = rendered("man");
     let mut want: Vec<String> = ["leasehold run", "leasehold status", "leasehold break"]
         .iter()
         .map(|s| s.to_string())

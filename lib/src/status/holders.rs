@@ -109,32 +109,11 @@ pub(super) fn brk(
             by: by.clone(),
             clock: look.clock,
         };
-        let broken = one(&b, mode)?;
+        let broken = super::break_judged(&b, mode)?;
         match &mut out {
             None => out = Some(broken),
             Some(o) => o.more.push(broken),
         }
     }
     out.ok_or_else(|| refuse("nothing broken".into()))
-}
-
-/// One holder's break, as `break_lease` breaks LOCK's own lease.
-fn one(b: &Breaker<'_, FileStore>, mode: &BreakMode) -> Result<Broken> {
-    let was_live = matches!(b.v.state, State::Held | State::Hung);
-    let out = Broken {
-        verdict: b.v.clone(),
-        was_live,
-        stopped: 0,
-        written: LeaseState::Released,
-        frees: Frees::Now,
-        forged: None,
-        unchecked: None,
-        already_revoked: false,
-        more: Vec::new(),
-    };
-    if was_live {
-        b.live(mode, out)
-    } else {
-        b.stale(mode, out)
-    }
 }
