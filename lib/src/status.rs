@@ -48,6 +48,12 @@ pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
 
 /// [`status`] as seen by an injected identity and clock (for tests and tools).
 pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
+    if crate::store::is_etcd(path.as_ref()) {
+        #[cfg(feature = "etcd")]
+        return crate::store::etcd::look::status(path.as_ref(), me, clock);
+        #[cfg(not(feature = "etcd"))]
+        return Err(crate::store::no_etcd(path.as_ref()));
+    }
     let store = FileStore::looking(LockPaths::new(path)?);
     // Take the mutex if we can (so the observation file is written by one process at a time);
     // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
@@ -162,6 +168,12 @@ pub struct Broken {
 /// # Ok(()) }
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
+    if crate::store::is_etcd(path.as_ref()) {
+        #[cfg(feature = "etcd")]
+        return crate::store::etcd::look::break_lease(path.as_ref(), mode);
+        #[cfg(not(feature = "etcd"))]
+        return Err(crate::store::no_etcd(path.as_ref()));
+    }
     let store = FileStore::looking(LockPaths::new(path)?);
     let me = Identity::current();
     let clock = SystemClock;

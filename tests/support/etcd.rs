@@ -1,0 +1,195 @@
+//! A real etcd cluster for the etcd store's tests: [`Cluster`], three members on loopback
+//! ports (Debian's `etcd-server`), with `etcdctl` (`etcd-client`) to look at it and to take
+//! `etcdctl lock` on it. Started by [`Cluster::start`] (which skips — fails under CI — where
+//! the binaries are missing) and torn down on drop: every member is SIGCONTed, SIGKILLed and
+//! reaped, and its data directory removed.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::env::{have, skip};
+use super::proc::Proc;
+use super::wait::wait_until;
+
+/// One member: its process and client port.
+pub struct Member {
+    pub name: String,
+    pub client: u16,
+    pub proc: Option<Proc>,
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub members: Vec<Member>,
+}
+
+/// A free loopback port (bound, then released for the member to take).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Cluster {
+    /// A fresh three-member cluster, healthy; `None` (after saying why) where `etcd` or
+    /// `etcdctl` is missing outside CI.
+    #[track_caller]
+    pub fn start() -> Option<Cluster> {
+        if skip(
+            !have("etcd") || !have("etcdctl"),
+            "etcd/etcdctl missing (Debian: etcd-server, etcd-client)",
+        ) {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let token = format!("lh-{}-{}", std::process::id(), ports[0].0);
+        let mut members = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let name = format!("m{i}");
+            let mut cmd = Command::new("etcd");
+            cmd.args([
+                "--name",
+                &name,
+                "--data-dir",
+                dir.path().join(&name).to_str().unwrap(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{c}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{c}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{p}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{p}"),
+                "--initial-cluster",
+                &initial.join(","),
+                "--initial-cluster-token",
+                &token,
+                "--initial-cluster-state",
+                "new",
+                "--heartbeat-interval",
+                "50",
+                "--election-timeout",
+                "500",
+                "--logger",
+                "zap",
+                "--log-outputs",
+                dir.path().join(format!("{name}.log")).to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+            members.push(Member {
+                name,
+                client: *c,
+                proc: Some(Proc::spawn(cmd, "etcd member")),
+            });
+        }
+        let cluster = Cluster { dir, members };
+        let healthy = wait_until(Duration::from_secs(30), || {
+            cluster
+                .etcdctl()
+                .args(["endpoint", "health"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        assert!(healthy, "the etcd cluster did not become healthy within 30 s");
+        Some(cluster)
+    }
+
+    /// `127.0.0.1:C0,127.0.0.1:C1,127.0.0.1:C2`.
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The URL of lock `name` on this cluster.
+    pub fn url(&self, name: &str) -> String {
+        format!("etcd://{}/{name}", self.endpoints())
+    }
+
+    /// `etcdctl` on every member.
+    pub fn etcdctl(&self) -> Command {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints()))
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// The keys under `prefix`, in line order of the lock recipe (by create revision), as
+    /// `etcdctl get --prefix --sort-by=CREATE --keys-only` prints them.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let out = self
+            .etcdctl()
+            .args(["get", "--prefix", "--keys-only", "--sort-by=CREATE", prefix])
+            .output()
+            .expect("etcdctl get");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The index of the member that leads now.
+    pub fn leader(&self) -> usize {
+        let out = self
+            .etcdctl()
+            .args(["endpoint", "status", "-w", "json"])
+            .output()
+            .expect("etcdctl endpoint status");
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("endpoint status as JSON");
+        let arr = v.as_array().expect("an array of members");
+        arr.iter()
+            .position(|m| {
+                m["Status"]["header"]["member_id"] == m["Status"]["leader"]
+                    && m["Status"]["leader"].is_u64()
+            })
+            .expect("a leader")
+    }
+
+    /// Sends `sig` to every live member.
+    pub fn signal_all(&self, sig: Signal) {
+        for m in &self.members {
+            if let Some(p) = &m.proc {
+                let _ = kill(Pid::from_raw(p.pid()), sig);
+            }
+        }
+    }
+
+    /// SIGKILLs member `i` (reaped by its `Proc`'s drop).
+    pub fn kill_member(&mut self, i: usize) {
+        drop(self.members[i].proc.take());
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.signal_all(Signal::SIGCONT);
+        for m in &mut self.members {
+            drop(m.proc.take());
+        }
+    }
+}
