@@ -106,7 +106,10 @@ impl Cluster {
                 .status()
                 .is_ok_and(|s| s.success())
         });
-        assert!(healthy, "the etcd cluster did not become healthy within 30 s");
+        assert!(
+            healthy,
+            "the etcd cluster did not become healthy within 30 s"
+        );
         Some(cluster)
     }
 

@@ -49,7 +49,8 @@ impl EtcdHolding {
             id,
             key,
             rev,
-            timeout: every.clamp(Duration::from_millis(200), Duration::from_secs(2)),
+            // Short: a renewal stuck on a frozen cluster holds up the release after a fence.
+            timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             ka: Mutex::new(None),
             last_mod: Mutex::new(rev),
         }
@@ -178,7 +179,7 @@ impl Holding for EtcdHolding {
         drop(lock(&self.ka).take());
         // Revoking deletes our key: the contender watching it wakes at once. Short: a cluster
         // that does not answer lets the lease expire on its own.
-        let wait = r.wait.min(Duration::from_secs(1));
+        let wait = r.wait.min(Duration::from_millis(500));
         let mut c = self.conn.client();
         match self
             .conn
