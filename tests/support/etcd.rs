@@ -2,7 +2,9 @@
 //! ports (Debian's `etcd-server`), with `etcdctl` (`etcd-client`) to look at it and to take
 //! `etcdctl lock` on it. Started by [`Cluster::start`] (which skips — fails under CI — where
 //! the binaries are missing) and torn down on drop: every member is SIGCONTed, SIGKILLed and
-//! reaped, and its data directory removed.
+//! reaped, and its data directory removed. [`Cluster::start_tls`] makes one that serves
+//! clients over TLS only (a CA and a server certificate made with `openssl`), with
+//! authentication on: `root:rootpw`, and `lh:secret`, who may read and write only under `tls/`.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -26,6 +28,81 @@ pub struct Member {
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub members: Vec<Member>,
+    /// Clients over TLS, with users (see [`Cluster::start_tls`]).
+    pub tls: bool,
+}
+
+/// Runs `openssl ARGS` in `dir`, panicking on failure.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let st = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run openssl");
+    assert!(st.success(), "openssl {args:?} failed");
+}
+
+/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 (`server.pem`, `server.key`).
+fn make_certs(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut a = vec!["req", "-x509"];
+    a.extend(ec);
+    a.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=lh-test-ca",
+    ]);
+    openssl(dir, &a);
+    let mut a = vec!["req"];
+    a.extend(ec);
+    a.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    openssl(dir, &a);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
 }
 
 /// A free loopback port (bound, then released for the member to take).
@@ -41,13 +118,28 @@ impl Cluster {
     /// `etcdctl` is missing outside CI.
     #[track_caller]
     pub fn start() -> Option<Cluster> {
+        Cluster::start_with(false)
+    }
+
+    /// A fresh cluster serving clients over TLS only, with authentication on (see the module).
+    #[track_caller]
+    pub fn start_tls() -> Option<Cluster> {
+        Cluster::start_with(true)
+    }
+
+    #[track_caller]
+    fn start_with(tls: bool) -> Option<Cluster> {
         if skip(
-            !have("etcd") || !have("etcdctl"),
-            "etcd/etcdctl missing (Debian: etcd-server, etcd-client)",
+            !have("etcd") || !have("etcdctl") || (tls && !have("openssl")),
+            "etcd/etcdctl/openssl missing (Debian: etcd-server, etcd-client, openssl)",
         ) {
             return None;
         }
         let dir = tempfile::tempdir().expect("a temporary directory");
+        if tls {
+            make_certs(dir.path());
+        }
+        let scheme = if tls { "https" } else { "http" };
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports
             .iter()
@@ -65,9 +157,9 @@ impl Cluster {
                 "--data-dir",
                 dir.path().join(&name).to_str().unwrap(),
                 "--listen-client-urls",
-                &format!("http://127.0.0.1:{c}"),
+                &format!("{scheme}://127.0.0.1:{c}"),
                 "--advertise-client-urls",
-                &format!("http://127.0.0.1:{c}"),
+                &format!("{scheme}://127.0.0.1:{c}"),
                 "--listen-peer-urls",
                 &format!("http://127.0.0.1:{p}"),
                 "--initial-advertise-peer-urls",
@@ -90,16 +182,26 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+            if tls {
+                let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+                cmd.args([
+                    "--cert-file",
+                    &p("server.pem"),
+                    "--key-file",
+                    &p("server.key"),
+                ]);
+                cmd.args(["--trusted-ca-file", &p("ca.pem")]);
+            }
             members.push(Member {
                 name,
                 client: *c,
                 proc: Some(Proc::spawn(cmd, "etcd member")),
             });
         }
-        let cluster = Cluster { dir, members };
+        let cluster = Cluster { dir, members, tls };
         let healthy = wait_until(Duration::from_secs(30), || {
             cluster
-                .etcdctl()
+                .etcdctl_as(None)
                 .args(["endpoint", "health"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -111,6 +213,43 @@ impl Cluster {
             "the etcd cluster did not become healthy within 30 s"
         );
         Some(cluster)
+    }
+
+    /// Users `root:rootpw` and `lh:secret` (read-write under `tls/` only), then auth on.
+    fn enable_auth(&self) {
+        let steps: &[&[&str]] = &[
+            &["role", "add", "root"],
+            &["user", "add", "root:rootpw"],
+            &["user", "grant-role", "root", "root"],
+            &["role", "add", "lh"],
+            &[
+                "role",
+                "grant-permission",
+                "lh",
+                "--prefix=true",
+                "readwrite",
+                "tls/",
+            ],
+            &["user", "add", "lh:secret"],
+            &["user", "grant-role", "lh", "lh"],
+            &["auth", "enable"],
+        ];
+        for step in steps {
+            let mut c = self.etcdctl_as(None);
+            c.args(*step).stdout(Stdio::null());
+            let st = c.status().expect("etcdctl");
+            assert!(st.success(), "etcdctl {step:?} failed");
+        }
+    }
+
+    /// The client URLs, with their scheme.
+    pub fn client_urls(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        self.members
+            .iter()
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// `127.0.0.1:C0,127.0.0.1:C1,127.0.0.1:C2`.
@@ -127,12 +266,23 @@ impl Cluster {
         format!("etcd://{}/{name}", self.endpoints())
     }
 
-    /// `etcdctl` on every member.
+    /// `etcdctl` on every member (as root, on a TLS cluster).
     pub fn etcdctl(&self) -> Command {
+        self.etcdctl_as(self.tls.then_some("root:rootpw"))
+    }
+
+    /// `etcdctl` on every member, as `user` (`name:password`) if given.
+    pub fn etcdctl_as(&self, user: Option<&str>) -> Command {
         let mut c = Command::new("etcdctl");
         c.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoints()))
+            .arg(format!("--endpoints={}", self.client_urls()))
             .stdin(Stdio::null());
+        if self.tls {
+            c.arg(format!("--cacert={}", self.path().join("ca.pem").display()));
+        }
+        if let Some(u) = user {
+            c.arg(format!("--user={u}"));
+        }
         c
     }
 

@@ -85,3 +85,17 @@ impl Holding for AnyHolding {
         }
     }
 }
+
+#[cfg(all(test, not(feature = "etcd")))]
+mod tests {
+    #[test]
+    fn an_etcd_lock_without_the_etcd_feature_is_refused_saying_how_to_build_it() {
+        let url = "etcd://127.0.0.1:2379/job";
+        let e = crate::LeaseBuilder::new(url).try_acquire().unwrap_err();
+        assert!(e.to_string().contains("--features etcd"), "{e}");
+        let e = crate::status(url).unwrap_err();
+        assert!(e.to_string().contains("--features etcd"), "{e}");
+        // Nothing was made on the file system for it.
+        assert!(!std::path::Path::new("etcd:").exists());
+    }
+}
