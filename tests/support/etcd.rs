@@ -190,7 +190,7 @@ impl Cluster {
                     "--key-file",
                     &p("server.key"),
                 ]);
-                cmd.args(["--trusted-ca-file", &p("ca.pem")]);
+                // Server TLS only: a trusted CA file would demand client certificates.
             }
             members.push(Member {
                 name,
@@ -212,6 +212,9 @@ impl Cluster {
             healthy,
             "the etcd cluster did not become healthy within 30 s"
         );
+        if tls {
+            cluster.enable_auth();
+        }
         Some(cluster)
     }
 
@@ -239,6 +242,22 @@ impl Cluster {
             c.args(*step).stdout(Stdio::null());
             let st = c.status().expect("etcdctl");
             assert!(st.success(), "etcdctl {step:?} failed");
+        }
+        // Every member applies `auth enable` on its own time: wait until each authenticates.
+        for m in &self.members {
+            let on = wait_until(Duration::from_secs(10), || {
+                Command::new("etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints=https://127.0.0.1:{}", m.client))
+                    .arg(format!("--cacert={}", self.path().join("ca.pem").display()))
+                    .args(["--user=lh:secret", "get", "tls/probe"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+            assert!(on, "member {} did not enable authentication", m.name);
         }
     }
 
