@@ -139,7 +139,9 @@ fn etcd_leasehold_and_etcdctl_lock_exclude_each_other_both_ways() {
     let mut e = Proc::spawn(
         {
             let mut c = cl.etcdctl();
-            c.args(["lock", "interop", "--", "timeout", "60", "sh", "-c", &script]);
+            c.args([
+                "lock", "interop", "--", "timeout", "60", "sh", "-c", &script,
+            ]);
             c
         },
         "etcdctl lock",

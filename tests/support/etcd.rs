@@ -113,6 +113,61 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// The command line of member `name` (client port, peer port) of a new cluster.
+fn member_cmd(
+    dir: &std::path::Path,
+    name: &str,
+    (c, p): (u16, u16),
+    initial: &str,
+    token: &str,
+    tls: bool,
+) -> Command {
+    let scheme = if tls { "https" } else { "http" };
+    let mut cmd = Command::new("etcd");
+    cmd.args([
+        "--name",
+        name,
+        "--data-dir",
+        dir.join(name).to_str().unwrap(),
+        "--listen-client-urls",
+        &format!("{scheme}://127.0.0.1:{c}"),
+        "--advertise-client-urls",
+        &format!("{scheme}://127.0.0.1:{c}"),
+        "--listen-peer-urls",
+        &format!("http://127.0.0.1:{p}"),
+        "--initial-advertise-peer-urls",
+        &format!("http://127.0.0.1:{p}"),
+        "--initial-cluster",
+        initial,
+        "--initial-cluster-token",
+        token,
+        "--initial-cluster-state",
+        "new",
+        "--heartbeat-interval",
+        "50",
+        "--election-timeout",
+        "500",
+        "--logger",
+        "zap",
+        "--log-outputs",
+        dir.join(format!("{name}.log")).to_str().unwrap(),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    if tls {
+        let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+        cmd.args([
+            "--cert-file",
+            &p("server.pem"),
+            "--key-file",
+            &p("server.key"),
+        ]);
+        // Server TLS only: a trusted CA file would demand client certificates.
+    }
+    cmd
+}
+
 impl Cluster {
     /// A fresh three-member cluster, healthy; `None` (after saying why) where `etcd` or
     /// `etcdctl` is missing outside CI.
@@ -139,7 +194,6 @@ impl Cluster {
         if tls {
             make_certs(dir.path());
         }
-        let scheme = if tls { "https" } else { "http" };
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports
             .iter()
@@ -150,48 +204,7 @@ impl Cluster {
         let mut members = Vec::new();
         for (i, (c, p)) in ports.iter().enumerate() {
             let name = format!("m{i}");
-            let mut cmd = Command::new("etcd");
-            cmd.args([
-                "--name",
-                &name,
-                "--data-dir",
-                dir.path().join(&name).to_str().unwrap(),
-                "--listen-client-urls",
-                &format!("{scheme}://127.0.0.1:{c}"),
-                "--advertise-client-urls",
-                &format!("{scheme}://127.0.0.1:{c}"),
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{p}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{p}"),
-                "--initial-cluster",
-                &initial.join(","),
-                "--initial-cluster-token",
-                &token,
-                "--initial-cluster-state",
-                "new",
-                "--heartbeat-interval",
-                "50",
-                "--election-timeout",
-                "500",
-                "--logger",
-                "zap",
-                "--log-outputs",
-                dir.path().join(format!("{name}.log")).to_str().unwrap(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-            if tls {
-                let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
-                cmd.args([
-                    "--cert-file",
-                    &p("server.pem"),
-                    "--key-file",
-                    &p("server.key"),
-                ]);
-                // Server TLS only: a trusted CA file would demand client certificates.
-            }
+            let cmd = member_cmd(dir.path(), &name, (*c, *p), &initial.join(","), &token, tls);
             members.push(Member {
                 name,
                 client: *c,

@@ -198,28 +198,7 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     let (Some(kv), Some(lease)) = (kvs.first(), v.lease.clone()) else {
         return Err(refuse(format!("nothing to break: {v}")));
     };
-    match &mode {
-        BreakMode::Stale if v.state != State::Stale => {
-            return Err(refuse(format!(
-                "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
-                lease.lease_id
-            )));
-        }
-        BreakMode::LeaseId(id) if u128::from_str_radix(id, 16).ok() != Some(kv.lease() as u128) => {
-            return Err(refuse(format!(
-                "the lease id is {}, not {id}: the lease changed hands; nothing broken",
-                lease.lease_id
-            )));
-        }
-        _ => {}
-    }
-    if lease.holder.pid == 0 {
-        return Err(refuse(format!(
-            "{v}: an etcdctl lock holder cannot be fenced, so leasehold will not free its lock; \
-             once its command has stopped, `etcdctl lease revoke {:x}` frees it",
-            kv.lease()
-        )));
-    }
+    permitted(&v, &lease, kv, &mode).map_err(refuse)?;
     let ttl = Duration::from_millis(lease.ttl_ms);
     let mut out = Broken {
         verdict: v.clone(),
@@ -255,6 +234,58 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     if out.already_revoked {
         return Ok(out);
     }
+    mark_revoked(&conn, kv, lease, &v, &mode, &me, &clock).map_err(|e| match e {
+        Some(e) => e,
+        None => refuse(format!(
+            "the lease changed while breaking it ({v}); nothing broken, look again"
+        )),
+    })?;
+    Ok(out)
+}
+
+/// Whether `mode` lets the operator break the owner `kv` judged `v`: why not, if it does not.
+fn permitted(
+    v: &Verdict,
+    lease: &Lease,
+    kv: &KeyValue,
+    mode: &BreakMode,
+) -> std::result::Result<(), String> {
+    match mode {
+        BreakMode::Stale if v.state != State::Stale => {
+            return Err(format!(
+                "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
+                lease.lease_id
+            ));
+        }
+        BreakMode::LeaseId(id) if u128::from_str_radix(id, 16).ok() != Some(kv.lease() as u128) => {
+            return Err(format!(
+                "the lease id is {}, not {id}: the lease changed hands; nothing broken",
+                lease.lease_id
+            ));
+        }
+        _ => {}
+    }
+    if lease.holder.pid == 0 {
+        return Err(format!(
+            "{v}: an etcdctl lock holder cannot be fenced, so leasehold will not free its lock; \
+             once its command has stopped, `etcdctl lease revoke {:x}` frees it",
+            kv.lease()
+        ));
+    }
+    Ok(())
+}
+
+/// Replaces the owner's record in place by the same record marked revoked, keeping its key,
+/// create revision and lease (`Err(None)`: the record changed since it was judged).
+fn mark_revoked(
+    conn: &Conn,
+    kv: &KeyValue,
+    lease: Lease,
+    v: &Verdict,
+    mode: &BreakMode,
+    me: &Identity,
+    clock: &dyn Clock,
+) -> std::result::Result<(), Option<Error>> {
     let how = match mode {
         BreakMode::LeaseId(_) => "revoked by lease id",
         _ => "revoked by force",
@@ -285,11 +316,12 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
             rec.to_bytes(),
             Some(PutOptions::new().with_ignore_lease()),
         )]);
-    let r = conn.run("mark the lease revoked", c.txn(txn))?;
+    let mut c = conn.client();
+    let r = conn
+        .run("mark the lease revoked", c.txn(txn))
+        .map_err(Some)?;
     if !r.succeeded() {
-        return Err(refuse(format!(
-            "the lease changed while breaking it ({v}); nothing broken, look again"
-        )));
+        return Err(None);
     }
-    Ok(out)
+    Ok(())
 }
