@@ -73,10 +73,15 @@ pub(crate) fn acquire(
     loop {
         let mut c = join(s, &conn, &me, &timing)?;
         loop {
-            let (ahead, owner, n, at) = match look(&conn, &c)? {
-                Look::First => return hold(s, conn, c, timing, &me),
-                Look::Gone => break,
-                Look::Behind(a, o, n, at) => (a, o, n, at),
+            let (ahead, owner, n, at) = match look(&conn, &c) {
+                Ok(Look::First) => return hold(s, conn, c, timing, &me),
+                Ok(Look::Gone) => break,
+                Ok(Look::Behind(a, o, n, at)) => (a, o, n, at),
+                Err(e) => {
+                    // Never leave our key holding up the line behind us.
+                    give_up(&conn, &c);
+                    return Err(e);
+                }
             };
             let mut v = verdict(&conn.lock, owner.as_deref(), &me, s.clock.as_ref());
             v.queue_ahead = n;
