@@ -160,6 +160,9 @@ impl Acquirer {
 
     /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
     pub fn try_acquire(&mut self) -> Result<LeaseGuard> {
+        if crate::store::is_etcd(&self.settings.path) {
+            return etcd(&self.settings, None, true);
+        }
         let store = self.store()?;
         let ctx = ctx(&self.settings, store)?;
         let deadline = Instant::now() + ctx.timing.one_shot_mutex_wait();
@@ -183,6 +186,9 @@ impl Acquirer {
     }
 
     pub(crate) fn acquire_until(&mut self, deadline: Option<Instant>) -> Result<LeaseGuard> {
+        if crate::store::is_etcd(&self.settings.path) {
+            return etcd(&self.settings, deadline, false);
+        }
         let store = self.store()?;
         let ctx = ctx(&self.settings, store)?;
         blocking(&ctx, &mut self.kept, deadline).and_then(LeaseGuard::start)
@@ -224,6 +230,17 @@ impl Acquirer {
         }
         refuse_unshareable(paths)?;
         Ok(store)
+    }
+}
+
+/// An etcd lock (`etcd://...`): its own acquisition (`store/etcd/acquire.rs`).
+fn etcd(s: &LeaseBuilder, deadline: Option<Instant>, one_shot: bool) -> Result<LeaseGuard> {
+    #[cfg(feature = "etcd")]
+    return crate::store::etcd::acquire::acquire(s, deadline, one_shot);
+    #[cfg(not(feature = "etcd"))]
+    {
+        let _ = (deadline, one_shot);
+        Err(crate::store::no_etcd(&s.path))
     }
 }
 

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::keeper::{self, Kept};
 use crate::loss::{LossReason, LostCallback};
 use crate::record::{Lease, LeaseState};
-use crate::store::file::FileHolding;
+use crate::store::any::AnyHolding;
 use crate::store::{Holding, Ours, Release, Renewal};
 use crate::timing::Timing;
 use crate::verdict::Verdict;
@@ -93,7 +93,7 @@ fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
 /// # Ok(()) }
 /// ```
 pub struct LeaseGuard {
-    inner: Arc<Inner<FileHolding>>,
+    inner: Arc<Inner<AnyHolding>>,
     broke: Option<Verdict>,
     done: bool,
 }
@@ -110,7 +110,7 @@ impl fmt::Debug for LeaseGuard {
 }
 
 impl LeaseGuard {
-    pub(crate) fn start(s: Start<FileHolding>) -> Result<LeaseGuard> {
+    pub(crate) fn start(s: Start<impl Into<AnyHolding>>) -> Result<LeaseGuard> {
         let Start {
             path,
             timing,
@@ -139,7 +139,7 @@ impl LeaseGuard {
             lost: AtomicBool::new(false),
             loss: Mutex::new(None),
             on_lost,
-            holding,
+            holding: holding.into(),
         });
         let renew_at = lock(&inner.control).next_renew;
         keeper::keep(Arc::clone(&inner) as Arc<dyn Kept>, renew_at)

@@ -112,6 +112,14 @@ impl Holder {
     /// user and host escaped ([`crate::text::escape`]) and the command shell-quoted
     /// ([`crate::text::quote_argv`]: `sh -c 'a; b'`), cut to 60 characters.
     pub fn describe(&self) -> String {
+        // A stand-in for a holder that wrote no record (an `etcdctl lock` holder): its note
+        // says what it is.
+        if self.pid == 0
+            && self.host.is_empty()
+            && let Some(n) = &self.note
+        {
+            return crate::text::escape(n).into_owned();
+        }
         let mut s = format!(
             "{}@{} pid {}",
             crate::text::escape(&self.user),

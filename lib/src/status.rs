@@ -26,6 +26,9 @@ use crate::takeover;
 use crate::verdict::{State, Verdict};
 
 mod holders;
+pub(crate) mod outcome;
+
+pub use outcome::{BreakMode, Broken, Frees};
 
 /// How long `status` and `break` wait for the mutex before reading without it.
 const LOOK_WAIT: Duration = Duration::from_secs(2);
@@ -50,6 +53,12 @@ pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
 
 /// [`status`] as seen by an injected identity and clock (for tests and tools).
 pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
+    if crate::store::is_etcd(path.as_ref()) {
+        #[cfg(feature = "etcd")]
+        return crate::store::etcd::look::status(path.as_ref(), me, clock);
+        #[cfg(not(feature = "etcd"))]
+        return Err(crate::store::no_etcd(path.as_ref()));
+    }
     let paths = LockPaths::new(path)?;
     // A LOCK that does not exist is said to be so, and looking creates nothing beside it (no
     // mutex, no observation file): there is no lease to observe.
@@ -97,65 +106,6 @@ fn enter<S: Store>(store: &S) -> Result<S::Section> {
     )
 }
 
-/// What `break` may break.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BreakMode {
-    /// Only a stale lease; a live (held or hung) one is refused with the reason.
-    Stale,
-    /// Exactly the lease with this id, live or not: naming the id is the operator's confirmation.
-    LeaseId(String),
-    /// Whatever lease is there.
-    Force,
-}
-
-/// When a broken lock becomes free for others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Frees {
-    /// At once: a released record was written.
-    Now,
-    /// Revoked, its holder on this host: free once none of its processes lives and no verified
-    /// process is left in its group (it fences its command at its next renewal and exits). A
-    /// holder still alive a TTL after the break is judged hung and stopped (verified).
-    WhenGone {
-        /// The holder's TTL.
-        ttl: Duration,
-    },
-    /// Revoked, its holder on another host: free once each contender's host has seen the
-    /// revoked record unchanged for the holder's TTL, on its own clock.
-    AfterTtl {
-        /// The holder's TTL.
-        ttl: Duration,
-    },
-}
-
-/// The outcome of a break.
-#[derive(Debug, Clone)]
-pub struct Broken {
-    /// The lease as it was judged just before breaking.
-    pub verdict: Verdict,
-    /// True when its holder was judged live: it will fence its command at its next renewal.
-    pub was_live: bool,
-    /// Processes of the old job that were stopped (verified against /proc) before breaking.
-    pub stopped: usize,
-    /// What LOCK says now: `Released` (free at once) or `Revoked` (see [`Broken::frees`]).
-    pub written: LeaseState,
-    /// When the lock becomes free for others.
-    pub frees: Frees,
-    /// Set when the lease's live processes were verifiably not holders of this lock (a forged
-    /// or copied lease): what was found. It was replaced without signalling anything.
-    pub forged: Option<String>,
-    /// Processes of the old job that could not be checked, so were neither signalled nor
-    /// judged gone (why the lease was revoked rather than stopped, or what a forced break of a
-    /// stale lease left running).
-    pub unchecked: Option<String>,
-    /// The lease was already revoked: nothing was written (writing it again would restart
-    /// every other host's TTL).
-    pub already_revoked: bool,
-    /// On a shared or counted lock, the other holders broken by the same call (a stale-only
-    /// break breaks every stale holder; a forced one every holder).
-    pub more: Vec<Broken>,
-}
-
 /// Breaks the lease at `path`.
 ///
 /// - A stale lease is replaced by a released record at once (token kept, who broke it and why
@@ -188,6 +138,12 @@ pub struct Broken {
 /// # Ok(()) }
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
+    if crate::store::is_etcd(path.as_ref()) {
+        #[cfg(feature = "etcd")]
+        return crate::store::etcd::look::break_lease(path.as_ref(), mode);
+        #[cfg(not(feature = "etcd"))]
+        return Err(crate::store::no_etcd(path.as_ref()));
+    }
     let store = FileStore::looking(LockPaths::new(path)?);
     let me = Identity::current();
     let clock = SystemClock;

@@ -446,6 +446,10 @@ fn field(s: &mut String, name: &str, value: &str) {
 /// `user@host pid N` of a lease's holder, escaped.
 fn holder_text(l: &Lease) -> String {
     let h = &l.holder;
+    if h.pid == 0 {
+        // A stand-in for a holder without a record (an etcdctl lock holder): it says what it is.
+        return h.describe();
+    }
     if let (true, Some(c)) = (h.on_behalf, h.child_pid) {
         let (user, host) = (escape(&h.user), escape(&h.host));
         return format!("{user}@{host} script pid {c} (keeper pid {})", h.pid);
@@ -502,6 +506,10 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
     }
     field(s, "token", &l.token.to_string());
     field(s, "lease id", &escape(&l.lease_id));
+    if h.pid == 0 {
+        field(s, "reason", &v.reason);
+        return;
+    }
     let held = v
         .held_for()
         .map(|d| format!(" (held {})", human_duration(d)))
@@ -532,6 +540,10 @@ fn queue_fields(s: &mut String, v: &Verdict) {
     }
     field(s, "waiting", &v.queue.len().to_string());
     for w in &v.queue {
+        if w.pid == 0 {
+            let _ = writeln!(s, "    {}", escape(&w.user));
+            continue;
+        }
         let _ = writeln!(
             s,
             "    {}@{} pid {} since {} ({})",

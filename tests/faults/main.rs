@@ -6,6 +6,8 @@ mod support;
 
 mod break_safety;
 mod disk;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod freeze;
 mod fuzz_smoke;
 mod hosts;

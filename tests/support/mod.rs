@@ -7,6 +7,7 @@
 //! - [`cs`]: [`Cs`], the one O_EXCL critical-section checker, for shell jobs, commands under
 //!   `leasehold run` and library holders alike;
 //! - [`procfs`]: process state from /proc, independent of the library under test;
+//! - [`etcd`]: a real three-member etcd cluster on loopback ports, for the etcd store;
 //! - [`env`]: root, tools, and skip-or-fail (`CI` set: a missing prerequisite fails);
 //! - [`library`], [`cli`], [`faults`]: helpers for library holders, the command line and fault
 //!   injection.
@@ -17,6 +18,7 @@
 pub mod cli;
 pub mod cs;
 pub mod env;
+pub mod etcd;
 pub mod faults;
 pub mod library;
 pub mod proc;

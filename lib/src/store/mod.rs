@@ -10,6 +10,7 @@
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
 
+use std::path::Path;
 use std::time::Instant;
 
 use crate::boottime::BootInstant;
@@ -20,11 +21,29 @@ use crate::loss::LossReason;
 use crate::record::Lease;
 use crate::verdict::Verdict;
 
+pub(crate) mod any;
 pub(crate) mod binding;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod file;
 pub(crate) mod resolved;
 
 pub(crate) use binding::Binding;
+
+/// Whether LOCK names an etcd lock (`etcd://...`) rather than a file.
+pub(crate) fn is_etcd(lock: &Path) -> bool {
+    lock.as_os_str().as_encoded_bytes().starts_with(b"etcd://")
+}
+
+/// Why an etcd lock cannot be used by a build without the `etcd` feature.
+#[cfg(not(feature = "etcd"))]
+pub(crate) fn no_etcd(lock: &Path) -> crate::error::Error {
+    crate::error::Error::Settings(format!(
+        "{}: this leasehold was built without etcd support; install it with \
+         `cargo install leasehold --features etcd`",
+        lock.display()
+    ))
+}
 
 /// What a store does about a contender that has sat in the exclusive section for longer than a
 /// TTL (the file store: a process holding the mutex's flock).

@@ -1,0 +1,101 @@
+//! A held lease's link to whichever store holds it: what [`crate::LeaseGuard`] keeps.
+//!
+//! Owns: dispatching the [`Holding`] calls to the file store's or (with the `etcd` feature)
+//! the etcd store's holding, so that one public guard type serves both.
+//! Must never: hold behaviour of its own.
+
+use std::time::{Duration, Instant};
+
+use super::file::FileHolding;
+use super::{Holding, Ours, Release, Renewal};
+use crate::error::Result;
+use crate::record::Lease;
+
+/// A held lease in some store.
+pub(crate) enum AnyHolding {
+    File(FileHolding),
+    #[cfg(feature = "etcd")]
+    Etcd(super::etcd::holding::EtcdHolding),
+}
+
+/// A held section in some store.
+pub(crate) enum AnySection {
+    File(<FileHolding as Holding>::Section),
+    #[cfg(feature = "etcd")]
+    Etcd,
+}
+
+impl From<FileHolding> for AnyHolding {
+    fn from(h: FileHolding) -> Self {
+        AnyHolding::File(h)
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl From<super::etcd::holding::EtcdHolding> for AnyHolding {
+    fn from(h: super::etcd::holding::EtcdHolding) -> Self {
+        AnyHolding::Etcd(h)
+    }
+}
+
+impl Holding for AnyHolding {
+    type Section = AnySection;
+
+    fn still_ours(&self, lease_id: &str) -> Result<Ours> {
+        match self {
+            AnyHolding::File(h) => h.still_ours(lease_id),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.still_ours(lease_id),
+        }
+    }
+
+    fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
+        match self {
+            AnyHolding::File(h) => h.renew(lease_id, bytes),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.renew(lease_id, bytes),
+        }
+    }
+
+    fn enter(&self, deadline: Instant, stuck_after: Duration) -> Result<AnySection> {
+        match self {
+            AnyHolding::File(h) => h.enter(deadline, stuck_after).map(AnySection::File),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.enter(deadline, stuck_after).map(|()| AnySection::Etcd),
+        }
+    }
+
+    fn rewrite(&self, section: &AnySection, mine: &Lease, bytes: &[u8]) -> Result<()> {
+        match (self, section) {
+            (AnyHolding::File(h), AnySection::File(s)) => h.rewrite(s, mine, bytes),
+            #[cfg(feature = "etcd")]
+            (AnyHolding::Etcd(h), AnySection::Etcd) => h.rewrite(&(), mine, bytes),
+            #[cfg(feature = "etcd")]
+            _ => Err(crate::error::Error::Settings(
+                "internal: a section of another store".into(),
+            )),
+        }
+    }
+
+    fn release(&self, release: Release<'_>) -> Result<()> {
+        match self {
+            AnyHolding::File(h) => h.release(release),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.release(release),
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "etcd")))]
+mod tests {
+    #[test]
+    fn an_etcd_lock_without_the_etcd_feature_is_refused_saying_how_to_build_it() {
+        let url = "etcd://127.0.0.1:2379/job";
+        let e = crate::LeaseBuilder::new(url).try_acquire().unwrap_err();
+        assert!(e.to_string().contains("--features etcd"), "{e}");
+        let e = crate::status(url).unwrap_err();
+        assert!(e.to_string().contains("--features etcd"), "{e}");
+        // Nothing was made on the file system for it.
+        assert!(!std::path::Path::new("etcd:").exists());
+    }
+}

@@ -1,0 +1,318 @@
+//! Taking a lease on etcd: etcd's own lock recipe, with leasehold's record as the key's value.
+//!
+//! Owns: one acquisition — grant an etcd lease (TTL rounded up to whole seconds), put our key
+//! `NAME/<lease id in hex>` with it (our holder record as its value), and wait until no key
+//! under `NAME/` has a lower create revision: watching only the key just before ours (so the
+//! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
+//! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
+//! which deletes their key. The guard starts from the start of the last keepalive answered
+//! before we became first (the server counts our TTL from later).
+//! Must never: start a guard on a key that is not first; start it on a lease whose last
+//! keepalive was not answered with a live TTL; leave a key behind when giving up (it would
+//! hold up everyone behind it until its TTL).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::WatchOptions;
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions};
+use etcd_client::{SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType};
+
+use super::holding::EtcdHolding;
+use super::look::{first, verdict};
+use super::{Conn, EtcdLock};
+use crate::boottime::BootInstant;
+use crate::builder::LeaseBuilder;
+use crate::clock::format_rfc3339;
+use crate::error::{Error, Result};
+use crate::guard::{LeaseGuard, Start};
+use crate::identity::Identity;
+use crate::timing::Timing;
+use crate::verdict::Verdict;
+
+/// What one contender is while it waits: its lease, key and place.
+struct Contender {
+    id: i64,
+    key: String,
+    /// Our key's create revision: our place in line, and our token once first.
+    rev: i64,
+    /// When the last keepalive answered with a live TTL was sent.
+    /// When the last answered keepalive was sent (CLOCK_BOOTTIME, as every renew deadline).
+    last_ok: BootInstant,
+}
+
+/// How a look at the line came out.
+enum Look {
+    /// Nobody is ahead of us.
+    First,
+    /// Our key is gone (deleted by hand, or our lease expired while we could not renew it).
+    Gone,
+    /// The key just ahead of us, the owner, how many wait ahead, and the revision read at.
+    Behind(Box<KeyValue>, Option<Box<KeyValue>>, usize, i64),
+}
+
+/// How a wait ended.
+enum Woken {
+    /// The key ahead of us was deleted (or the watch broke: look again).
+    Look,
+    Deadline,
+    /// Our own lease is gone.
+    LeaseLost,
+}
+
+/// Takes the lease on the etcd lock the builder names: at once or not at all (`one_shot`), or
+/// waiting until `deadline` (for ever with `None`).
+pub(crate) fn acquire(
+    s: &LeaseBuilder,
+    deadline: Option<Instant>,
+    one_shot: bool,
+) -> Result<LeaseGuard> {
+    let timing = s.timing()?;
+    if s.want != crate::slots::Want::Exclusive {
+        // etcd's lock recipe has one owner; shared leases and slots are the file store's so far.
+        return Err(Error::Settings(format!(
+            "{}: --shared and --slots are not supported on etcd locks yet",
+            s.path.display()
+        )));
+    }
+    let me = s.identity.clone().unwrap_or_else(Identity::current);
+    let conn = Arc::new(Conn::connect(EtcdLock::parse(&s.path)?)?);
+    let started = Instant::now();
+    let mut reported: Option<i64> = None;
+    loop {
+        let mut c = join(s, &conn, &me, &timing)?;
+        loop {
+            let (ahead, owner, n, at) = match look(&conn, &c) {
+                Ok(Look::First) => return hold(s, conn, c, timing, &me),
+                Ok(Look::Gone) => break,
+                Ok(Look::Behind(a, o, n, at)) => (a, o, n, at),
+                Err(e) => {
+                    // Never leave our key holding up the line behind us.
+                    give_up(&conn, &c);
+                    return Err(e);
+                }
+            };
+            let mut v = verdict(&conn.lock, owner.as_deref(), &me, s.clock.as_ref());
+            v.queue_ahead = n;
+            if n > 0 {
+                v.behind = Some(format!("{n} contender(s) queued ahead"));
+            }
+            if one_shot {
+                give_up(&conn, &c);
+                return Err(Error::WouldBlock {
+                    path: conn.lock.url.clone(),
+                    verdict: Box::new(v),
+                });
+            }
+            let rev = owner.as_ref().map_or(0, |o| o.create_revision());
+            if reported != Some(rev)
+                && let Some(cb) = &s.on_wait
+            {
+                (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
+                reported = Some(rev);
+            }
+            match wait(&conn, &mut c, ahead.key(), at, timing.heartbeat, deadline) {
+                Woken::Look => {}
+                Woken::LeaseLost => break,
+                Woken::Deadline => {
+                    give_up(&conn, &c);
+                    return Err(timeout(&conn, started, v));
+                }
+            }
+        }
+        // Our place is gone: join the line again, at its end.
+        give_up(&conn, &c);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let v = verdict(&conn.lock, None, &me, s.clock.as_ref());
+            return Err(timeout(&conn, started, v));
+        }
+    }
+}
+
+fn timeout(conn: &Conn, started: Instant, v: Verdict) -> Error {
+    Error::Timeout {
+        path: conn.lock.url.clone(),
+        waited: started.elapsed(),
+        verdict: Box::new(v),
+    }
+}
+
+/// Grants our etcd lease and puts our key, with our record, in line.
+fn join(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result<Contender> {
+    let mut cl = conn.client();
+    let secs = timing.ttl.as_secs_f64().ceil().max(1.0) as i64;
+    let sent = BootInstant::now();
+    let g = conn.run("grant a lease", cl.lease_grant(secs, None))?;
+    let id = g.id();
+    let key = conn.lock.key(id);
+    let now = format_rfc3339(s.clock.wall());
+    let mut lease = s.new_lease(me, timing, &now);
+    lease.lease_id = format!("{id:032x}");
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.clone(),
+            lease.to_bytes(),
+            Some(PutOptions::new().with_lease(id)),
+        )])
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let r = conn.run("put our key", cl.txn(txn))?;
+    let rev = if r.succeeded() {
+        r.header().map_or(0, |h| h.revision())
+    } else {
+        got(&r.op_responses(), 0).map_or(0, |kv| kv.create_revision())
+    };
+    Ok(Contender {
+        id,
+        key,
+        rev,
+        last_ok: sent,
+    })
+}
+
+/// The first key of the `i`th get in a transaction's answers.
+fn got(ops: &[TxnOpResponse], i: usize) -> Option<KeyValue> {
+    match ops.get(i) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+/// Where we stand: one read of our key, the key just ahead, the owner and the count ahead.
+fn look(conn: &Conn, c: &Contender) -> Result<Look> {
+    let prefix = conn.lock.prefix();
+    let before = GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(c.rev - 1);
+    let txn = Txn::new().and_then([
+        TxnOp::get(c.key.clone(), None),
+        TxnOp::get(
+            prefix.clone(),
+            Some(
+                before
+                    .clone()
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1),
+            ),
+        ),
+        TxnOp::get(prefix.clone(), Some(first())),
+        // Keys only, counted here: etcd's count ignores the create-revision filter.
+        TxnOp::get(prefix, Some(before.with_keys_only())),
+    ]);
+    let mut cl = conn.client();
+    let r = conn.run("look at the line", cl.txn(txn))?;
+    let at = r.header().map_or(0, |h| h.revision());
+    let ops = r.op_responses();
+    if got(&ops, 0).is_none_or(|kv| kv.create_revision() != c.rev) {
+        return Ok(Look::Gone);
+    }
+    let Some(ahead) = got(&ops, 1) else {
+        return Ok(Look::First);
+    };
+    let count = match ops.get(3) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().len().max(1) - 1,
+        _ => 0,
+    };
+    let owner = got(&ops, 2).map(Box::new);
+    Ok(Look::Behind(Box::new(ahead), owner, count, at))
+}
+
+/// Waits for `ahead` to be deleted after revision `at`, keeping our lease alive every `every`,
+/// until `deadline`.
+fn wait(
+    conn: &Conn,
+    c: &mut Contender,
+    ahead: &[u8],
+    at: i64,
+    every: Duration,
+    deadline: Option<Instant>,
+) -> Woken {
+    let client = conn.client();
+    let ahead = ahead.to_vec();
+    let id = c.id;
+    let last_ok = &mut c.last_ok;
+    conn.block_on(async move {
+        let mut wc = client.watch_client();
+        let opts = WatchOptions::new()
+            .with_start_revision(at + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let until = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(until);
+        let Ok(Ok(mut ws)) = tokio::time::timeout(every, wc.watch(ahead, Some(opts))).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return Woken::Look;
+        };
+        let mut lc = client.lease_client();
+        let Ok(Ok((mut keeper, mut kas))) = tokio::time::timeout(every, lc.keep_alive(id)).await
+        else {
+            return Woken::Look;
+        };
+        let mut tick = tokio::time::interval_at((Instant::now() + every).into(), every);
+        loop {
+            tokio::select! {
+                m = ws.message() => match m {
+                    Ok(Some(r)) if r.canceled() => return Woken::Look,
+                    Ok(Some(r)) => {
+                        if r.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                            return Woken::Look;
+                        }
+                    }
+                    _ => return Woken::Look,
+                },
+                _ = tick.tick() => {
+                    let sent = BootInstant::now();
+                    let renewed = async {
+                        keeper.keep_alive().await?;
+                        kas.message().await
+                    };
+                    match tokio::time::timeout(every, renewed).await {
+                        Ok(Ok(Some(r))) if r.ttl() > 0 => *last_ok = sent,
+                        Ok(Ok(Some(_))) => return Woken::LeaseLost,
+                        _ => return Woken::Look,
+                    }
+                }
+                _ = &mut until => return Woken::Deadline,
+            }
+        }
+    })
+}
+
+/// Gives up our place: revokes our lease, which deletes our key (best effort: otherwise it
+/// expires with its TTL).
+fn give_up(conn: &Conn, c: &Contender) {
+    let mut cl = conn.client();
+    let _ = conn.run("revoke our lease", cl.lease_revoke(c.id));
+}
+
+/// First in line: the lease is ours. The guard counts from the last keepalive answered.
+fn hold(
+    s: &LeaseBuilder,
+    conn: Arc<Conn>,
+    c: Contender,
+    timing: Timing,
+    me: &Identity,
+) -> Result<LeaseGuard> {
+    let now = format_rfc3339(s.clock.wall());
+    let mut lease = s.new_lease(me, &timing, &now);
+    lease.lease_id = format!("{:032x}", c.id);
+    lease.token = c.rev.max(0) as u64;
+    let bytes = lease.to_bytes();
+    let path = conn.lock.url.clone();
+    let holding = EtcdHolding::new(conn, c.id, c.key, c.rev, timing.heartbeat);
+    LeaseGuard::start(Start {
+        path,
+        timing,
+        clock: Arc::clone(&s.clock),
+        lease,
+        bytes,
+        started: c.last_ok,
+        on_lost: s.on_lost.clone(),
+        broke: None,
+        holding,
+    })
+}

@@ -1,0 +1,193 @@
+//! A lease held on etcd: what the guard renews, checks and releases through.
+//!
+//! Owns: the renewal (one keepalive of our etcd lease, answered with a TTL above zero, then a
+//! read of our key: still there, still ours by its create revision, not marked revoked), the
+//! record's rewrite (only over the record we last wrote, compared by mod revision) and the
+//! release (revoking our etcd lease, which deletes our key and wakes the contender behind us).
+//! Must never: count a keepalive that was not answered with a live TTL; write over a record
+//! we did not write last (a breaker's revoked mark); release before the guard has stopped
+//! renewing.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, KeyValue, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{PutOptions, Txn, TxnOp};
+
+use super::Conn;
+use super::look::record;
+use crate::error::{Error, Result};
+use crate::loss::LossReason;
+use crate::record::{Lease, LeaseState};
+use crate::store::{Holding, Ours, Release, Renewal};
+
+/// Our etcd lease and key, while held.
+pub(crate) struct EtcdHolding {
+    conn: Arc<Conn>,
+    /// Our etcd lease.
+    id: i64,
+    /// Our key, `NAME/<id in hex>`.
+    key: String,
+    /// Its create revision: our token.
+    rev: i64,
+    /// How long one renewal may take before it is retried.
+    timeout: Duration,
+    /// The keepalive stream, opened at the first renewal and again after an error.
+    ka: Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
+    /// The mod revision of the record we last wrote.
+    last_mod: Mutex<i64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl EtcdHolding {
+    pub(crate) fn new(conn: Arc<Conn>, id: i64, key: String, rev: i64, every: Duration) -> Self {
+        EtcdHolding {
+            conn,
+            id,
+            key,
+            rev,
+            // Short: a renewal stuck on a frozen cluster holds up the release after a fence.
+            timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            ka: Mutex::new(None),
+            last_mod: Mutex::new(rev),
+        }
+    }
+
+    /// Our key as the store holds it now.
+    fn read(&self, timeout: Duration) -> Result<Option<KeyValue>> {
+        let mut c = self.conn.client();
+        let mut r = self
+            .conn
+            .call("read our key", timeout, c.get(self.key.clone(), None))?;
+        Ok(r.take_kvs().into_iter().next())
+    }
+
+    /// Whether `kv` (our key as read) is still our lease, held.
+    fn ours(&self, kv: Option<&KeyValue>) -> Ours {
+        let Some(kv) = kv else {
+            return Ours::Missing;
+        };
+        let (l, _) = record(kv);
+        if kv.create_revision() != self.rev {
+            return Ours::Taken(l.holder.describe(), l.token);
+        }
+        match l.state {
+            LeaseState::Revoked => Ours::Revoked(l.ended.and_then(|e| e.by)),
+            _ => Ours::Held,
+        }
+    }
+
+    /// One keepalive, answered: the TTL the server gives our lease now (0: it is gone).
+    fn keepalive(&self) -> std::result::Result<i64, Renewal> {
+        let mut slot = lock(&self.ka);
+        let mut pair = match slot.take() {
+            Some(p) => p,
+            None => {
+                let mut lc = self.conn.client().lease_client();
+                self.conn
+                    .call("renew the lease", self.timeout, lc.keep_alive(self.id))
+                    .map_err(Renewal::Transient)?
+            }
+        };
+        let (keeper, stream) = (&mut pair.0, &mut pair.1);
+        let answer = self
+            .conn
+            .call("renew the lease", self.timeout, async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .map_err(Renewal::Transient)?;
+        match answer {
+            Some(r) => {
+                *slot = Some(pair);
+                Ok(r.ttl())
+            }
+            None => Err(Renewal::Transient(
+                self.conn
+                    .lock
+                    .error("renew the lease", "the keepalive stream ended"),
+            )),
+        }
+    }
+}
+
+impl Holding for EtcdHolding {
+    type Section = ();
+
+    fn still_ours(&self, _lease_id: &str) -> Result<Ours> {
+        Ok(self.ours(self.read(self.timeout)?.as_ref()))
+    }
+
+    fn renew(&self, _lease_id: &str, _bytes: &[u8]) -> std::result::Result<(), Renewal> {
+        let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
+        let taken = |by: String| Err(Renewal::Lost(LossReason::Taken { by }));
+        if self.keepalive()? <= 0 {
+            return vanished(format!(
+                "etcd lease {:x} expired or was revoked on the cluster",
+                self.id
+            ));
+        }
+        let kv = self.read(self.timeout).map_err(Renewal::Transient)?;
+        match self.ours(kv.as_ref()) {
+            Ours::Held => Ok(()),
+            Ours::Revoked(by) => {
+                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
+                taken(format!("holds our lease revoked{by}"))
+            }
+            Ours::Taken(by, token) => taken(format!("held by {by} (token {token})")),
+            _ => vanished(format!("our key {} is gone", self.key)),
+        }
+    }
+
+    fn enter(&self, _deadline: std::time::Instant, _stuck: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    fn rewrite(&self, _: &(), mine: &Lease, bytes: &[u8]) -> Result<()> {
+        let mut last = lock(&self.last_mod);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                *last,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                bytes.to_vec(),
+                Some(PutOptions::new().with_lease(self.id)),
+            )]);
+        let mut c = self.conn.client();
+        let r = self.conn.run("record the command", c.txn(txn))?;
+        if !r.succeeded() {
+            return Err(Error::Lost {
+                path: self.conn.lock.url.clone(),
+                lease_id: mine.lease_id.clone(),
+                why: format!("our key {} was revoked, replaced or deleted", self.key),
+            });
+        }
+        if let Some(h) = r.header() {
+            *last = h.revision();
+        }
+        Ok(())
+    }
+
+    fn release(&self, r: Release<'_>) -> Result<()> {
+        (r.stop)();
+        drop(lock(&self.ka).take());
+        // Revoking deletes our key: the contender watching it wakes at once. Short: a cluster
+        // that does not answer lets the lease expire on its own.
+        let wait = r.wait.min(Duration::from_millis(500));
+        let mut c = self.conn.client();
+        match self
+            .conn
+            .call("revoke the lease", wait, c.lease_revoke(self.id))
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("requested lease not found") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! `status` and `break` of an etcd lock, and the verdict on the contender that owns it.
+//!
+//! Owns: reading who owns the lock (the key with the lowest create revision under `NAME/`)
+//! and who waits, judging the owner (a leasehold holder by its record; an `etcdctl lock`
+//! holder, whose key holds no record, as such), and the operator's break: a live leasehold
+//! holder's record is marked revoked in place (its key, create revision and etcd lease kept,
+//! so nobody behind it moves until the holder has fenced and revoked its lease, or the lease
+//! expired); a holder verified dead on this host has what is left of its job stopped
+//! (verified) and its etcd lease revoked at once.
+//! Must never: free a live holder's key (that would let the next contender start while the
+//! old command may still run); break an `etcdctl lock` holder, which cannot be fenced; signal
+//! a process that /proc does not verify as the job of this lock and lease.
+
+use std::path::Path;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget};
+use etcd_client::{Txn, TxnOp};
+
+use super::{Conn, EtcdLock};
+use crate::clock::{Clock, format_rfc3339};
+use crate::error::{Error, Result};
+use crate::identity::Identity;
+use crate::process::{self, JobEvidence, Liveness};
+use crate::record::{Ending, Holder, Lease, LeaseState, Parsed};
+use crate::status::outcome::{BreakMode, Broken, Frees};
+use crate::verdict::{State, Verdict, Waiting};
+
+/// Options to get the owner: the first key by create revision under the prefix.
+pub(crate) fn first() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// The record a key holds: leasehold's lease (its token and lease id taken from the key, which
+/// cannot lie about them), or, for a key without one (`etcdctl lock`), a stand-in naming it.
+pub(crate) fn record(kv: &KeyValue) -> (Lease, bool) {
+    // Leasehold's lease ids are 32 hex digits: the etcd lease id, zero-padded.
+    let lease_id = format!("{:032x}", kv.lease());
+    let token = kv.create_revision().max(0) as u64;
+    match Lease::parse(kv.value()) {
+        Parsed::Lease(l) => {
+            let mut l = *l;
+            l.lease_id = lease_id;
+            l.token = token;
+            (l, true)
+        }
+        _ => (
+            Lease {
+                state: LeaseState::Held,
+                heartbeat_seq: 0,
+                heartbeat_at: String::new(),
+                token,
+                ttl_ms: 0,
+                acquired_at: String::new(),
+                holder: Holder {
+                    pid: 0,
+                    pid_start: 0,
+                    child_pid: None,
+                    child_start: None,
+                    pgid: None,
+                    host: String::new(),
+                    boot_id: String::new(),
+                    pid_ns: 0,
+                    uid: 0,
+                    user: String::new(),
+                    command: Vec::new(),
+                    note: Some(format!("etcdctl lock holder, lease {:x}", kv.lease())),
+                    on_behalf: false,
+                },
+                lease_id,
+                ended: None,
+                mode: None,
+                damaged: false,
+            },
+            false,
+        ),
+    }
+}
+
+/// The verdict on the lock `lock` whose owner key is `owner`, as `me` sees it.
+pub(crate) fn verdict(
+    lock: &EtcdLock,
+    owner: Option<&KeyValue>,
+    me: &Identity,
+    clock: &dyn Clock,
+) -> Verdict {
+    let mut v = Verdict {
+        path: lock.url.clone(),
+        state: State::Free,
+        reason: format!("no key under {}", lock.prefix()),
+        lease: None,
+        same_host: false,
+        heartbeat_age: None,
+        remnants: Vec::new(),
+        unchecked: None,
+        judged_at: clock.wall(),
+        queue_ahead: 0,
+        queue: Vec::new(),
+        behind: None,
+        holders: Vec::new(),
+    };
+    let Some(kv) = owner else {
+        return v;
+    };
+    let (lease, ours) = record(kv);
+    v.state = State::Held;
+    v.reason = if !ours {
+        format!("etcdctl lock holder, lease {:x}", kv.lease())
+    } else if lease.state == LeaseState::Revoked {
+        let by = lease.ended.as_ref().and_then(|e| e.by.clone());
+        format!(
+            "revoked{}: free once its holder has fenced its command, or its etcd lease {} expired",
+            by.map(|b| format!(" by {b}")).unwrap_or_default(),
+            lease.lease_id
+        )
+    } else {
+        format!("etcd lease {} kept alive", lease.lease_id)
+    };
+    let h = &lease.holder;
+    v.same_host = ours && me.same_host_as(&h.host, &h.boot_id, h.pid_ns);
+    if v.same_host
+        && let Liveness::Dead(why) = process::liveness(h.pid, h.pid_start)
+    {
+        v.state = State::Stale;
+        v.reason = format!(
+            "{why} (pid {}); its etcd lease {} ends within its TTL",
+            h.pid, lease.lease_id
+        );
+    }
+    v.lease = Some(lease);
+    v
+}
+
+/// The waiters, in order, from the keys after the owner's.
+fn waiting(kvs: &[KeyValue]) -> Vec<Waiting> {
+    kvs.iter()
+        .skip(1)
+        .map(|kv| {
+            let (l, ours) = record(kv);
+            let user = if ours {
+                l.holder.user
+            } else {
+                format!("etcdctl lock waiter, lease {:x}", kv.lease())
+            };
+            Waiting {
+                seq: l.token,
+                pid: l.holder.pid,
+                host: l.holder.host,
+                user,
+                since: l.acquired_at,
+                command: l.holder.command,
+                beat: 0,
+            }
+        })
+        .collect()
+}
+
+/// Every key under the lock's prefix, in line order.
+fn line(conn: &Conn) -> Result<Vec<KeyValue>> {
+    let mut c = conn.client();
+    let opts = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let prefix = conn.lock.prefix();
+    let mut r = conn.run("read the lock's keys", c.get(prefix, Some(opts)))?;
+    Ok(r.take_kvs())
+}
+
+/// `status` of an etcd lock.
+pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
+    let conn = Conn::connect(EtcdLock::parse(path)?)?;
+    let kvs = line(&conn)?;
+    let mut v = verdict(&conn.lock, kvs.first(), me, clock);
+    v.queue = waiting(&kvs);
+    if let (Some(kv), State::Held) = (kvs.first(), v.state) {
+        let mut c = conn.client();
+        // How long the server will keep the owner's key without another keepalive.
+        if let Ok(t) = conn.run("read the lease", c.lease_time_to_live(kv.lease(), None))
+            && t.ttl() >= 0
+        {
+            v.reason = format!("{}, expires in {}s without one", v.reason, t.ttl());
+        }
+    }
+    Ok(v)
+}
+
+/// `break` of an etcd lock (see the module's comment for what each case does).
+pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
+    let conn = Conn::connect(EtcdLock::parse(path)?)?;
+    let me = Identity::current();
+    let clock = crate::clock::SystemClock;
+    let kvs = line(&conn)?;
+    let v = verdict(&conn.lock, kvs.first(), &me, &clock);
+    let refuse = |why: String| Error::Refused {
+        path: conn.lock.url.clone(),
+        why,
+    };
+    let (Some(kv), Some(lease)) = (kvs.first(), v.lease.clone()) else {
+        return Err(refuse(format!("nothing to break: {v}")));
+    };
+    permitted(&v, &lease, kv, &mode).map_err(refuse)?;
+    let ttl = Duration::from_millis(lease.ttl_ms);
+    let mut out = Broken {
+        verdict: v.clone(),
+        was_live: v.state == State::Held,
+        stopped: 0,
+        written: LeaseState::Released,
+        frees: Frees::Now,
+        forged: None,
+        unchecked: None,
+        already_revoked: lease.state == LeaseState::Revoked,
+        more: Vec::new(),
+    };
+    let mut c = conn.client();
+    if v.state == State::Stale {
+        // Its holder is verifiably gone: stop what is left of its job (verified by the
+        // environment leasehold gave it), then free the key at once.
+        if let Some(pg) = lease.holder.pgid {
+            let ev = JobEvidence::new(
+                &lease.lease_id,
+                lease.holder.uid,
+                &conn.lock.url,
+                Path::new(""),
+            );
+            out.stopped = process::kill_group_verified(pg, &ev, Duration::from_secs(5))
+                .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
+        }
+        conn.run("revoke the lease", c.lease_revoke(kv.lease()))?;
+        return Ok(out);
+    }
+    out.written = LeaseState::Revoked;
+    // Its holder fences at its next renewal and then revokes its etcd lease; a holder that
+    // cannot renew any more loses the lease on the cluster within its TTL.
+    out.frees = Frees::AfterTtl { ttl };
+    if out.already_revoked {
+        return Ok(out);
+    }
+    mark_revoked(&conn, kv, lease, &v, &mode, &me, &clock).map_err(|e| match e {
+        Some(e) => e,
+        None => refuse(format!(
+            "the lease changed while breaking it ({v}); nothing broken, look again"
+        )),
+    })?;
+    Ok(out)
+}
+
+/// Whether `mode` lets the operator break the owner `kv` judged `v`: why not, if it does not.
+fn permitted(
+    v: &Verdict,
+    lease: &Lease,
+    kv: &KeyValue,
+    mode: &BreakMode,
+) -> std::result::Result<(), String> {
+    match mode {
+        BreakMode::Stale if v.state != State::Stale => {
+            return Err(format!(
+                "refusing to break a live lease: {v}; break it by its lease id {}, or by force",
+                lease.lease_id
+            ));
+        }
+        BreakMode::LeaseId(id) if u128::from_str_radix(id, 16).ok() != Some(kv.lease() as u128) => {
+            return Err(format!(
+                "the lease id is {}, not {id}: the lease changed hands; nothing broken",
+                lease.lease_id
+            ));
+        }
+        _ => {}
+    }
+    if lease.holder.pid == 0 {
+        return Err(format!(
+            "{v}: an etcdctl lock holder cannot be fenced, so leasehold will not free its lock; \
+             once its command has stopped, `etcdctl lease revoke {:x}` frees it",
+            kv.lease()
+        ));
+    }
+    Ok(())
+}
+
+/// Replaces the owner's record in place by the same record marked revoked, keeping its key,
+/// create revision and lease (`Err(None)`: the record changed since it was judged).
+fn mark_revoked(
+    conn: &Conn,
+    kv: &KeyValue,
+    lease: Lease,
+    v: &Verdict,
+    mode: &BreakMode,
+    me: &Identity,
+    clock: &dyn Clock,
+) -> std::result::Result<(), Option<Error>> {
+    let how = match mode {
+        BreakMode::LeaseId(_) => "revoked by lease id",
+        _ => "revoked by force",
+    };
+    let mut rec = lease;
+    rec.state = LeaseState::Revoked;
+    rec.ended = Some(Ending {
+        at: format_rfc3339(clock.wall()),
+        how: format!("{how}: {}", v.reason),
+        by: Some(format!(
+            "{}@{} pid {}",
+            me.user,
+            me.host,
+            std::process::id()
+        )),
+    });
+    // In place, only over the record judged: the key, its create revision and its etcd lease
+    // stay, so the line does not move until the holder fences and revokes, or the lease ends.
+    let key = kv.key().to_vec();
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            kv.mod_revision(),
+        )])
+        .and_then([TxnOp::put(
+            key,
+            rec.to_bytes(),
+            Some(PutOptions::new().with_ignore_lease()),
+        )]);
+    let mut c = conn.client();
+    let r = conn
+        .run("mark the lease revoked", c.txn(txn))
+        .map_err(Some)?;
+    if !r.succeeded() {
+        return Err(None);
+    }
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! The etcd store on a real three-member cluster (`support::etcd`): exclusion, FIFO order and
+//! tokens under SIGKILLs, exclusion against `etcdctl lock` both ways, takeover after a killed
+//! holder, fencing when the whole cluster freezes, a leader killed while held, and `status`
+//! and `break` against live and dead holders. Built only with the `etcd` feature; skipped
+//! (failed under CI) where `etcd`/`etcdctl` are missing.
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::etcd::Cluster;
+use crate::support::{self, Cs, Proc, Rng, code, ensure_within, lh};
+
+fn sigkill(pid: i32) {
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+}
+
+fn mkfifo(p: &Path) {
+    nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+}
+
+/// `leasehold ARGS`, its exit code and stderr.
+fn lh_out(args: &[&str]) -> (i32, String, String) {
+    let o = lh().args(args).output().expect("run leasehold");
+    (
+        code(o.status),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A `leasehold run` whose command marks `in` and then blocks until `go` is written.
+fn held(url: &str, flags: &[&str], dir: &Path, name: &str) -> Proc {
+    let go = dir.join(format!("go-{name}"));
+    mkfifo(&go);
+    let script = format!(
+        "touch {d}/in-{name}; read x < {go}; rm {d}/in-{name}",
+        d = dir.display(),
+        go = go.display()
+    );
+    let mut c = lh();
+    c.arg("run")
+        .args(flags)
+        .args([url, "--", "sh", "-c", &script]);
+    let p = Proc::spawn(c, "leasehold run (held)");
+    ensure_within(
+        "the holder's command to start",
+        Duration::from_secs(20),
+        || dir.join(format!("in-{name}")).exists(),
+    );
+    p
+}
+
+fn let_go(dir: &Path, name: &str) {
+    fs::write(dir.join(format!("go-{name}")), "go\n").unwrap();
+}
+
+#[test]
+fn etcd_exclusion_fifo_and_tokens_over_many_acquisitions_with_random_sigkills() {
+    let Some(cl) = Cluster::start() else { return };
+    let cs = Cs::new(&cl.path(), "cs");
+    let url = cl.url("excl");
+    let tokens = cl.path().join("tokens");
+    let per = support::scaled(250);
+    let kills = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for w in 0..4 {
+            let (cs, url, tokens, kills) = (&cs, &url, &tokens, &kills);
+            s.spawn(move || {
+                let mut rng = Rng::new(&format!("etcd-excl-{w}"));
+                for i in 0..per {
+                    let id = format!("w{w}.{i}");
+                    let job = cs.job(&id, 1, "0.01").join(" ");
+                    let script = format!(
+                        "echo \"$LEASEHOLD_TOKEN\" >> {}; exec {job}",
+                        tokens.display()
+                    );
+                    let mut c = lh();
+                    c.args([
+                        "run", "--ttl", "2", "-w", "300", url, "--", "sh", "-c", &script,
+                    ]);
+                    let mut p = Proc::spawn(c, "leasehold run (exclusion)");
+                    if rng.chance(2) {
+                        cs.wait_entered(&id, Duration::from_secs(300));
+                        cs.declare_killed(&id);
+                        sigkill(p.pid());
+                        p.wait_timeout(Duration::from_secs(10));
+                        kills.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    } else {
+                        let st = p.wait_timeout(Duration::from_secs(300));
+                        assert!(st.success(), "{id}: leasehold run failed: {st}");
+                    }
+                }
+            });
+        }
+    });
+    let v = cs.verify();
+    let t: Vec<u64> = fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().expect("a token"))
+        .collect();
+    assert_eq!(t.len(), 4 * per, "every acquisition ran its command once");
+    assert!(v.len() == 4 * per, "every job entered its section");
+    for pair in t.windows(2) {
+        assert!(
+            pair[0] < pair[1],
+            "tokens not strictly increasing: {pair:?}"
+        );
+    }
+    let kills = kills.into_inner();
+    assert!(
+        t.len() < 400 || kills > 0,
+        "no holder was killed: the run proves too little"
+    );
+    println!(
+        "etcd exclusion: {} acquisitions by 4 processes, {} holders SIGKILLed, 0 overlaps",
+        t.len(),
+        kills
+    );
+}
+
+#[test]
+fn etcd_leasehold_and_etcdctl_lock_exclude_each_other_both_ways() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("interop");
+    // etcdctl lock holds; leasehold is refused (-n) and queues (-w) behind it.
+    let go = dir.join("go-e");
+    mkfifo(&go);
+    let script = format!(
+        "touch {d}/in-e; read x < {g}; rm {d}/in-e",
+        d = dir.display(),
+        g = go.display()
+    );
+    let mut e = Proc::spawn(
+        {
+            let mut c = cl.etcdctl();
+            c.args([
+                "lock", "interop", "--", "timeout", "60", "sh", "-c", &script,
+            ]);
+            c
+        },
+        "etcdctl lock",
+    );
+    ensure_within("etcdctl to hold", Duration::from_secs(20), || {
+        dir.join("in-e").exists()
+    });
+    let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 75, "run -n must be refused while etcdctl holds: {err}");
+    assert!(
+        err.contains("etcdctl lock holder"),
+        "names the holder: {err}"
+    );
+    let check = format!("test ! -e {d}/in-e && touch {d}/lh-ran", d = dir.display());
+    let mut w = Proc::spawn(
+        {
+            let mut c = lh();
+            c.args(["run", "-w", "30", &url, "--", "sh", "-c", &check]);
+            c
+        },
+        "leasehold run behind etcdctl",
+    );
+    ensure_within("leasehold to queue", Duration::from_secs(20), || {
+        cl.keys("interop/").len() == 2
+    });
+    assert!(
+        !dir.join("lh-ran").exists(),
+        "leasehold ran while etcdctl held"
+    );
+    let_go(&dir, "e");
+    assert!(w.wait_timeout(Duration::from_secs(30)).success());
+    assert!(dir.join("lh-ran").exists());
+    assert!(e.wait_timeout(Duration::from_secs(10)).success());
+    // leasehold holds; etcdctl lock waits behind it.
+    let mut h = held(&url, &[], &dir, "l");
+    let check = format!("test ! -e {d}/in-l && touch {d}/e-ran", d = dir.display());
+    let mut e2 = Proc::spawn(
+        {
+            let mut c = cl.etcdctl();
+            c.args(["lock", "interop", "--", "sh", "-c", &check]);
+            c
+        },
+        "etcdctl lock behind leasehold",
+    );
+    ensure_within("etcdctl to queue", Duration::from_secs(20), || {
+        cl.keys("interop/").len() == 2
+    });
+    assert!(
+        !dir.join("e-ran").exists(),
+        "etcdctl ran while leasehold held"
+    );
+    let_go(&dir, "l");
+    assert!(h.wait_timeout(Duration::from_secs(30)).success());
+    assert!(e2.wait_timeout(Duration::from_secs(30)).success());
+    assert!(dir.join("e-ran").exists());
+}
+
+#[test]
+fn etcd_sigkilled_holder_is_taken_over_by_the_waiter_within_ttl_plus_1s() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("takeover");
+    let h = held(&url, &["--ttl", "3"], &dir, "h");
+    let ran = dir.join("w-ran");
+    let touch = format!("touch {}", ran.display());
+    let mut w = Proc::spawn(
+        {
+            let mut c = lh();
+            c.args([
+                "run", "--ttl", "3", "-w", "30", &url, "--", "sh", "-c", &touch,
+            ]);
+            c
+        },
+        "waiter",
+    );
+    ensure_within("the waiter to queue", Duration::from_secs(20), || {
+        cl.keys("takeover/").len() == 2
+    });
+    let t0 = Instant::now();
+    sigkill(h.pid());
+    ensure_within("the waiter to run", Duration::from_secs(10), || {
+        ran.exists()
+    });
+    let took = t0.elapsed();
+    assert!(w.wait_timeout(Duration::from_secs(10)).success());
+    assert!(
+        took <= Duration::from_secs(4),
+        "takeover took {took:?}, more than TTL 3 s + 1 s"
+    );
+    println!("etcd takeover after SIGKILL: {took:?} (TTL 3 s)");
+}
+
+#[test]
+fn etcd_holder_cut_off_from_a_frozen_cluster_fences_and_exits_74_before_its_ttl() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("frozen");
+    let flags = ["--ttl", "6", "--heartbeat", "1", "--grace", "1"];
+    let mut h = held(&url, &flags, &dir, "h");
+    cl.signal_all(Signal::SIGSTOP);
+    let t0 = Instant::now();
+    let st = h.wait_timeout(Duration::from_secs(20));
+    let took = t0.elapsed();
+    cl.signal_all(Signal::SIGCONT);
+    assert_eq!(code(st), 74, "the holder must fence and exit 74");
+    assert!(
+        took < Duration::from_secs(6),
+        "fenced after {took:?}: not before its TTL of 6 s"
+    );
+    assert!(
+        dir.join("in-h").exists(),
+        "its command was killed, not let go"
+    );
+    let t1 = Instant::now();
+    let (rc, _, err) = lh_out(&["run", "-w", "20", &url, "--", "true"]);
+    assert_eq!(rc, 0, "the lock must be free again: {err}");
+    println!(
+        "etcd frozen cluster: holder exited 74 after {took:?} (TTL 6 s); lock free {:?} after the cluster resumed",
+        t1.elapsed()
+    );
+}
+
+#[test]
+fn etcd_leader_killed_while_held_keeps_the_lease_and_admits_no_second_holder() {
+    let Some(mut cl) = Cluster::start() else {
+        return;
+    };
+    let dir = cl.path();
+    let url = cl.url("leader");
+    let mut h = held(&url, &["--ttl", "3", "--heartbeat", "500ms"], &dir, "h");
+    let leader = cl.leader();
+    cl.kill_member(leader);
+    let end = Instant::now() + Duration::from_secs(9);
+    let mut probes = 0;
+    while Instant::now() < end {
+        let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
+        assert_ne!(rc, 0, "a second holder ran while the first held: {err}");
+        assert!(
+            h.wait_within(Duration::from_millis(200)).is_none(),
+            "the holder lost its lease"
+        );
+        probes += 1;
+    }
+    assert!(dir.join("in-h").exists());
+    let_go(&dir, "h");
+    assert!(h.wait_timeout(Duration::from_secs(10)).success());
+    println!("etcd leader killed: holder kept its lease through {probes} probes over 3 TTLs");
+}
+
+#[test]
+fn etcd_status_json_and_break_of_a_live_and_a_dead_holder() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("brk");
+    let mut h = held(&url, &["--ttl", "30", "--heartbeat", "500ms"], &dir, "live");
+    let (rc, out, err) = lh_out(&["status", "--json", &url]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "held");
+    assert_eq!(v["pid"].as_i64(), Some(i64::from(h.pid())));
+    let id = v["lease_id"].as_str().unwrap().to_string();
+    assert_eq!(id.len(), 32);
+    // Stale-only break refuses a live holder; by its lease id, the holder fences (74).
+    let (rc, _, err) = lh_out(&["break", &url]);
+    assert_eq!(rc, 75, "{err}");
+    let (rc, _, err) = lh_out(&["break", "--lease-id", &id, &url]);
+    assert_eq!(rc, 0, "{err}");
+    let (rc, _, _) = lh_out(&["run", "-n", &url, "--", "true"]);
+    assert_eq!(
+        rc, 75,
+        "a revoked live holder still excludes until it has fenced"
+    );
+    let st = h.wait_timeout(Duration::from_secs(5));
+    assert_eq!(code(st), 74, "the revoked holder fences");
+    let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 0, "free once the revoked holder fenced: {err}");
+    // A dead holder (SIGKILLed on this host): stale at once, and broken at once.
+    let d = held(&url, &["--ttl", "30"], &dir, "dead");
+    sigkill(d.pid());
+    ensure_within(
+        "the dead holder to be judged stale",
+        Duration::from_secs(10),
+        || {
+            let (_, out, _) = lh_out(&["status", "--json", &url]);
+            out.contains("\"stale\"")
+        },
+    );
+    let t0 = Instant::now();
+    let (rc, _, err) = lh_out(&["break", &url]);
+    assert_eq!(rc, 0, "a stale holder is broken without flags: {err}");
+    let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 0, "free at once after the break: {err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "well before the TTL of 30 s"
+    );
+}
+
+#[test]
+fn etcd_over_tls_with_a_password_user_and_errors_that_name_the_endpoint() {
+    let Some(cl) = Cluster::start_tls() else {
+        return;
+    };
+    let url = cl.url("tls");
+    let ca = cl.path().join("ca.pem");
+    let run = |user: &str, ca: Option<&Path>, args: &[&str]| {
+        let mut c = lh();
+        c.env_remove("ETCDCTL_CACERT").env("ETCDCTL_USER", user);
+        if let Some(ca) = ca {
+            c.env("ETCDCTL_CACERT", ca);
+        }
+        let o = c.args(args).output().expect("run leasehold");
+        (
+            code(o.status),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let out = cl.path().join("token");
+    let script = format!("echo $LEASEHOLD_TOKEN > {}", out.display());
+    let (rc, err) = run(
+        "lh:secret",
+        Some(&ca),
+        &["run", "-n", &url, "--", "sh", "-c", &script],
+    );
+    assert_eq!(rc, 0, "run over TLS as lh: {err}");
+    assert!(
+        fs::read_to_string(&out)
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    // A wrong password, and no CA for the server's certificate: refused, naming the endpoint.
+    let first = format!("127.0.0.1:{}", cl.members[0].client);
+    let (rc, err) = run("lh:wrong", Some(&ca), &["run", "-n", &url, "--", "true"]);
+    assert_ne!(rc, 0);
+    assert!(
+        err.contains(&first) && err.contains("authentication failed"),
+        "{err}"
+    );
+    let (rc, err) = run("lh:secret", None, &["status", &url]);
+    assert_ne!(rc, 0);
+    assert!(err.contains(&first), "{err}");
+    // lh may not touch other prefixes.
+    let other = cl.url("elsewhere");
+    let (rc, err) = run("lh:secret", Some(&ca), &["run", "-n", &other, "--", "true"]);
+    assert_ne!(rc, 0);
+    assert!(err.contains("permission denied"), "{err}");
+}
