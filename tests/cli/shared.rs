@@ -169,25 +169,32 @@ fn settings_that_disagree_are_refused_with_64_naming_both() {
         .code(0);
 }
 
+/// The flags of [`three_slot_holders`].
+const THREE_SLOTS: [&str; 4] = ["--slots", "3", "--ttl", "1s"];
+
+/// Three `run --slots 3 --ttl 1s` holders of LOCK (a, b, c), each inside its section.
+fn three_slot_holders(lock: &Path) -> Vec<Job> {
+    ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            let j = Job::start(lock, &THREE_SLOTS, id);
+            j.wait_entered();
+            j
+        })
+        .collect()
+}
+
 #[test]
 fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
     let d = tempfile::tempdir().unwrap();
     let lock = d.path().join("three.lock");
-    let flags = ["--slots", "3", "--ttl", "1s"];
-    let mut jobs: Vec<Job> = ["a", "b", "c"]
-        .iter()
-        .map(|id| {
-            let j = Job::start(&lock, &flags, id);
-            j.wait_entered();
-            j
-        })
-        .collect();
+    let mut jobs = three_slot_holders(&lock);
     let before = holders(&lock);
     assert_eq!(before.len(), 3);
     // Every slot held: a fourth is refused.
     lh_assert()
         .args(["run", "-n"])
-        .args(flags)
+        .args(THREE_SLOTS)
         .arg(&lock)
         .args(["--", "true"])
         .assert()
@@ -230,7 +237,7 @@ fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
     jobs[2].kid.kill();
     lh_assert()
         .args(["run", "-n"])
-        .args(flags)
+        .args(THREE_SLOTS)
         .arg(&lock)
         .args(["--", "true"])
         .assert()
@@ -248,15 +255,7 @@ fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
 fn status_lists_every_holder_and_break_by_lease_id_stops_exactly_one() {
     let d = tempfile::tempdir().unwrap();
     let lock = d.path().join("list.lock");
-    let flags = ["--slots", "3", "--ttl", "1s"];
-    let mut jobs: Vec<Job> = ["a", "b", "c"]
-        .iter()
-        .map(|id| {
-            let j = Job::start(&lock, &flags, id);
-            j.wait_entered();
-            j
-        })
-        .collect();
+    let mut jobs = three_slot_holders(&lock);
     let v = status_json(&lock);
     assert_eq!(v["state"], "held");
     assert_eq!(v["mode"]["slots"], 3);

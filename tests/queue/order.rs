@@ -382,6 +382,40 @@ fn switches(pid: u32) -> u64 {
     total
 }
 
+/// Context switches of each waiter so far (a waiter that wakes switches at least once).
+fn switch_counts(w: &Workers) -> Vec<u64> {
+    w.children
+        .iter()
+        .map(|(_, c)| switches(c.child.id()))
+        .collect()
+}
+
+/// Waits until every waiter is parked in its blocking wait — seen queued is not enough (the
+/// last one may still be on its way from its ticket to its wait), so until no waiter has been
+/// scheduled for 50 ms — and returns their context-switch counts then.
+fn settled(w: &Workers) -> Vec<u64> {
+    let mut before = switch_counts(w);
+    let settle_end = Instant::now() + Duration::from_secs(10);
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = switch_counts(w);
+        if now == before {
+            return before;
+        }
+        assert!(Instant::now() < settle_end, "waiters never settled");
+        before = now;
+    }
+}
+
+/// Which waiters ran since `before` (after 50 ms for any herd to show itself), head first.
+fn woken_since(w: &Workers, before: &[u64], who: &str) -> Vec<bool> {
+    std::thread::sleep(Duration::from_millis(50));
+    let after = switch_counts(w);
+    let woke: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
+    eprintln!("wait: {who} woken by one release (head first): {woke:?}");
+    woke
+}
+
 #[test]
 fn a_release_wakes_only_the_head() {
     let dir = scratch();
@@ -392,33 +426,11 @@ fn a_release_wakes_only_the_head() {
     let holder = held(&lock, Duration::from_secs(60));
     let extra = [("LH_HOLD_FILE", hold.display().to_string())];
     let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
-    // Wait until every waiter is parked in its blocking wait: seen queued is not enough (the last
-    // one may still be on its way from its ticket to its wait), so wait until no waiter has been
-    // scheduled for a while.
-    let sample = |w: &Workers| -> Vec<u64> {
-        w.children
-            .iter()
-            .map(|(_, c)| switches(c.child.id()))
-            .collect()
-    };
-    let mut before = sample(&w);
-    let settle_end = Instant::now() + Duration::from_secs(10);
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        let now = sample(&w);
-        if now == before {
-            break;
-        }
-        assert!(Instant::now() < settle_end, "waiters never settled");
-        before = now;
-    }
+    let before = settled(&w);
     holder.release().unwrap();
     // w0 takes the lease and keeps it while `hold` exists.
     let _ = wait_lines(&log, 1, 30);
-    std::thread::sleep(Duration::from_millis(50)); // let any herd show itself
-    let after = sample(&w);
-    let woke: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
-    eprintln!("wait: waiters woken by one release (head first): {woke:?}");
+    let woke = woken_since(&w, &before, "waiters");
     // The head woke and took it; its successor woke once, when the head left the queue, to
     // become the new head. Nobody further back was woken.
     assert!(woke[0], "the head did not wake");
@@ -602,30 +614,11 @@ fn a_slot_release_wakes_only_the_head_and_the_line_keeps_its_order() {
         ("LH_SLOTS", "2".to_string()),
     ];
     let mut w = queue_up(&lock, &log, 5, 60_000, &extra);
-    let sample = |w: &Workers| -> Vec<u64> {
-        w.children
-            .iter()
-            .map(|(_, c)| switches(c.child.id()))
-            .collect()
-    };
-    let mut before = sample(&w);
-    let settle_end = Instant::now() + Duration::from_secs(10);
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        let now = sample(&w);
-        if now == before {
-            break;
-        }
-        assert!(Instant::now() < settle_end, "waiters never settled");
-        before = now;
-    }
+    let before = settled(&w);
     first.release().unwrap();
     // Woken by the release itself, not by its tick (min(TTL/4, 5 s) = 5 s).
     let _ = wait_lines(&log, 1, 2);
-    std::thread::sleep(Duration::from_millis(50)); // let any herd show itself
-    let after = sample(&w);
-    let woke: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
-    eprintln!("wait: slot waiters woken by one release (head first): {woke:?}");
+    let woke = woken_since(&w, &before, "slot waiters");
     assert!(woke[0], "the head did not wake");
     assert_eq!(&woke[2..], &[false, false, false], "a herd woke: {woke:?}");
     assert_eq!(
