@@ -69,6 +69,10 @@ pub const FILES: &[(&str, &str)] = &[
         "what user UID's processes have seen of a holder's heartbeat on another host",
     ),
     (
+        ".NAME.leasehold-slot-K",
+        "a shared or counted lock only (--shared, --slots N): the lease of one of its holders",
+    ),
+    (
         ".NAME.leasehold-tmp-RANDOM",
         "for a moment during each write: the new lease, renamed over LOCK",
     ),

@@ -271,6 +271,13 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The systemd units in `contrib/systemd/`.
+const UNITS: [&str; 3] = [
+    "leasehold-backup.service",
+    "leasehold-backup.timer",
+    "leasehold-etcd-report.service",
+];
+
 #[test]
 fn systemd_recipe_passes_systemd_analyze_verify() {
     if skip(
@@ -285,7 +292,7 @@ fn systemd_recipe_passes_systemd_analyze_verify() {
     std::fs::create_dir_all(&man1).expect("mkdir");
     std::fs::write(man1.join("leasehold.1"), generated("man")).expect("write the page");
     let mut units = Vec::new();
-    for name in ["leasehold-backup.service", "leasehold-backup.timer"] {
+    for name in UNITS {
         let text = std::fs::read_to_string(root().join("contrib/systemd").join(name))
             .expect("read the unit");
         // ExecStart's program must exist: point it at the binary under test.
@@ -373,7 +380,7 @@ fn readme_lists_every_file_kept_beside_lock() {
 fn readme_systemd_recipe_is_the_verified_units() {
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
     let mut units = String::new();
-    for name in ["leasehold-backup.service", "leasehold-backup.timer"] {
+    for name in UNITS {
         units += &std::fs::read_to_string(root().join("contrib/systemd").join(name))
             .expect("read the unit");
     }
