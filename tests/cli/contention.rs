@@ -5,7 +5,6 @@
 //! by --lease-id, --force; refusals exit 75; tokens keep growing).
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -127,16 +126,6 @@ fn signals_are_forwarded_and_the_lease_released_after_the_command_exits() {
             .arg(&script)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // leasehold keeps a signal its caller ignores ignored (as under nohup, or `&` in a
-        // script): this test is about signals it handles, so the wrapper starts with the
-        // default disposition whatever the test runner inherited.
-        // SAFETY: signal() is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            c.pre_exec(move || {
-                let _ = nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl);
-                Ok(())
-            });
-        }
         let mut k = Proc::spawn(c, "wrapper");
         ensure_within("the command to start", Duration::from_secs(10), || {
             ready.exists()

@@ -33,6 +33,7 @@ impl OnPty {
         // SAFETY: setsid and ioctl are async-signal-safe.
         unsafe {
             c.pre_exec(|| {
+                crate::support::cli::default_signals();
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
                 if nix::libc::ioctl(0, nix::libc::TIOCSCTTY as _, 0) != 0 {
                     return Err(std::io::Error::last_os_error());

@@ -21,7 +21,32 @@ pub fn bin() -> PathBuf {
 pub fn lh() -> Command {
     let mut c = Command::new(bin());
     c.process_group(0).stdin(Stdio::null());
+    // SAFETY: default_signals only calls signal(2), which is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            default_signals();
+            Ok(())
+        });
+    }
     c
+}
+
+/// Resets the job-control and termination signals to their default action. leasehold (as
+/// flock(1), nohup and every exec) keeps a signal its caller ignores ignored, and so does its
+/// command; a test runner started in the background of a script (`&` ignores SIGINT and
+/// SIGQUIT) or under nohup (SIGHUP) must not change what the signal tests see. Call it between
+/// fork and exec (it is async-signal-safe).
+pub fn default_signals() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGHUP,
+        Signal::SIGTERM,
+    ] {
+        // SAFETY: setting a default disposition installs no handler.
+        let _ = unsafe { signal(s, SigHandler::SigDfl) };
+    }
 }
 
 /// The same, wrapped for assert_cmd assertions.
