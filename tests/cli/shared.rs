@@ -207,6 +207,16 @@ fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
         std::os::unix::process::ExitStatusExt::signal(&dead),
         Some(9)
     );
+    // Its command dies by PDEATHSIG a moment later; until then b is not stale yet.
+    ensure_within(
+        "b's holder to be judged stale",
+        Duration::from_secs(10),
+        || {
+            status_json(&lock)["holders"]
+                .as_array()
+                .is_some_and(|hs| hs.iter().any(|h| h["state"] == "stale"))
+        },
+    );
     lh_assert()
         .arg("break")
         .arg(&lock)
