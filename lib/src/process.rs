@@ -534,10 +534,18 @@ pub fn judge_group(pgid: i32, ev: &JobEvidence) -> GroupEvidence {
             }
             Evidence::Belongs => out.belongs.push(m),
             Evidence::NotOurs(_) => out.not_ours += 1,
+            // A member that exited while it was being checked (its /proc files vanished:
+            // ESRCH) is gone, not unknown; only one still there, same start time, is.
+            Evidence::Unknown(_) if !still_there(&m) => {}
             Evidence::Unknown(why) => out.unknown.push((m, why)),
         }
     }
     out
+}
+
+/// Whether `m` is still the live process it was when listed.
+fn still_there(m: &ProcStat) -> bool {
+    matches!(stat(m.pid), Ok(Some(s)) if s.start == m.start && !s.is_dead())
 }
 
 /// The live members of process group `pgid` that provably belong to the job.
