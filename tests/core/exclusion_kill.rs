@@ -58,20 +58,10 @@ fn sigkilled_holders_never_cause_overlap_and_lock_recovers() {
     let mut kills = 0usize;
     let mut holder_kills = 0usize;
     let mut killed: HashSet<i32> = HashSet::new();
-    let mut last_progress = (0usize, Instant::now());
-    let mut stalled_max = Duration::ZERO;
+    let mut progress = support::Progress::new();
     // Kill while the first 80 % of the acquisitions run; the rest must finish unassisted.
     loop {
-        let done = CsReport::read(&files.log).entries.len();
-        if done != last_progress.0 {
-            last_progress = (done, Instant::now());
-        }
-        let stalled = last_progress.1.elapsed();
-        stalled_max = stalled_max.max(stalled);
-        assert!(
-            stalled < RECOVERY_BOUND,
-            "no critical section for {stalled:?} after {done} of them ({kills} kills): the lock did not recover"
-        );
+        let done = progress.check(&files.log, RECOVERY_BOUND, &format!("{kills} kills"));
         if done >= TARGET * 4 / 5 {
             break;
         }
@@ -128,13 +118,14 @@ fn sigkilled_holders_never_cause_overlap_and_lock_recovers() {
         "exclusion under SIGKILL: {} acquisitions in {took:.2?} (kill phase {kill_phase:.2?}), {kills} SIGKILLs \
          ({holder_kills} aimed at the lease's holder), {spawned} processes in all, {} holders killed inside \
          their critical section and recovered from, checked sections {}, token regressions {}, lost guards {}, \
-         worst gap between critical sections {:?}, longest stall seen by the killer {stalled_max:?}",
+         worst gap between critical sections {:?}, longest stall seen by the killer {:?}",
         r.entries.len(),
         killed_inside,
         sections.len(),
         regressions.len(),
         r.lost.len(),
         r.worst_gap(),
+        progress.stalled_max,
     );
     assert!(
         killed_inside >= 1,

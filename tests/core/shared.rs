@@ -74,16 +74,12 @@ fn kill_run(mode: &str, workers: usize, target: usize, limit: usize) {
     };
     let (mut kills, mut holder_kills) = (0usize, 0usize);
     let mut killed: HashSet<i32> = HashSet::new();
-    let mut last_progress = (0usize, Instant::now());
+    let mut progress = support::Progress::new();
     loop {
-        let done = CsReport::read(&files.log).entries.len();
-        if done != last_progress.0 {
-            last_progress = (done, Instant::now());
-        }
-        let stalled = last_progress.1.elapsed();
-        assert!(
-            stalled < RECOVERY_BOUND,
-            "{mode}: no critical section for {stalled:?} after {done} of them ({kills} kills): the lock did not recover"
+        let done = progress.check(
+            &files.log,
+            RECOVERY_BOUND,
+            &format!("{mode} ({kills} kills)"),
         );
         if done >= target * 4 / 5 {
             break;

@@ -342,6 +342,47 @@ fn shared_mode(b: LeaseBuilder, mode: &str, seed: u64) -> (LeaseBuilder, Option<
     }
 }
 
+/// Progress of a kill loop: how many critical sections the log holds, and for how long none
+/// was added (the lock must recover within a bound however the kills land).
+pub struct Progress {
+    done: usize,
+    since: std::time::Instant,
+    /// The longest time seen without a new critical section.
+    pub stalled_max: std::time::Duration,
+}
+
+impl Progress {
+    pub fn new() -> Progress {
+        Progress {
+            done: 0,
+            since: std::time::Instant::now(),
+            stalled_max: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Reads the log at `log`, fails (naming `what`) when no critical section was added for
+    /// `bound`, and returns how many there are.
+    #[track_caller]
+    pub fn check(
+        &mut self,
+        log: &std::path::Path,
+        bound: std::time::Duration,
+        what: &str,
+    ) -> usize {
+        let done = CsReport::read(log).entries.len();
+        if done != self.done {
+            (self.done, self.since) = (done, std::time::Instant::now());
+        }
+        let stalled = self.since.elapsed();
+        self.stalled_max = self.stalled_max.max(stalled);
+        assert!(
+            stalled < bound,
+            "{what}: no critical section for {stalled:?} after {done} of them: the lock did not recover"
+        );
+        done
+    }
+}
+
 /// What the exclusion log says.
 #[derive(Debug, Default)]
 pub struct CsReport {
