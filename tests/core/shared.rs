@@ -144,7 +144,15 @@ fn kill_run(mode: &str, workers: usize, target: usize, limit: usize) {
         sections.len(),
         r.worst_gap()
     );
-    assert_eq!(r.entries.len(), target);
+    // Holders inside together each count the log before appending, so up to all but one of
+    // them may append past the target at the end; never fewer than the target, never more.
+    let together = limit.min(workers);
+    assert!(
+        (target..target + together).contains(&r.entries.len()),
+        "{} sections logged, expected {target} to {}",
+        r.entries.len(),
+        target + together - 1
+    );
     assert!(
         r.lost.is_empty(),
         "guards lost in a critical section: {:?}",
