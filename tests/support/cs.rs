@@ -49,6 +49,18 @@ fn chmod(p: &Path, mode: u32) {
         .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", p.display()));
 }
 
+/// Appends a violation to `DIR/violation-ID` (appended, so that a section that both entered and
+/// left wrongly keeps both lines).
+fn record_violation(dir: &Path, id: &str, line: &str) {
+    let v = dir.join(format!("violation-{id}"));
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&v)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+}
+
 /// CLOCK_REALTIME in ns, as `date +%s%N` prints it.
 fn now_ns() -> u128 {
     SystemTime::now()
@@ -80,7 +92,7 @@ if ! (set -C; printf '%s\n' "$me" > "$cs/inside") 2>/dev/null; then
   elif [ -n "$oid" ] && [ -e "$cs/fenced-ok" ] && { dead "$opid" "$ost" || stopped "$opid"; }; then
     printf '%s\n' "$me" > "$cs/inside.$id" && mv -f "$cs/inside.$id" "$cs/inside"
   else
-    printf '%s entered while %s (pid %s) was inside\n' "$id" "${oid:-?}" "${opid:-?}" > "$cs/violation-$id"
+    printf '%s entered while %s (pid %s) was inside\n' "$id" "${oid:-?}" "${opid:-?}" >> "$cs/violation-$id"
   fi
 fi
 echo "start $(date +%s%N)" > "$cs/job-$id"
@@ -104,7 +116,7 @@ read -r oid rest < "$cs/inside" 2>/dev/null
 if [ "$oid" = "$id" ]; then
   rm -f "$cs/inside"
 else
-  printf '%s left while %s was inside\n' "$id" "${oid:-nobody}" > "$cs/violation-$id"
+  printf '%s left while %s was inside\n' "$id" "${oid:-nobody}" >> "$cs/violation-$id"
 fi
 exit 0
 "#;
@@ -353,12 +365,11 @@ impl Cs {
                     fs::rename(&mine, &inside).expect("cs: replace a dead occupant");
                 } else {
                     let _ = fs::remove_file(&mine);
-                    let v = self.dir.join(format!("violation-{id}"));
-                    fs::write(
-                        &v,
-                        format!("{id} entered while `{}` was inside\n", occupant.trim()),
-                    )
-                    .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+                    record_violation(
+                        &self.dir,
+                        &id,
+                        &format!("{id} entered while `{}` was inside\n", occupant.trim()),
+                    );
                 }
             }
             Err(e) => panic!("cs: link {}: {e}", inside.display()),
@@ -420,12 +431,11 @@ impl Cs {
             Kind::Shared => exclusive_inside || others.len() + 1 > limit,
         };
         if bad {
-            let v = self.dir.join(format!("violation-{id}"));
-            fs::write(
-                &v,
-                format!("{id} ({tag}, limit {limit}) entered while inside: {others:?}\n"),
-            )
-            .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+            record_violation(
+                &self.dir,
+                &id,
+                &format!("{id} ({tag}, limit {limit}) entered while inside: {others:?}\n"),
+            );
         }
         let log = self.dir.join(format!("job-{id}"));
         fs::write(&log, format!("start {}\n", now_ns()))
@@ -530,12 +540,11 @@ impl Section {
         if self.shared {
             let mine = self.cs.dir.join("in").join(&self.id);
             if fs::remove_file(&mine).is_err() {
-                let v = self.cs.dir.join(format!("violation-{}", self.id));
-                fs::write(
-                    &v,
-                    format!("{} left, but its occupant file was gone\n", self.id),
-                )
-                .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+                record_violation(
+                    &self.cs.dir,
+                    &self.id,
+                    &format!("{} left, but its occupant file was gone\n", self.id),
+                );
             }
             return;
         }
@@ -544,12 +553,11 @@ impl Section {
         if occupant.split_whitespace().next() == Some(self.id.as_str()) {
             fs::remove_file(&inside).expect("cs: remove inside");
         } else {
-            let v = self.cs.dir.join(format!("violation-{}", self.id));
-            fs::write(
-                &v,
-                format!("{} left while `{}` was inside\n", self.id, occupant.trim()),
-            )
-            .unwrap_or_else(|e| panic!("cs: write {}: {e}", v.display()));
+            record_violation(
+                &self.cs.dir,
+                &self.id,
+                &format!("{} left while `{}` was inside\n", self.id, occupant.trim()),
+            );
         }
     }
 }
