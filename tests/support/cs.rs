@@ -12,7 +12,7 @@
 //! - when the test allows fencing ([`Cs::allow_fenced`]: leasehold itself stops or kills a hung
 //!   holder's processes before a takeover), a process that is dead or stopped;
 //!
-//! the newcomer then replaces the leftover. Anything else is a violation, recorded in
+//! the newcomer then replaces the leftover. Anything else is a violation, appended to
 //! `DIR/violation-ID`, as is leaving a section whose `inside` is no longer one's own. A job
 //! writes `DIR/entered-ID` (the marker that says a kill lands inside the section), logs
 //! `start`, `tick`s, `end` to `DIR/job-ID`, and removes `inside`. Every log line carries
