@@ -11,6 +11,14 @@
 //! sections overlapped (the shared checker, `support::cs`: every kill is declared to it first).
 //! The run must count: at least one trial (`LEASEHOLD_TRIALS`, default 1,000), and holders
 //! killed inside their critical section in at least one trial in 20.
+//!
+//! **Starved** (`kill_cli_trials_while_real_time_hogs_starve_every_core`, ignored in a plain run
+//! because it starves every other test; `.ci/run` runs it alone): the same `leasehold run`
+//! trials while a `SCHED_FIFO` busy loop on every core (bursts of 10–150 ms, pauses of 5–50 ms)
+//! starves every ordinary process for longer than the renew window. Holders then miss their
+//! deadlines and fence themselves (exit 74, counted), and waiters stop hung holders' jobs: both
+//! are leasehold's own kills, so the checker allows dead occupants it was not told of — a live
+//! one is still an overlap, and so is any intersection of two jobs' logged intervals.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,14 +36,73 @@ pub use crate::support::Mode;
 /// make it a child subreaper and reap orphans with waitpid(-1), which must not race other
 /// tests' children); prints the figures, panics (exit 101) on any failed check.
 pub fn cli_trials_role() -> i32 {
-    let f = run_trials(Mode::Cli, support::base_trials());
+    let f = run_trials(Mode::Cli, support::base_trials(), false);
     print("leasehold run", &f);
     0
 }
 
+/// Role `kill-cli-trials-starved`: the `leasehold run` kill trials under real-time CPU hogs on
+/// every core (see the module comment); `LEASEHOLD_TRIALS` / 4 of them.
+pub fn cli_trials_starved_role() -> i32 {
+    let _hogs = Hogs::start(Duration::from_secs(900));
+    let f = run_trials(Mode::Cli, support::scaled(250), true);
+    print("leasehold run, every core starved", &f);
+    0
+}
+
+/// Role `starve`: a CPU hog (run under `chrt -f 50 taskset -c N`): busy for 10–150 ms, asleep
+/// for 5–50 ms, until `LH_STARVE_SECS` pass (so that it ends even if the test dies hard).
+pub fn starve_role() -> i32 {
+    let secs: u64 = std::env::var("LH_STARVE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut rng = Rng::new("starve");
+    while Instant::now() < end {
+        let busy = Instant::now() + Duration::from_millis(10 + rng.below(141));
+        while Instant::now() < busy {
+            std::hint::spin_loop();
+        }
+        std::thread::sleep(Duration::from_millis(5 + rng.below(46)));
+    }
+    0
+}
+
+/// One `SCHED_FIFO` priority-50 hog pinned to each online core; SIGKILLed on drop.
+struct Hogs(Vec<Proc>);
+
+impl Hogs {
+    fn start(limit: Duration) -> Hogs {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let hogs = (0..cores)
+            .map(|core| {
+                let me = std::env::current_exe().expect("current_exe");
+                let mut c = Command::new("chrt");
+                c.args(["-f", "50", "taskset", "-c", &core.to_string()])
+                    .arg(me)
+                    .args(support::worker::cmd("starve").get_args())
+                    .env(support::worker::ROLE, "starve")
+                    .env("LH_STARVE_SECS", limit.as_secs().to_string())
+                    .stdin(Stdio::null());
+                Proc::spawn(&mut c, &format!("hog on core {core}"))
+            })
+            .collect();
+        Hogs(hogs)
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for h in &mut self.0 {
+            h.kill();
+        }
+    }
+}
+
 #[test]
 fn kill_library_holders_and_waiters_at_random_points() {
-    let f = run_trials(Mode::Library, support::base_trials());
+    let f = run_trials(Mode::Library, support::base_trials(), false);
     print("library", &f);
 }
 
@@ -53,6 +120,30 @@ fn kill_cli_holders_and_waiters_at_random_points() {
     );
 }
 
+#[test]
+#[ignore = "starves every core for about a minute: run alone (`.ci/run` does), e.g. cargo test --release --test faults -- --ignored --exact kill::kill_cli_trials_while_real_time_hogs_starve_every_core"]
+fn kill_cli_trials_while_real_time_hogs_starve_every_core() {
+    // Real-time scheduling needs CAP_SYS_NICE (root, as in CI) and chrt/taskset (util-linux).
+    if support::need_root()
+        || support::skip(
+            !support::have("chrt") || !support::have("taskset"),
+            "needs chrt and taskset (util-linux)",
+        )
+    {
+        return;
+    }
+    let mut c = support::worker::cmd("kill-cli-trials-starved");
+    c.stdin(std::process::Stdio::null());
+    let mut w = Proc::spawn_piped(c, "leasehold run kill trials, every core starved");
+    let figures = w.line("faults: kill trials", Duration::from_secs(1800));
+    let st = w.wait_timeout(Duration::from_secs(60));
+    println!("faults: kill trials {figures}");
+    assert!(
+        st.success(),
+        "the starved kill trials failed: {st} (see their output)"
+    );
+}
+
 pub struct Figures {
     pub trials: usize,
     pub violations: usize,
@@ -65,6 +156,8 @@ pub struct Figures {
     pub killed_after_ready: usize,
     /// Critical sections that a SIGKILL ended (entered, never left).
     pub killed_inside: usize,
+    /// Runs that fenced their command on a missed renewal (exit 74; accepted only when starved).
+    pub fenced: usize,
 }
 
 fn spawn(mode: Mode, lock: &Path, work: &Path, trial: usize, name: &str, hold_ms: u64) -> Proc {
@@ -106,7 +199,9 @@ fn reap_orphans() {
     }
 }
 
-pub fn run_trials(mode: Mode, trials: usize) -> Figures {
+/// Runs `trials` kill trials through `mode`; `starved`: every core is starved (by [`Hogs`]), so
+/// a run that fences its command on a missed renewal (exit 74) is counted, not a problem.
+pub fn run_trials(mode: Mode, trials: usize, starved: bool) -> Figures {
     let mut rng = Rng::new(&format!("kill trials ({mode:?})"));
     let base = if Path::new("/dev/shm").is_dir() {
         tempfile::tempdir_in("/dev/shm").expect("tempdir")
@@ -118,6 +213,10 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
     fs::create_dir_all(&lockdir).unwrap();
     fs::create_dir_all(&work).unwrap();
     let cs = Cs::new(&work, "cs");
+    // A holder starved past its renew deadline is fenced by its own wrapper, or stopped by the
+    // waiter as hung: leasehold's own kills, undeclared, of a process that is dead by the time
+    // the next one enters. A live occupant is still a violation.
+    cs.allow_fenced();
     assert!(
         trials >= 1,
         "LEASEHOLD_TRIALS={trials}: no trial, nothing proved"
@@ -135,11 +234,19 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
         killed_waiters: 0,
         killed_after_ready: 0,
         killed_inside: 0,
+        fenced: 0,
     };
     let mut top_token = 0u64;
     let mut problems: Vec<String> = Vec::new();
     for trial in 0..trials {
-        let hold = rng.below(30);
+        // Starved, some holds outlast the TTL, so that a holder starved past its deadline is
+        // still inside when its lease turns stale: its fencing (or the waiter's stop of a hung
+        // holder) is what keeps the two apart.
+        let hold = if starved {
+            rng.below(600)
+        } else {
+            rng.below(30)
+        };
         let mut holder = spawn(mode, &lock, &work, trial, "holder", hold);
         let with_waiter = rng.chance(70);
         let mut waiter =
@@ -147,11 +254,13 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
         // Kill the holder (50 %), the waiter (25 %) or both (25 %), at a random point: either a
         // random delay after start (start-up, mid-acquire, early hold), or a random delay after
         // the holder said it holds (mid-hold, mid-renew, around release).
-        let pick = rng.below(4);
+        // Starved, a third of the trials kill nobody: starvation is then the only fault.
+        let pick = rng.below(if starved { 6 } else { 4 });
         let (kill_h, kill_w) = match pick {
             0 | 1 => (true, false),
             2 => (false, true),
-            _ => (true, true),
+            3 => (true, true),
+            _ => (false, false),
         };
         let after_ready = rng.chance(50);
         let ready = work.join("holder.ready");
@@ -181,8 +290,11 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
         for k in kids {
             let st = k.wait_timeout(Duration::from_secs(10));
             let c = support::code(st);
-            // 0 = done, 137 = our SIGKILL, 75 = could not get it in time (should not happen).
-            if c != 0 && c != 137 {
+            // 0 = done, 137 = our SIGKILL, 75 = could not get it in time (should not happen),
+            // 74 = fenced on a missed renewal (only a starved host excuses it).
+            if starved && c == 74 {
+                f.fenced += 1;
+            } else if c != 0 && c != 137 {
                 let err = k.stderr();
                 problems.push(format!(
                     "trial {trial}: {} exited {c}: {}",
@@ -267,7 +379,7 @@ pub fn run_trials(mode: Mode, trials: usize) -> Figures {
 
 pub fn print(label: &str, f: &Figures) {
     println!(
-        "faults: kill trials ({label}): trials={} violations={} worst_takeover_ms={} takeovers_over_100ms={} killed_holders={} killed_waiters={} killed_after_ready={} killed_inside_critical_section={} ttl_ms={} bound_ms={}",
+        "faults: kill trials ({label}): trials={} violations={} worst_takeover_ms={} takeovers_over_100ms={} killed_holders={} killed_waiters={} killed_after_ready={} killed_inside_critical_section={} fenced={} ttl_ms={} bound_ms={}",
         f.trials,
         f.violations,
         f.worst_takeover.as_millis(),
@@ -276,6 +388,7 @@ pub fn print(label: &str, f: &Figures) {
         f.killed_waiters,
         f.killed_after_ready,
         f.killed_inside,
+        f.fenced,
         TTL.as_millis(),
         BOUND.as_millis()
     );

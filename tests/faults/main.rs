@@ -23,5 +23,7 @@ mod skew;
 fn worker() {
     let mut roles = support::COMMON_ROLES.to_vec();
     roles.push(("kill-cli-trials", kill::cli_trials_role));
+    roles.push(("kill-cli-trials-starved", kill::cli_trials_starved_role));
+    roles.push(("starve", kill::starve_role));
     support::worker::run(&roles);
 }
