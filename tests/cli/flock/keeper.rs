@@ -13,6 +13,19 @@ use super::*;
 /// `sh -c BODY` in a session of its own (no controlling terminal, as under cron), with `$F`
 /// the lock file, `$FLOCK` the flock under test, `$LH` leasehold, `$D` the bench directory.
 fn shell(b: &Bench, f: &Path, body: &str) -> Command {
+    let mut c = plain_shell(b, f, body);
+    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    c
+}
+
+/// [`shell`] in the caller's session (for [`outcome`], which gives it a process group).
+fn plain_shell(b: &Bench, f: &Path, body: &str) -> Command {
     let mut c = Command::new("sh");
     c.args(["-c", body])
         .env("F", f)
@@ -23,13 +36,6 @@ fn shell(b: &Bench, f: &Path, body: &str) -> Command {
         .env_remove("LEASEHOLD_LEASE_ID")
         .env_remove("LEASEHOLD_FLOCK_TTL")
         .stderr(Stdio::piped());
-    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        c.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
-    }
     c
 }
 
@@ -228,4 +234,45 @@ echo "held $$"; while :; do sleep 0.05; done"#;
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     p.line("term", LIMIT);
     assert_eq!(code(p.wait_timeout(LIMIT)), 3, "the shell's TERM trap ran");
+}
+
+#[test]
+fn a_closed_descriptor_frees_the_lease_for_the_next_n_at_once() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("c.lock");
+    // The same shell closes its locked descriptor and locks again at once, by file and by
+    // another descriptor: neither is refused by the lease its keeper has not given back yet.
+    let body = r#"exec 9>"$F"; "$FLOCK" -n 9 || exit 1; exec 9>&-
+"$FLOCK" -n "$F" true; echo "file=$?"
+exec 8>"$F"; "$FLOCK" -n 8; echo "fd=$?"
+"$LH" status --json "$F" > "$D/s.json""#;
+    let (c, out, err) = outcome(plain_shell(&b, &f, body));
+    assert_eq!((c, out.as_str(), err.as_str()), (0, "file=0\nfd=0\n", ""));
+    let v: serde_json::Value =
+        serde_json::from_slice(&fs::read(b.path("s.json")).unwrap()).unwrap();
+    assert_eq!(v["state"], "held", "descriptor 8 got its own lease: {v}");
+    assert_eq!(v["note"], "flock descriptor 8");
+}
+
+#[test]
+fn a_shell_that_execs_flock_gets_the_kernel_lock_only() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("e.lock");
+    // flock replaces the shell: nobody holds descriptor 9 after it, so no lease is taken.
+    let (c, _, err) = outcome(plain_shell(
+        &b,
+        &f,
+        r#"exec 9>"$F"; exec "$FLOCK" --verbose -n 9"#,
+    ));
+    assert_eq!(c, 0);
+    assert!(
+        err.starts_with(
+            "flock: kernel lock only: the calling process does not hold the descriptor\n"
+        ),
+        "{err}"
+    );
+    assert!(
+        !b.path(".e.lock.leasehold-flock").exists(),
+        "no lease was taken"
+    );
 }
