@@ -5,7 +5,9 @@
 //!
 //! Owns: the plan (which file, whose descriptor, the lease's name, or kernel lock only and
 //! why), the order (lease, then kernel lock within one deadline; the lease given back when the
-//! kernel lock is not had), the hand-over to the keeper, and the nudge. Must never: hand the
+//! kernel lock is not had), the hand-over to the keeper, `-u`'s nudge, and `-n`'s settle (a
+//! keeper whose job the kernel shows without the lock is nudged and waited for, so `-n` is
+//! refused only by a lock the kernel shows held; the file form uses it too). Must never: hand the
 //! keeper a duplicate of the user's descriptor (the lock would outlive its holders); take the
 //! lease for a process whose descriptor is not the one being locked; exit 0 without the kernel
 //! lock.
