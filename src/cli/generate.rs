@@ -175,7 +175,11 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
          (.NAME.leasehold-flock; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
          told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
          the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
-         74). Where no lease can be kept (no fork, the file-descriptor form, an unlock, no write access to the directory, a read-only or full file system) it takes \
+         74). With --no-fork and in the file-descriptor form a detached keeper keeps the \
+         lease: for the exec'd command, or for the shell that holds the descriptor until the \
+         kernel lock is released (flock -u, the shell's exit, the last inheriting process's \
+         exit). Where no lease can be kept (an unlock, a descriptor the calling process does \
+         not hold, no write access to the directory, a read-only or full file system) it takes \
          the kernel lock only, exactly as flock(1) does, and says why when verbose.",
     );
     r.control("SH", ["OPTIONS"]);

@@ -13,7 +13,7 @@ use leasehold::{LeaseBuilder, text};
 
 use crate::cli::args::LockArgs;
 use crate::cli::{exit, report};
-use crate::script::{self, Held, Patience, Script, Started};
+use crate::script::{self, Bound, Held, Patience, Script, Started};
 
 /// Runs `leasehold lock` and returns the exit status.
 pub(super) fn lock(a: &LockArgs) -> i32 {
@@ -42,7 +42,8 @@ pub(super) fn lock(a: &LockArgs) -> i32 {
         (false, Some(w)) => Patience::Upto(w),
         (false, None) => Patience::Forever,
     };
-    match script::start(b, how, a.quiet, a.lease.conflict_exit_code, script) {
+    let conflict = a.lease.conflict_exit_code;
+    match script::start(b, how, a.quiet, conflict, script, Bound::Script, false) {
         Ok(Started::Held(h, front)) => {
             if !print_all(&exports(&h)) {
                 let released = front.abort();
@@ -66,6 +67,8 @@ pub(super) fn lock(a: &LockArgs) -> i32 {
             }
         }
         Ok(Started::Failed(code)) => code,
+        // Only the flock front end's keeper answers these.
+        Ok(Started::Busy(_) | Started::Unavailable) => exit::SOFTWARE,
         Ok(Started::ScriptGone) => {
             say!(
                 "{}",

@@ -7,15 +7,22 @@
 //! taken first, so converted users queue in FIFO order, `leasehold status FILE` explains who
 //! holds it, and a lost lease fences the command (exit 74).
 //!
-//! Owns: the entry point, flock's messages (prefixed with the program name; the lock's own
-//! messages only with `--verbose`) and exit statuses, and the FD form. `args` parses, `lock`
-//! holds the kernel lock, `run` runs the file form. Must never: write, truncate, chmod, rename
-//! or delete the named file; print anything flock(1) would not print without `--verbose`.
+//! The FD form (`exec 9>F; flock -n 9`) and `-F` hold their lease through a detached keeper
+//! (script mode's, `crate::script`): bound to the shell and its descriptor for the FD form
+//! (released when no process of the shell's job holds the kernel lock any more), to flock's own
+//! pid — the exec'd command's — for `-F`.
 //!
-//! Not leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-F` and the
-//! FD form (not yet: they need a keeper bound to the process that keeps the lock), `-u`.
+//! Owns: the entry point, flock's messages (prefixed with the program name; the lock's own
+//! messages only with `--verbose`) and exit statuses. `args` parses, `lock` holds the kernel
+//! lock, `run` runs the file form, `descriptor` the FD form. Must never: write, truncate,
+//! chmod, rename or delete the named file; print anything flock(1) would not print without
+//! `--verbose`.
+//!
+//! Not leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-u`, and
+//! whatever cannot keep a lease.
 
 pub mod args;
+pub(crate) mod descriptor;
 mod lock;
 mod run;
 
@@ -32,10 +39,12 @@ pub use args::{help_text, version_text};
 pub enum KernelOnly {
     /// `-u`: dropping a lock takes no lease.
     Unlock,
-    /// `-F`: no process is left to keep a lease (wire to the script-mode keeper).
-    NoFork,
-    /// The FD form: the lock outlives flock (wire to the script-mode keeper).
+    /// The FD form, when the process that ran flock (the shell) does not hold the descriptor
+    /// (it exec'd flock, or is another user's): no process to bind a lease to.
     Descriptor,
+    /// The FD form, when the shell already holds a lease on the file through flock (a second
+    /// lock call: a conversion, or another of its descriptors).
+    Relock,
     /// The path has no directory beside it to hold a lease (`/`, `.`, `..`).
     NoPlaceBeside,
     /// Not a regular file or a directory (a device, FIFO or socket): its directory belongs to
@@ -51,8 +60,8 @@ impl KernelOnly {
     pub fn why(self) -> &'static str {
         match self {
             KernelOnly::Unlock => "unlocking takes no lease",
-            KernelOnly::NoFork => "--no-fork leaves no process to keep a lease",
-            KernelOnly::Descriptor => "a descriptor's lock takes no lease yet",
+            KernelOnly::Descriptor => "the calling process does not hold the descriptor",
+            KernelOnly::Relock => "the calling process already holds the lease",
             KernelOnly::NoPlaceBeside => "the path has no directory to keep a lease in",
             KernelOnly::NotAFile => "not a regular file or directory",
             KernelOnly::LeaseUnavailable => "the lease cannot be taken",
@@ -86,29 +95,8 @@ pub fn main(prog: &str, args: &[OsString]) -> i32 {
             warn(prog, "cannot set up timer: Invalid argument");
             71
         }
-        Parsed::Run(o, Target::Fd(fd)) => descriptor(prog, &o, fd),
+        Parsed::Run(o, Target::Fd(fd)) => descriptor::descriptor(prog, &o, fd),
         Parsed::Run(o, Target::File { path, command }) => run::file(prog, &o, &path, &command),
-    }
-}
-
-/// The FD form: lock (or unlock) descriptor `fd`, which the caller's shell holds, and exit.
-fn descriptor(prog: &str, o: &args::Options, fd: i32) -> i32 {
-    if o.verbose && o.mode != args::Mode::Unlock {
-        warn(
-            prog,
-            &format!("kernel lock only: {}", KernelOnly::Descriptor.why()),
-        );
-    }
-    let started = Instant::now();
-    let wait = run::wait_for(o.wait, None);
-    match lock::lock(fd, o.api, o.mode, wait) {
-        Ok(()) => {
-            if o.verbose {
-                took(prog, started);
-            }
-            0
-        }
-        Err(f) => conflict_or_failure(prog, o, f, &fd.to_string()),
     }
 }
 

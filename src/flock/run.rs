@@ -22,6 +22,7 @@ use nix::sys::stat::{SFlag, fstat};
 
 use super::args::{Mode, Options, Wait};
 use super::{KernelOnly, lock, warn};
+use crate::script::{self, Bound, Front, Held, Patience, Script, Started};
 use crate::supervise::{Job, Outcome, Supervisor};
 
 /// How this lock is taken.
@@ -50,9 +51,6 @@ fn plan(o: &Options, path: &OsStr, fd: &OwnedFd) -> Plan {
         // A shared kernel lock takes a shared lease (`LeaseBuilder::shared`): shared holders
         // together, an exclusive one alone, first come first served (PROTOCOL.md §13).
         Mode::Shared | Mode::Exclusive => {}
-    }
-    if o.no_fork {
-        return Plan::Kernel(KernelOnly::NoFork);
     }
     let Some(lease) = leasehold::lease_beside(Path::new(path)) else {
         return Plan::Kernel(KernelOnly::NoPlaceBeside);
@@ -93,9 +91,19 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
         _ => None,
     };
     let mut held = None;
+    let mut kept = None;
     let mut only = None;
-    match plan(o, path, &fd) {
+    let planned = plan(o, path, &fd);
+    if let (Plan::Lease(lease), Wait::No, Ok(st)) = (&planned, o.wait, fstat(&fd)) {
+        super::descriptor::settle(lease, (st.st_dev, st.st_ino));
+    }
+    match planned {
         Plan::Kernel(why) => only = Some(why),
+        Plan::Lease(lease) if o.no_fork => match keep_for_exec(o, &lease, ttl, command) {
+            Ok(k) => kept = Some(k),
+            Err(Some(f)) => return super::conflict_or_failure(prog, o, f, ""),
+            Err(None) => only = Some(KernelOnly::LeaseUnavailable),
+        },
         Plan::Lease(lease) => match take_lease(o, &lease, ttl, command) {
             Ok(h) => held = Some(h),
             Err(Some(f)) => return super::conflict_or_failure(prog, o, f, ""),
@@ -109,6 +117,9 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
         if let Some((_, guard)) = held {
             let _ = guard.release_with("not started: the kernel lock was not had");
         }
+        if let Some((front, _)) = kept {
+            front.abort();
+        }
         return code;
     }
     if o.verbose {
@@ -121,7 +132,7 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
     }
     match held {
         Some((mut sup, guard)) => supervised(prog, &mut sup, guard, command),
-        None if o.no_fork => exec(prog, command),
+        None if o.no_fork => exec(prog, command, kept),
         None => forked(prog, command),
     }
     // The kernel lock is dropped with `fd`, after the lease was released: a converted waiter
@@ -168,13 +179,58 @@ fn take_lease(
     }
 }
 
+/// `-F`'s lease: taken by a keeper (script mode's) on behalf of this process, which the command
+/// replaces by `exec` keeping its pid, so the keeper releases it when the command exits and
+/// fences the command if it is lost. `Err` as [`take_lease`].
+fn keep_for_exec(
+    o: &Options,
+    lease: &Path,
+    ttl: Option<Duration>,
+    command: &[OsString],
+) -> Result<(Front, Held), Option<lock::Fail>> {
+    let me = std::process::id() as i32;
+    let Ok(Some(s)) = leasehold::process::stat(me) else {
+        return Err(None);
+    };
+    let raw = rustix::process::Pid::from_raw(me).ok_or(None)?;
+    let pidfd =
+        rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).map_err(|_| None)?;
+    let argv = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut b = LeaseBuilder::new(lease)
+        .command(argv)
+        .shared(o.mode == Mode::Shared)
+        .on_behalf_of(me, s.start, s.pgrp);
+    if let Some(t) = ttl {
+        b = b.ttl(t);
+    }
+    let how = match o.wait {
+        Wait::No => Patience::NoWait,
+        Wait::For(d) => Patience::Upto(d),
+        Wait::Forever => Patience::Forever,
+    };
+    let me = Script {
+        pid: me,
+        start: s.start,
+        pidfd,
+    };
+    match script::start(b, how, true, o.conflict, me, Bound::Script, true) {
+        Ok(Started::Held(h, front)) => Ok((front, h)),
+        Ok(Started::Busy(false)) => Err(Some(lock::Fail::Conflict)),
+        Ok(Started::Busy(true)) => Err(Some(lock::Fail::Timeout)),
+        _ => Err(None),
+    }
+}
+
 /// The environment variable that sets the lease's TTL (flock(1)'s command line has no room
 /// for it): a leasehold DURATION, e.g. `10s`; the library's default when unset.
 pub const TTL_VAR: &str = "LEASEHOLD_FLOCK_TTL";
 
 /// The TTL asked for in [`TTL_VAR`], checked the way `leasehold run --ttl` checks it; `Err` says
 /// what is wrong.
-fn lease_ttl() -> Result<Option<Duration>, String> {
+pub(super) fn lease_ttl() -> Result<Option<Duration>, String> {
     let Some(v) = std::env::var_os(TTL_VAR) else {
         return Ok(None);
     };
@@ -316,8 +372,10 @@ fn forked(prog: &str, command: &[OsString]) -> i32 {
     }
 }
 
-/// `-F`: flock becomes the command, keeping the locked descriptor (kernel lock only).
-fn exec(prog: &str, command: &[OsString]) -> i32 {
+/// `-F`: flock becomes the command, keeping the locked descriptor — and, with a keeper, the
+/// lease, whose `LEASEHOLD_LOCK`, `LEASEHOLD_TOKEN` and `LEASEHOLD_LEASE_ID` it carries in its
+/// environment (the evidence binding what it starts to this lease, as under `leasehold run`).
+fn exec(prog: &str, command: &[OsString], kept: Option<(Front, Held)>) -> i32 {
     let argv: Vec<CString> = command
         .iter()
         .filter_map(|a| CString::new(a.as_bytes()).ok())
@@ -325,6 +383,20 @@ fn exec(prog: &str, command: &[OsString]) -> i32 {
     let Some(first) = argv.first() else {
         return 64;
     };
+    if let Some((front, h)) = kept {
+        // SAFETY: this process runs one thread (the keeper was forked, no thread was started),
+        // so nothing reads the environment while it changes.
+        unsafe {
+            std::env::set_var("LEASEHOLD_LOCK", &h.lock);
+            std::env::set_var("LEASEHOLD_TOKEN", h.token.to_string());
+            std::env::set_var("LEASEHOLD_LEASE_ID", &h.lease_id);
+        }
+        if !front.printed() {
+            // Its lease names this process and a dead keeper: judged as a frozen holder's.
+            warn(prog, "the lease's keeper died: the command was not started");
+            return 71;
+        }
+    }
     // Rust ignores SIGPIPE in its own processes; the command must start with the default, as
     // it does under flock(1). SAFETY: setting a disposition to SIG_DFL installs no handler.
     let _ =

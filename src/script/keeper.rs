@@ -1,13 +1,19 @@
-//! The keeper: a detached process that holds a lease for a script.
+//! The keeper: a detached process that holds a lease for a script (or for a descriptor's
+//! kernel lock: flock's FD form).
 //!
 //! Owns: detaching (PDEATHSIG, session, stdio, descriptors), taking the lease on the script's
 //! behalf, the keeper's half of the hand-over, and then, until the lease ends: releasing it when
 //! the script exits (pidfd) or a verified `leasehold unlock` asks (SIGUSR1 read from a
 //! signalfd, whose sender the kernel names), and fencing the script when the lease is lost.
+//! Bound to a descriptor ([`Bound::Descriptor`]): releasing it when no process of the job holds
+//! the kernel lock any more (`super::descriptor`; looked at on the job's exit, a close of the
+//! file, a SIGUSR1 nudge from `flock -u`, and every second), rebinding the lease to a process
+//! that inherited the descriptor, fencing the job when the lease is lost.
 //! Must never: release before the front has said the exports were printed in full or could
-//! not be (`p`/`a`); signal a script with a controlling terminal; honour an unlock from a
-//! process that is not the script, a descendant of it, or a process carrying this lease in
-//! its environment.
+//! not be (`p`/`a`) — bound to a descriptor, before the kernel shows the lock gone; signal a
+//! script with a controlling terminal; honour an unlock from a process that is not the script,
+//! a descendant of it, or a process carrying this lease in its environment; hold a duplicate of
+//! a descriptor it watches.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -23,9 +29,10 @@ use nix::sys::stat::Mode;
 use nix::unistd::{Pid, getppid, pipe2, setsid};
 
 use leasehold::process::{self, JobEvidence};
-use leasehold::{LeaseBuilder, LeaseGuard, LockPaths};
+use leasehold::{Error, LeaseBuilder, LeaseGuard, LockPaths};
 
-use super::{Patience, keep_fds};
+use super::descriptor::{self, Holder, Job, Watch};
+use super::{Bound, Patience, keep_fds};
 use crate::cli::progress::WaitDisplay;
 use crate::cli::{exit, report};
 
@@ -38,6 +45,8 @@ pub(super) struct Keeper {
     pub front: i32,
     pub script_pid: i32,
     pub script_start: u64,
+    pub bound: Bound,
+    pub flock: bool,
     pub up: OwnedFd,
     pub down: OwnedFd,
 }
@@ -54,7 +63,9 @@ pub(super) fn run(k: Keeper) -> ! {
 /// /dev/null; every descriptor but stderr and the two pipe ends closed (the script's own, a
 /// cron job's output pipe). SIGUSR1 is blocked before any thread exists, for the signalfd.
 fn detach(k: &Keeper) -> io::Result<()> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    if matches!(k.bound, Bound::Script) {
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    }
     if getppid().as_raw() != k.front {
         // The front died before PDEATHSIG was set: nobody waits for us.
         std::process::exit(0);
@@ -64,7 +75,11 @@ fn detach(k: &Keeper) -> io::Result<()> {
     nix::unistd::dup2_stdin(&null)?;
     nix::unistd::dup2_stdout(&null)?;
     drop(null);
-    let keep = keep_fds(&k.up, &k.down);
+    let watched = match &k.bound {
+        Bound::Descriptor(w) => w.closes.as_ref(),
+        Bound::Script => None,
+    };
+    let keep = keep_fds(&k.up, &k.down, watched);
     let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
@@ -92,8 +107,27 @@ fn keep(k: Keeper) -> i32 {
         return exit::SOFTWARE;
     };
     let lost = File::from(lost_r);
-    let guard = match take(&k.builder, k.how, k.quiet, lost_w) {
+    // Bound to a descriptor the keeper does not die with the front; it gives up waiting when
+    // the front is gone (nobody will take the kernel lock).
+    let orphaned = matches!(k.bound, Bound::Descriptor(_)).then_some(k.front);
+    let guard = match take(&k.builder, k.how, k.quiet || k.flock, lost_w, orphaned) {
         Ok(g) => g,
+        Err(e) if k.flock => {
+            let what = match (&e, k.how) {
+                (Error::Timeout { .. }, _) => "late",
+                (
+                    Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. },
+                    Patience::NoWait,
+                ) => "busy",
+                (
+                    Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. },
+                    _,
+                ) => "late",
+                _ => "none",
+            };
+            let _ = up.write_all(format!("fail {what}\n").as_bytes());
+            return 0;
+        }
         Err(e) => {
             let code = if crate::cli::run::is_conflict(&e) {
                 if !k.quiet {
@@ -108,7 +142,7 @@ fn keep(k: Keeper) -> i32 {
             return code;
         }
     };
-    if let (Some(v), false) = (guard.broke(), k.quiet) {
+    if let (Some(v), false) = (guard.broke(), k.quiet || k.flock) {
         say(&report::broke_line(v, false));
     }
     // From here on nothing is printed: stderr too goes to /dev/null, so a caller reading it to
@@ -121,6 +155,15 @@ fn keep(k: Keeper) -> i32 {
     let mut msg =
         format!("ok {} {} {}\n", guard.token(), guard.lease_id(), path.len()).into_bytes();
     msg.extend_from_slice(&path);
+    if let Bound::Descriptor(w) = &k.bound {
+        let job = Job {
+            pid: k.script_pid,
+            start: k.script_start,
+            fd: w.fd,
+            pgid: guard.lease().holder.pgid.unwrap_or(0),
+        };
+        return keep_descriptor(job, w, (up, down), &msg, guard, &lost);
+    }
     if up.write_all(&msg).is_err() {
         // The front is gone: PDEATHSIG is on its way. Never release (see the module doc).
         std::process::exit(exit::SOFTWARE);
@@ -149,6 +192,113 @@ fn keep(k: Keeper) -> i32 {
     0
 }
 
+/// The hand-over and the watch of a keeper bound to a descriptor: `msg` is the `ok` line. The
+/// front answers `p` once it holds the kernel lock, `a` when it could not take it (release);
+/// if it dies instead, what the kernel shows decides, as always afterwards.
+fn keep_descriptor(
+    job: Job,
+    w: &Watch,
+    (mut up, mut down): (File, File),
+    msg: &[u8],
+    guard: LeaseGuard,
+    lost: &File,
+) -> i32 {
+    if up.write_all(msg).is_ok() {
+        let mut answer = [0u8; 1];
+        match down.read(&mut answer) {
+            Ok(1) if answer[0] == b'p' => {
+                let _ = up.write_all(b"k");
+            }
+            Ok(1) if answer[0] == b'a' => {
+                let _ = guard.release_with("not started: the kernel lock was not had");
+                let _ = up.write_all(b"r");
+                return 0;
+            }
+            _ => {}
+        }
+    }
+    drop(up);
+    drop(down);
+    let how = watch_descriptor(&guard, w, job, lost);
+    let _ = guard.release_with(&how);
+    0
+}
+
+/// Until no process of the job holds the kernel lock (release), or the lease is lost (fence
+/// the job). Looks again when the job exits, the file is closed somewhere, `flock -u` nudges
+/// (SIGUSR1, from anyone: it only makes the keeper look), and every second. A process that
+/// inherited the descriptor and holds the lock after the job's own descriptor stopped holding
+/// it becomes the lease's job (`set_child`). Returns how it ended, for the released record.
+fn watch_descriptor(guard: &LeaseGuard, w: &Watch, mut job: Job, lost: &File) -> String {
+    let signals = SignalFd::with_flags(
+        &SigSet::from(Signal::SIGUSR1),
+        SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK,
+    )
+    .ok();
+    let uid = guard.lease().holder.uid;
+    let mut pidfd = open_script(job.pid, job.start);
+    loop {
+        if guard.is_lost() {
+            let why = guard
+                .loss()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| "lease lost".into());
+            return stop_or_tell(guard, pidfd.as_ref(), job.pid, &why);
+        }
+        match descriptor::who_holds(&job, uid, w) {
+            Holder::Job => {}
+            Holder::Other {
+                pid,
+                start,
+                fd,
+                pgid,
+            } => {
+                if guard.set_child(pid, start, pgid).is_ok() {
+                    job = Job {
+                        pid,
+                        start,
+                        fd,
+                        pgid,
+                    };
+                    pidfd = open_script(pid, start);
+                    continue;
+                }
+            }
+            Holder::Nobody => {
+                return format!(
+                    "kernel lock released (descriptor {} of pid {})",
+                    job.fd, job.pid
+                );
+            }
+        }
+        let mut fds = vec![PollFd::new(lost.as_fd(), PollFlags::POLLIN)];
+        if let Some(p) = &pidfd {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(s) = &signals {
+            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(c) = &w.closes {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+        }
+        let _ = poll(&mut fds, PollTimeout::from(1000u16));
+        drop(fds);
+        if let Some(s) = &signals {
+            while let Ok(Some(_)) = s.read_signal() {}
+        }
+        if let Some(c) = &w.closes {
+            let mut buf = [0u8; 4096];
+            while matches!(nix::unistd::read(c, &mut buf), Ok(n) if n > 0) {}
+        }
+        if pidfd.as_ref().is_some_and(|p| {
+            let mut f = [PollFd::new(p.as_fd(), PollFlags::POLLIN)];
+            matches!(poll(&mut f, PollTimeout::ZERO), Ok(n) if n > 0)
+        }) {
+            pidfd = None;
+        }
+    }
+}
+
 /// A pidfd on the script, checked against its start time (closing the PID-reuse race).
 fn open_script(pid: i32, start: u64) -> Option<OwnedFd> {
     let raw = rustix::process::Pid::from_raw(pid)?;
@@ -160,11 +310,13 @@ fn open_script(pid: i32, start: u64) -> Option<OwnedFd> {
 }
 
 /// Acquires as asked, showing the wait on stderr; its loss is written to `lost_w`.
+/// With `orphaned` (the front's pid), waiting ends — the keeper exits — once the front is gone.
 fn take(
     b: &LeaseBuilder,
     how: Patience,
     quiet: bool,
     lost_w: OwnedFd,
+    orphaned: Option<i32>,
 ) -> leasehold::Result<LeaseGuard> {
     let lost_w = Arc::new(File::from(lost_w));
     let display = WaitDisplay::new(quiet);
@@ -174,7 +326,12 @@ fn take(
         .on_lost(move |_| {
             let _ = (&*lost_w).write(b"!");
         })
-        .on_wait(move |v| shown.waiting(v));
+        .on_wait(move |v| {
+            if orphaned.is_some_and(|front| getppid().as_raw() != front) {
+                std::process::exit(0);
+            }
+            shown.waiting(v)
+        });
     let got = match how {
         Patience::NoWait => b.try_acquire(),
         Patience::Upto(w) => b.acquire_timeout(w),
@@ -193,7 +350,7 @@ fn watch(guard: &LeaseGuard, script: &OwnedFd, lost: &File, pid: i32, start: u64
     ) else {
         return stop_or_tell(
             guard,
-            script,
+            Some(script),
             pid,
             "the keeper cannot receive unlock requests",
         );
@@ -210,7 +367,12 @@ fn watch(guard: &LeaseGuard, script: &OwnedFd, lost: &File, pid: i32, start: u64
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(_) => {
-                return stop_or_tell(guard, script, pid, "the keeper cannot watch the script");
+                return stop_or_tell(
+                    guard,
+                    Some(script),
+                    pid,
+                    "the keeper cannot watch the script",
+                );
             }
         }
         if fds[0].any().unwrap_or(false) {
@@ -225,7 +387,7 @@ fn watch(guard: &LeaseGuard, script: &OwnedFd, lost: &File, pid: i32, start: u64
                 .loss()
                 .map(|r| r.to_string())
                 .unwrap_or_else(|| "lease lost".into());
-            return stop_or_tell(guard, script, pid, &why);
+            return stop_or_tell(guard, Some(script), pid, &why);
         }
         while let Ok(Some(si)) = signals.read_signal() {
             let asker = si.ssi_pid as i32;
@@ -242,12 +404,13 @@ fn watch(guard: &LeaseGuard, script: &OwnedFd, lost: &File, pid: i32, start: u64
 
 /// The lease was lost (or can no longer be watched): stop the script as `run` stops its
 /// command — unless it has a controlling terminal, which is told instead. Returns how it ended.
-fn stop_or_tell(guard: &LeaseGuard, script: &OwnedFd, pid: i32, why: &str) -> String {
+/// `script` is `None` when no pidfd on it could be had (it is gone).
+fn stop_or_tell(guard: &LeaseGuard, script: Option<&OwnedFd>, pid: i32, why: &str) -> String {
     let lock = guard.path().to_path_buf();
-    let gone = {
+    let gone = script.is_none_or(|script| {
         let mut fds = [PollFd::new(script.as_fd(), PollFlags::POLLIN)];
         matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-    };
+    });
     if gone {
         format!("script pid {pid} exited; {why}")
     } else if process::controlling_tty(pid).is_some() {

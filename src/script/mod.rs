@@ -1,5 +1,7 @@
 //! Script mode: the keeper process that holds a lease for a shell script, and the hand-over from
-//! `leasehold lock` to it.
+//! `leasehold lock` to it — also used by the flock front end for `-F` (bound to the exec'd
+//! command) and the FD form (bound to the shell's descriptor: [`Bound::Descriptor`],
+//! `descriptor.rs`, PROTOCOL.md §12).
 //!
 //! Owns: forking the keeper and detaching it (own session, stdio on /dev/null, every other
 //! inherited descriptor closed, `PR_SET_PDEATHSIG` until the hand-over is done), the two pipes
@@ -9,7 +11,9 @@
 //! lost. Must never: let the keeper outlive a `leasehold lock` that died before it knew the
 //! exports were printed, and keep the lease (it dies with it instead: PROTOCOL.md §11); release
 //! a lease whose exports may have reached the script while the script may still run; signal a
-//! script that has a controlling terminal.
+//! script that has a controlling terminal; hold a duplicate of a descriptor it is bound to.
+//! (Bound to a descriptor, the keeper does not die with the front: the kernel's evidence of the
+//! lock, not the hand-over, decides when the lease ends.)
 //!
 //! # The hand-over
 //!
@@ -31,6 +35,7 @@
 //! read the exports still runs. A keeper that reads end-of-file on the down pipe exits without
 //! releasing for the same reason.
 
+pub mod descriptor;
 mod keeper;
 
 use std::io::{self, Read, Write};
@@ -53,6 +58,18 @@ pub enum Patience {
     Upto(Duration),
     /// As long as it takes.
     Forever,
+}
+
+/// What the lease is bound to, beside the process it is held for.
+#[derive(Debug)]
+pub enum Bound {
+    /// The process itself (`leasehold lock`, flock's `-F`): released when it exits; the keeper
+    /// dies with the front until the hand-over is done.
+    Script,
+    /// A kernel lock on a descriptor of the process (flock's FD form): released when no
+    /// process of its job holds that lock any more ([`descriptor`]). The keeper does not die
+    /// with the front: it decides by that evidence whatever the front did.
+    Descriptor(descriptor::Watch),
 }
 
 /// The script a keeper holds a lease for.
@@ -84,6 +101,12 @@ pub enum Started {
     Held(Held, Front),
     /// The keeper could not take it; it already said why. The exit status.
     Failed(i32),
+    /// For the flock front end (which says nothing itself): a holder kept it — at once (`-n`),
+    /// or until the wait ran out (`true`).
+    Busy(bool),
+    /// For the flock front end: it cannot be had for another reason (flock goes on with the
+    /// kernel lock alone).
+    Unavailable,
     /// The script ended while the keeper waited for the lock.
     ScriptGone,
     /// The keeper died before answering.
@@ -99,13 +122,17 @@ pub struct Front {
 
 /// Forks the keeper and waits for it to take the lease (or fail). Must be called before this
 /// process starts any thread.
-/// `conflict` is the exit status for a lock that could not be had (`-E`).
+/// `conflict` is the exit status for a lock that could not be had (`-E`); `flock`: the flock
+/// front end's keeper, which prints nothing and answers [`Started::Busy`] or
+/// [`Started::Unavailable`] rather than [`Started::Failed`].
 pub fn start(
     b: LeaseBuilder,
     how: Patience,
     quiet: bool,
     conflict: u8,
     script: Script,
+    bound: Bound,
+    flock: bool,
 ) -> io::Result<Started> {
     let (up_r, up_w) = pipe2(OFlag::O_CLOEXEC)?;
     let (down_r, down_w) = pipe2(OFlag::O_CLOEXEC)?;
@@ -124,6 +151,8 @@ pub fn start(
                 front,
                 script_pid: script.pid,
                 script_start: script.start,
+                bound,
+                flock,
                 up: up_w,
                 down: down_r,
             });
@@ -175,6 +204,9 @@ fn wait_held(mut up: std::fs::File, down: std::fs::File, script: &Script) -> io:
     let text = String::from_utf8_lossy(&line).into_owned();
     let words: Vec<&str> = text.split(' ').collect();
     match words.as_slice() {
+        ["fail", "busy"] => Ok(Started::Busy(false)),
+        ["fail", "late"] => Ok(Started::Busy(true)),
+        ["fail", "none"] => Ok(Started::Unavailable),
         ["fail", code] => Ok(Started::Failed(code.parse().unwrap_or(70))),
         ["gone"] => Ok(Started::ScriptGone),
         ["ok", token, id, len] => {
@@ -224,7 +256,10 @@ impl Front {
     }
 }
 
-/// The raw descriptor numbers a detached keeper keeps: stdio and its two pipe ends.
-fn keep_fds(a: &OwnedFd, b: &OwnedFd) -> [i32; 5] {
-    [0, 1, 2, a.as_raw_fd(), b.as_raw_fd()]
+/// The raw descriptor numbers a detached keeper keeps: stdio, its two pipe ends, and what it
+/// watches (`extra`).
+fn keep_fds(a: &OwnedFd, b: &OwnedFd, extra: Option<&OwnedFd>) -> Vec<i32> {
+    let mut v = vec![0, 1, 2, a.as_raw_fd(), b.as_raw_fd()];
+    v.extend(extra.map(|e| e.as_raw_fd()));
+    v
 }

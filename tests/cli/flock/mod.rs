@@ -18,6 +18,7 @@ use crate::support::*;
 
 mod contention;
 mod forms;
+mod keeper;
 mod parsing;
 
 const REAL: &str = "/usr/bin/flock";
