@@ -137,6 +137,26 @@ fn man_leasehold(w: &mut dyn Write) -> io::Result<()> {
     w.write_all(page.text().as_bytes())
 }
 
+/// The DESCRIPTION of the `flock` page: what the front end keeps of flock(1), and what it adds.
+const FLOCK_DESCRIPTION: [&str; 2] = [
+    "Called as flock (ln -s leasehold /usr/local/bin/flock) or as leasehold flock, \
+         leasehold accepts util-linux 2.41 flock(1)'s command line and behaves as it does: it \
+         takes the same kernel lock on the named file (flock(2), or an open-file-description \
+         lock), so unconverted flock(1) users, lslocks and udev see and respect it, and it is \
+         silent unless asked to be verbose. The named file is never written, truncated, \
+         renamed or chmodded; it may be the script itself, a directory or a device.",
+    "For a lock around a command it first takes a heartbeat lease beside the file \
+         (.NAME.leasehold-flock; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
+         told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
+         the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
+         74). With --no-fork and in the file-descriptor form a detached keeper keeps the \
+         lease: for the exec'd command, or for the shell that holds the descriptor until the \
+         kernel lock is released (flock -u, the shell's exit, the last inheriting process's \
+         exit). Where no lease can be kept (an unlock, a descriptor the calling process does \
+         not hold, no write access to the directory, a read-only or full file system) it takes \
+         the kernel lock only, exactly as flock(1) does, and says why when verbose.",
+];
+
 /// flock(1) as the `flock` name gives it: util-linux's command line, and what leasehold adds.
 fn man_flock(w: &mut dyn Write) -> io::Result<()> {
     use crate::flock::args::{EXIT_STATUS, FORMS, OPTIONS};
@@ -160,28 +180,9 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
             .control("br", []);
     }
     r.control("SH", ["DESCRIPTION"]);
-    paragraph(
-        &mut r,
-        "Called as flock (ln -s leasehold /usr/local/bin/flock) or as leasehold flock, \
-         leasehold accepts util-linux 2.41 flock(1)'s command line and behaves as it does: it \
-         takes the same kernel lock on the named file (flock(2), or an open-file-description \
-         lock), so unconverted flock(1) users, lslocks and udev see and respect it, and it is \
-         silent unless asked to be verbose. The named file is never written, truncated, \
-         renamed or chmodded; it may be the script itself, a directory or a device.",
-    );
-    paragraph(
-        &mut r,
-        "For a lock around a command it first takes a heartbeat lease beside the file \
-         (.NAME.leasehold-flock; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
-         told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
-         the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
-         74). With --no-fork and in the file-descriptor form a detached keeper keeps the \
-         lease: for the exec'd command, or for the shell that holds the descriptor until the \
-         kernel lock is released (flock -u, the shell's exit, the last inheriting process's \
-         exit). Where no lease can be kept (an unlock, a descriptor the calling process does \
-         not hold, no write access to the directory, a read-only or full file system) it takes \
-         the kernel lock only, exactly as flock(1) does, and says why when verbose.",
-    );
+    for p in FLOCK_DESCRIPTION {
+        paragraph(&mut r, p);
+    }
     r.control("SH", ["OPTIONS"]);
     for (left, what) in OPTIONS.iter().chain(&[
         ("-h, --help", "display this help"),

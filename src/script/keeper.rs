@@ -112,35 +112,7 @@ fn keep(k: Keeper) -> i32 {
     let orphaned = matches!(k.bound, Bound::Descriptor(_)).then_some(k.front);
     let guard = match take(&k.builder, k.how, k.quiet || k.flock, lost_w, orphaned) {
         Ok(g) => g,
-        Err(e) if k.flock => {
-            let what = match (&e, k.how) {
-                (Error::Timeout { .. }, _) => "late",
-                (
-                    Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. },
-                    Patience::NoWait,
-                ) => "busy",
-                (
-                    Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. },
-                    _,
-                ) => "late",
-                _ => "none",
-            };
-            let _ = up.write_all(format!("fail {what}\n").as_bytes());
-            return 0;
-        }
-        Err(e) => {
-            let code = if crate::cli::run::is_conflict(&e) {
-                if !k.quiet {
-                    say(&report::error_line(&e));
-                }
-                i32::from(k.conflict)
-            } else {
-                say(&report::error_line(&e));
-                exit::exit_code(&e)
-            };
-            let _ = up.write_all(format!("fail {code}\n").as_bytes());
-            return code;
-        }
+        Err(e) => return refused(&k, &e, &mut up),
     };
     if let (Some(v), false) = (guard.broke(), k.quiet || k.flock) {
         say(&report::broke_line(v, false));
@@ -190,6 +162,38 @@ fn keep(k: Keeper) -> i32 {
     let how = watch(&guard, &script, &lost, k.script_pid, k.script_start);
     let _ = guard.release_with(&how);
     0
+}
+
+/// The lease could not be taken: tells the front (`fail WHAT` for flock: `busy`, `late` or
+/// `none`; `fail CODE` for `leasehold lock`, with its line said unless quiet) and returns the
+/// keeper's exit status.
+fn refused(k: &Keeper, e: &Error, up: &mut File) -> i32 {
+    if k.flock {
+        let what = match (e, k.how) {
+            (Error::Timeout { .. }, _) => "late",
+            (
+                Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. },
+                Patience::NoWait,
+            ) => "busy",
+            (Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. }, _) => {
+                "late"
+            }
+            _ => "none",
+        };
+        let _ = up.write_all(format!("fail {what}\n").as_bytes());
+        return 0;
+    }
+    let code = if crate::cli::run::is_conflict(e) {
+        if !k.quiet {
+            say(&report::error_line(e));
+        }
+        i32::from(k.conflict)
+    } else {
+        say(&report::error_line(e));
+        exit::exit_code(e)
+    };
+    let _ = up.write_all(format!("fail {code}\n").as_bytes());
+    code
 }
 
 /// The hand-over and the watch of a keeper bound to a descriptor: `msg` is the `ok` line. The
