@@ -112,7 +112,7 @@ fn keep(k: Keeper) -> i32 {
     let orphaned = matches!(k.bound, Bound::Descriptor(_)).then_some(k.front);
     let guard = match take(&k.builder, k.how, k.quiet || k.flock, lost_w, orphaned) {
         Ok(g) => g,
-        Err(e) => return refused(&k, &e, &mut up),
+        Err(e) => return refused((k.flock, k.how, k.quiet, k.conflict), &e, &mut up),
     };
     if let (Some(v), false) = (guard.broke(), k.quiet || k.flock) {
         say(&report::broke_line(v, false));
@@ -166,10 +166,14 @@ fn keep(k: Keeper) -> i32 {
 
 /// The lease could not be taken: tells the front (`fail WHAT` for flock: `busy`, `late` or
 /// `none`; `fail CODE` for `leasehold lock`, with its line said unless quiet) and returns the
-/// keeper's exit status.
-fn refused(k: &Keeper, e: &Error, up: &mut File) -> i32 {
-    if k.flock {
-        let what = match (e, k.how) {
+/// keeper's exit status (the keeper's `flock`, `how`, `quiet` and `conflict` settings).
+fn refused(
+    (flock, how, quiet, conflict): (bool, Patience, bool, u8),
+    e: &Error,
+    up: &mut File,
+) -> i32 {
+    if flock {
+        let what = match (e, how) {
             (Error::Timeout { .. }, _) => "late",
             (
                 Error::WouldBlock { .. } | Error::Refused { .. } | Error::MutexStuck { .. },
@@ -184,10 +188,10 @@ fn refused(k: &Keeper, e: &Error, up: &mut File) -> i32 {
         return 0;
     }
     let code = if crate::cli::run::is_conflict(e) {
-        if !k.quiet {
+        if !quiet {
             say(&report::error_line(e));
         }
-        i32::from(k.conflict)
+        i32::from(conflict)
     } else {
         say(&report::error_line(e));
         exit::exit_code(e)
