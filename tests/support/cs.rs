@@ -367,7 +367,7 @@ impl Cs {
                     let _ = fs::remove_file(&mine);
                     record_violation(
                         &self.dir,
-                        &id,
+                        id,
                         &format!("{id} entered while `{}` was inside\n", occupant.trim()),
                     );
                 }
@@ -433,7 +433,7 @@ impl Cs {
         if bad {
             record_violation(
                 &self.dir,
-                &id,
+                id,
                 &format!("{id} ({tag}, limit {limit}) entered while inside: {others:?}\n"),
             );
         }
