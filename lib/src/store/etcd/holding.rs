@@ -250,23 +250,29 @@ impl Holding for EtcdHolding {
         // Revoking deletes our key: the contender watching it wakes at once. Short: a cluster
         // that does not answer lets the lease expire on its own.
         let wait = r.wait.min(Duration::from_millis(500));
+        let started = std::time::Instant::now();
         let mut c = self.conn.client();
-        if let Some(last) = *lock(&self.last_written) {
-            // Our command is over: the last holder's record is ours, unless an owner after us
-            // wrote it (best effort: left behind, it names a holder whose job is gone).
-            let key = self.conn.lock.last_key();
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, last)])
-                .and_then([TxnOp::delete(key, None)]);
-            let _ = self.conn.call("forget our record", wait, c.txn(txn));
-        }
-        match self
+        let revoked = match self
             .conn
             .call("revoke the lease", wait, c.lease_revoke(self.id))
         {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("requested lease not found") => Ok(()),
             Err(e) => Err(e),
+        };
+        // Our command is over: forget the last holder's record, unless an owner after us wrote
+        // it — within what is left of the same short wait (best effort: left behind, it names
+        // a holder whose job is over, and only a verified leftover of it would be stopped).
+        let left = wait.saturating_sub(started.elapsed());
+        if let Some(last) = *lock(&self.last_written)
+            && !left.is_zero()
+        {
+            let key = self.conn.lock.last_key();
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, last)])
+                .and_then([TxnOp::delete(key, None)]);
+            let _ = self.conn.call("forget our record", left, c.txn(txn));
         }
+        revoked
     }
 }
