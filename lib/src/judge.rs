@@ -61,6 +61,37 @@ impl Processes for Proc {
     }
 }
 
+/// For a stale same-host lease `lease` judged `v`: what its job left alive in its process group
+/// (when it recorded one), judged against `binding`'s evidence. Only processes provably of this
+/// job count as remnants: a reused group id must neither be signalled nor keep the lock
+/// forever. Those that cannot be checked are neither signalled nor ignored: a takeover is
+/// refused while they live. Shared by every store (the file judge, etcd's verdict).
+pub(crate) fn note_leftovers(
+    v: &mut Verdict,
+    lease: &Lease,
+    procs: &dyn Processes,
+    binding: &dyn Binding,
+) {
+    let Some(g) = lease.holder.pgid else {
+        return;
+    };
+    let left = procs.leftovers(lease, g, binding);
+    v.remnants = left.belongs;
+    v.unchecked = left.line;
+    if !v.remnants.is_empty() {
+        v.reason += &format!(
+            "; {} leftover process(es) in its process group {g}",
+            v.remnants.len()
+        );
+    }
+    if left.unknown > 0 {
+        v.reason += &format!(
+            "; {} process(es) in its process group {g} cannot be checked",
+            left.unknown
+        );
+    }
+}
+
 /// Inputs for judging that stay the same between judgements.
 #[derive(Debug)]
 pub(crate) struct Judge<'a> {
@@ -111,6 +142,7 @@ impl Judge<'_> {
             queue: Vec::new(),
             behind: None,
             holders: Vec::new(),
+            etcd_ttl: None,
         };
         let (lease, bytes) = match content {
             LockContent::Missing => {
@@ -228,26 +260,7 @@ impl Judge<'_> {
         if let Some(by) = &s.revoked {
             v.reason = format!("{by}; {}", v.reason);
         }
-        if let Some(g) = h.pgid {
-            // Only processes provably of this job count: a reused group id must neither be
-            // signalled nor keep the lock forever. Those that cannot be checked are neither
-            // signalled nor ignored: a takeover is refused while they live.
-            let left = procs.leftovers(s.lease, g, self.binding);
-            v.remnants = left.belongs;
-            v.unchecked = left.line;
-            if !v.remnants.is_empty() {
-                v.reason += &format!(
-                    "; {} leftover process(es) in its process group {g}",
-                    v.remnants.len()
-                );
-            }
-            if left.unknown > 0 {
-                v.reason += &format!(
-                    "; {} process(es) in its process group {g} cannot be checked",
-                    left.unknown
-                );
-            }
-        }
+        note_leftovers(v, s.lease, procs, self.binding);
     }
 
     /// Any other holder (another host, or a damaged record): judged by this host's own

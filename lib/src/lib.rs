@@ -83,4 +83,4 @@ pub use record::{
 pub use status::{BreakMode, Broken, Frees, break_lease, status, status_with};
 pub use timing::Timing;
 pub use verdict::Waiting;
-pub use verdict::{State, Verdict};
+pub use verdict::{EtcdTtl, State, Verdict};

@@ -255,6 +255,13 @@ impl JobEvidence {
         JobEvidence::with_mutex(lease_id, uid, paths.lock.clone(), id)
     }
 
+    /// Evidence for the lease `lease_id`/`uid` of a lock that has no mutex file (an etcd lock,
+    /// named by its URL): only the environment binds a process to its job.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn by_environment(lease_id: &str, uid: u32, lock: &Path) -> JobEvidence {
+        JobEvidence::with_mutex(lease_id, uid, lock.to_path_buf(), None)
+    }
+
     /// The one constructor: the caller's own process, ancestors and group are never signalled.
     fn with_mutex(
         lease_id: &str,

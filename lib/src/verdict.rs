@@ -97,6 +97,20 @@ pub struct Verdict {
     /// For a shared or counted lock (`--shared`, `--slots N`): the verdict of each holder that
     /// holds one of its holder files (LOCK's own exclusive lease, if any, is this verdict).
     pub holders: Vec<Verdict>,
+    /// For an etcd lock's owner (`status`): its etcd lease's TTL as the cluster tells it
+    /// (`LeaseTimeToLive`), in place of a heartbeat observed from this host.
+    pub etcd_ttl: Option<EtcdTtl>,
+}
+
+/// An etcd lease's time to live, as the cluster answered `LeaseTimeToLive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EtcdTtl {
+    /// The etcd lease's id.
+    pub lease: i64,
+    /// Seconds left before the cluster expires it without another keepalive.
+    pub remaining_s: i64,
+    /// The TTL it was granted with, in seconds (at least the `--ttl` asked, rounded up).
+    pub granted_s: i64,
 }
 
 impl Verdict {

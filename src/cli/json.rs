@@ -42,6 +42,11 @@ pub fn verdict(v: &Verdict) -> Value {
         "heartbeat_seq": l.map(|l| l.heartbeat_seq),
         "heartbeat_age_ms": v.heartbeat_age.map(|a| a.as_millis() as u64),
         "ttl_ms": l.map(|l| l.ttl_ms),
+        // An etcd lock's owner: its etcd lease as the cluster tells it (LeaseTimeToLive).
+        "etcd_lease": v.etcd_ttl.map(|t| json!({
+            "id": format!("{:x}", t.lease), "ttl_remaining_s": t.remaining_s,
+            "ttl_granted_s": t.granted_s,
+        })),
         "same_host": v.same_host,
         "queue": v.queue.iter().map(|w| json!({
             "seq": w.seq, "pid": w.pid, "host": w.host, "user": w.user,

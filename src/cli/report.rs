@@ -506,6 +506,11 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
     }
     field(s, "token", &l.token.to_string());
     field(s, "lease id", &escape(&l.lease_id));
+    if let Some(t) = &v.etcd_ttl {
+        // An etcd lock: the cluster's own word on the owner's etcd lease stands in for a
+        // heartbeat watched from this host.
+        field(s, "heartbeat", &etcd_ttl_text(t));
+    }
     if h.pid == 0 {
         field(s, "reason", &v.reason);
         return;
@@ -515,6 +520,10 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
         .map(|d| format!(" (held {})", human_duration(d)))
         .unwrap_or_default();
     field(s, "acquired", &format!("{}{held}", escape(&l.acquired_at)));
+    if v.etcd_ttl.is_some() {
+        field(s, "reason", &v.reason);
+        return;
+    }
     // The age is this host's observation (how long it has seen the heartbeat unchanged); the
     // time written is the holder's clock: labelled so that the two never seem to disagree.
     let age = v
@@ -531,6 +540,21 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
         ),
     );
     field(s, "reason", &v.reason);
+}
+
+/// What the cluster says of an etcd lock owner's etcd lease: `etcd lease 694d7d1f expires in
+/// 4s without a keepalive (granted TTL 5s)`.
+fn etcd_ttl_text(t: &leasehold::EtcdTtl) -> String {
+    if t.remaining_s < 0 {
+        return format!(
+            "etcd lease {:x} has expired or been revoked (granted TTL {}s)",
+            t.lease, t.granted_s
+        );
+    }
+    format!(
+        "etcd lease {:x} expires in {}s without a keepalive (granted TTL {}s)",
+        t.lease, t.remaining_s, t.granted_s
+    )
 }
 
 /// The `waiting` count and one line per queued contender, if any wait.

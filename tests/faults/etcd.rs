@@ -34,6 +34,17 @@ fn lh_out(args: &[&str]) -> (i32, String, String) {
 
 /// A `leasehold run` whose command marks `in` and then blocks until `go` is written.
 fn held(url: &str, flags: &[&str], dir: &Path, name: &str) -> Proc {
+    held_by(lh(), url, flags, dir, name)
+}
+
+/// [`held`], run by `c` (leasehold with an environment of its own).
+fn held_by(
+    mut c: std::process::Command,
+    url: &str,
+    flags: &[&str],
+    dir: &Path,
+    name: &str,
+) -> Proc {
     let go = dir.join(format!("go-{name}"));
     mkfifo(&go);
     let script = format!(
@@ -41,7 +52,6 @@ fn held(url: &str, flags: &[&str], dir: &Path, name: &str) -> Proc {
         d = dir.display(),
         go = go.display()
     );
-    let mut c = lh();
     c.arg("run")
         .args(flags)
         .args([url, "--", "sh", "-c", &script]);
@@ -304,6 +314,25 @@ fn etcd_status_json_and_break_of_a_live_and_a_dead_holder() {
     assert_eq!(v["pid"].as_i64(), Some(i64::from(h.pid())));
     let id = v["lease_id"].as_str().unwrap().to_string();
     assert_eq!(id.len(), 32);
+    // The cluster's word on the owner's etcd lease stands in for a heartbeat.
+    let e = &v["etcd_lease"];
+    assert_eq!(
+        e["id"].as_str().map(|h| format!("{h:0>32}")),
+        Some(id.clone())
+    );
+    assert_eq!(e["ttl_granted_s"].as_i64(), Some(30), "{v}");
+    let left = e["ttl_remaining_s"].as_i64().unwrap();
+    assert!((1..=30).contains(&left), "remaining TTL {left}: {v}");
+    let (rc, out, err) = lh_out(&["status", &url]);
+    assert_eq!(rc, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("heartbeat:"))
+        .unwrap_or_else(|| panic!("no heartbeat line: {out}"));
+    assert!(
+        line.contains("without a keepalive (granted TTL 30s)") && !line.contains("unknown"),
+        "{line}"
+    );
     // Stale-only break refuses a live holder; by its lease id, the holder fences (74).
     let (rc, _, err) = lh_out(&["break", &url]);
     assert_eq!(rc, 75, "{err}");
@@ -391,4 +420,200 @@ fn etcd_over_tls_with_a_password_user_and_errors_that_name_the_endpoint() {
     let (rc, err) = run("lh:secret", Some(&ca), &["run", "-n", &other, "--", "true"]);
     assert_ne!(rc, 0);
     assert!(err.contains("permission denied"), "{err}");
+}
+
+/// What a SIGKILLed holder's job leaves running: its command dies by PDEATHSIG, but a
+/// grandchild in its process group lives on, appending `old` to `cs` for as long as it runs.
+/// Returns the grandchild's pid once it runs (the holder already SIGKILLed).
+fn holder_leaving_a_grandchild(url: &str, dir: &Path, name: &str) -> i32 {
+    let (cs, pidf) = (dir.join("cs"), dir.join(format!("{name}.pid")));
+    let script = format!(
+        "sh -c 'echo $$ > {p}.tmp; mv {p}.tmp {p}; while :; do echo old >> {cs}; sleep 0.02; done' & wait",
+        p = pidf.display(),
+        cs = cs.display()
+    );
+    let mut c = lh();
+    c.args([
+        "run",
+        "--ttl",
+        "2",
+        "--heartbeat",
+        "500ms",
+        url,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let h = Proc::spawn(c, "leasehold run (leaving a grandchild)");
+    ensure_within("the grandchild to run", Duration::from_secs(20), || {
+        pidf.exists()
+    });
+    let pid: i32 = fs::read_to_string(&pidf).unwrap().trim().parse().unwrap();
+    sigkill(h.pid());
+    pid
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// The new owner's command: says in `cs` that it starts, and whether the old grandchild
+/// `old` was still alive when it started (which must never be).
+fn new_owner(url: &str, dir: &Path, old: i32) -> Proc {
+    let cs = dir.join("cs");
+    let script = format!(
+        "s=$(sed 's/.*) //' /proc/{old}/stat 2>/dev/null | cut -c1); \
+         if [ -n \"$s\" ] && [ \"$s\" != Z ]; then echo \"overlap: {old} alive ($s)\" >> {cs}; fi; \
+         echo new >> {cs}",
+        cs = cs.display()
+    );
+    let mut c = lh();
+    c.args([
+        "run", "--ttl", "2", "-w", "30", url, "--", "sh", "-c", &script,
+    ]);
+    Proc::spawn(c, "leasehold run (the new owner)")
+}
+
+/// `cs` holds `new` and no `overlap`, and no `old` after `new`.
+fn no_overlap(dir: &Path) {
+    let cs = fs::read_to_string(dir.join("cs")).unwrap();
+    assert!(!cs.contains("overlap"), "the old job ran on: {cs}");
+    let after = cs.split_once("new\n").expect("the new command ran").1;
+    assert!(
+        !after.contains("old"),
+        "the old job wrote after the new command started: {after}"
+    );
+}
+
+#[test]
+fn etcd_takeover_from_a_dead_holder_on_this_host_stops_its_leftover_group_first() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("remnant");
+    // A waiter queued while the dead holder's key still lives takes over when it expires.
+    let old = holder_leaving_a_grandchild(&url, &dir, "a");
+    let mut w = new_owner(&url, &dir, old);
+    let st = w.wait_timeout(Duration::from_secs(30));
+    assert!(st.success(), "the new owner failed: {st}");
+    assert!(!alive(old), "the old grandchild {old} still runs");
+    no_overlap(&dir);
+    // One that arrives only after the dead holder's etcd lease has expired stops it too.
+    fs::remove_file(dir.join("cs")).unwrap();
+    let old = holder_leaving_a_grandchild(&url, &dir, "b");
+    ensure_within(
+        "the dead holder's key to expire",
+        Duration::from_secs(20),
+        || cl.keys("remnant/").is_empty(),
+    );
+    assert!(alive(old), "the grandchild outlived its holder's lease");
+    let mut w = new_owner(&url, &dir, old);
+    let st = w.wait_timeout(Duration::from_secs(30));
+    assert!(st.success(), "the late new owner failed: {st}");
+    assert!(!alive(old), "the old grandchild {old} still runs");
+    no_overlap(&dir);
+    // A holder that released its lock leaves no record to act on.
+    let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 0, "{err}");
+    let out = cl
+        .etcdctl()
+        .args(["get", "--prefix", "--keys-only", "leasehold:last:"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "the last holder's record outlived its release"
+    );
+}
+
+#[test]
+fn etcd_lock_without_endpoints_in_its_url_uses_etcdctl_endpoints_with_their_scheme() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = "etcd:///envlock";
+    // ETCDCTL_ENDPOINTS as etcdctl takes it: http://127.0.0.1:C0,http://...
+    let with = |eps: &str| {
+        let mut c = lh();
+        c.env("ETCDCTL_ENDPOINTS", eps);
+        c
+    };
+    let mut h = held_by(with(&cl.client_urls()), url, &[], &dir, "env");
+    assert_eq!(
+        cl.keys("envlock/").len(),
+        1,
+        "the holder's key is on the cluster of ETCDCTL_ENDPOINTS"
+    );
+    // The same lock, named with its endpoints in the URL, is held.
+    let (rc, _, err) = lh_out(&["run", "-n", &cl.url("envlock"), "--", "true"]);
+    assert_eq!(rc, 75, "held through etcd:///envlock: {err}");
+    let o = with(&cl.client_urls())
+        .args(["status", "--json", url])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["state"], "held", "{v}");
+    let_go(&dir, "env");
+    assert!(h.wait_timeout(Duration::from_secs(10)).success());
+    // Errors name the endpoint and the cause.
+    let o = with("127.0.0.1:1")
+        .args(["run", "-n", url, "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(code(o.status), 0);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    let o = with("ftp://127.0.0.1:2379")
+        .args(["run", "-n", url, "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(code(o.status), 0);
+    assert!(
+        err.contains("ftp://127.0.0.1:2379")
+            && err.contains("ETCDCTL_ENDPOINTS")
+            && err.contains("scheme"),
+        "{err}"
+    );
+}
+
+#[test]
+fn etcd_over_tls_with_the_client_certificate_the_cluster_demands() {
+    let Some(cl) = Cluster::start_mtls() else {
+        return;
+    };
+    let dir = cl.path();
+    let url = cl.url("mtls");
+    let run = |cert: bool, args: &[&str]| {
+        let mut c = lh();
+        c.env("ETCDCTL_CACERT", dir.join("ca.pem"))
+            .env_remove("ETCDCTL_USER")
+            .env_remove("ETCDCTL_CERT")
+            .env_remove("ETCDCTL_KEY");
+        if cert {
+            c.env("ETCDCTL_CERT", dir.join("client.pem"))
+                .env("ETCDCTL_KEY", dir.join("client.key"));
+        }
+        let o = c.args(args).output().expect("run leasehold");
+        (
+            code(o.status),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let out = dir.join("token");
+    let script = format!("echo $LEASEHOLD_TOKEN > {}", out.display());
+    let (rc, err) = run(true, &["run", "-n", &url, "--", "sh", "-c", &script]);
+    assert_eq!(rc, 0, "run with a client certificate: {err}");
+    let token: u64 = fs::read_to_string(&out).unwrap().trim().parse().unwrap();
+    assert!(token > 0);
+    let (rc, err) = run(true, &["status", &url]);
+    assert_eq!(rc, 0, "status with a client certificate: {err}");
+    // Without one the cluster refuses the handshake: the error names the endpoint.
+    let first = format!("127.0.0.1:{}", cl.members[0].client);
+    let (rc, err) = run(false, &["run", "-n", &url, "--", "true"]);
+    assert_ne!(rc, 0);
+    assert!(err.contains(&first), "{err}");
 }

@@ -5,6 +5,8 @@
 //! reaped, and its data directory removed. [`Cluster::start_tls`] makes one that serves
 //! clients over TLS only (a CA and a server certificate made with `openssl`), with
 //! authentication on: `root:rootpw`, and `lh:secret`, who may read and write only under `tls/`.
+//! [`Cluster::start_mtls`] makes one that serves clients over TLS and demands a client
+//! certificate signed by the same CA (`--client-cert-auth`; `client.pem`, `client.key`).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -30,6 +32,8 @@ pub struct Cluster {
     pub members: Vec<Member>,
     /// Clients over TLS, with users (see [`Cluster::start_tls`]).
     pub tls: bool,
+    /// Clients over TLS with client certificates (see [`Cluster::start_mtls`]).
+    pub mtls: bool,
 }
 
 /// Runs `openssl ARGS` in `dir`, panicking on failure.
@@ -45,7 +49,8 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
     assert!(st.success(), "openssl {args:?} failed");
 }
 
-/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 (`server.pem`, `server.key`).
+/// A CA (`ca.pem`), a server certificate for 127.0.0.1 (`server.pem`, `server.key`) and a
+/// client certificate (`client.pem`, `client.key`), both signed by the CA.
 fn make_certs(dir: &std::path::Path) {
     let ec = [
         "-newkey",
@@ -83,6 +88,38 @@ fn make_certs(dir: &std::path::Path) {
         "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
     .unwrap();
+    let mut a = vec!["req"];
+    a.extend(ec);
+    a.extend([
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=lh-client",
+    ]);
+    openssl(dir, &a);
+    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "client.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "client.cnf",
+        ],
+    );
     openssl(
         dir,
         &[
@@ -120,7 +157,7 @@ fn member_cmd(
     (c, p): (u16, u16),
     initial: &str,
     token: &str,
-    tls: bool,
+    (tls, mtls): (bool, bool),
 ) -> Command {
     let scheme = if tls { "https" } else { "http" };
     let mut cmd = Command::new("etcd");
@@ -163,7 +200,10 @@ fn member_cmd(
             "--key-file",
             &p("server.key"),
         ]);
-        // Server TLS only: a trusted CA file would demand client certificates.
+        // Server TLS only, unless `mtls`: a trusted CA file demands client certificates.
+        if mtls {
+            cmd.args(["--client-cert-auth", "--trusted-ca-file", &p("ca.pem")]);
+        }
     }
     cmd
 }
@@ -173,17 +213,24 @@ impl Cluster {
     /// `etcdctl` is missing outside CI.
     #[track_caller]
     pub fn start() -> Option<Cluster> {
-        Cluster::start_with(false)
+        Cluster::start_with(false, false)
     }
 
     /// A fresh cluster serving clients over TLS only, with authentication on (see the module).
     #[track_caller]
     pub fn start_tls() -> Option<Cluster> {
-        Cluster::start_with(true)
+        Cluster::start_with(true, false)
+    }
+
+    /// A fresh cluster serving clients over TLS only, demanding a client certificate signed
+    /// by its CA (`--client-cert-auth`), without users.
+    #[track_caller]
+    pub fn start_mtls() -> Option<Cluster> {
+        Cluster::start_with(true, true)
     }
 
     #[track_caller]
-    fn start_with(tls: bool) -> Option<Cluster> {
+    fn start_with(tls: bool, mtls: bool) -> Option<Cluster> {
         if skip(
             !have("etcd") || !have("etcdctl") || (tls && !have("openssl")),
             "etcd/etcdctl/openssl missing (Debian: etcd-server, etcd-client, openssl)",
@@ -204,14 +251,26 @@ impl Cluster {
         let mut members = Vec::new();
         for (i, (c, p)) in ports.iter().enumerate() {
             let name = format!("m{i}");
-            let cmd = member_cmd(dir.path(), &name, (*c, *p), &initial.join(","), &token, tls);
+            let cmd = member_cmd(
+                dir.path(),
+                &name,
+                (*c, *p),
+                &initial.join(","),
+                &token,
+                (tls, mtls),
+            );
             members.push(Member {
                 name,
                 client: *c,
                 proc: Some(Proc::spawn(cmd, "etcd member")),
             });
         }
-        let cluster = Cluster { dir, members, tls };
+        let cluster = Cluster {
+            dir,
+            members,
+            tls,
+            mtls,
+        };
         let healthy = wait_until(Duration::from_secs(30), || {
             cluster
                 .etcdctl_as(None)
@@ -225,7 +284,7 @@ impl Cluster {
             healthy,
             "the etcd cluster did not become healthy within 30 s"
         );
-        if tls {
+        if tls && !mtls {
             cluster.enable_auth();
         }
         Some(cluster)
@@ -298,9 +357,9 @@ impl Cluster {
         format!("etcd://{}/{name}", self.endpoints())
     }
 
-    /// `etcdctl` on every member (as root, on a TLS cluster).
+    /// `etcdctl` on every member (as root, on a TLS cluster with users).
     pub fn etcdctl(&self) -> Command {
-        self.etcdctl_as(self.tls.then_some("root:rootpw"))
+        self.etcdctl_as((self.tls && !self.mtls).then_some("root:rootpw"))
     }
 
     /// `etcdctl` on every member, as `user` (`name:password`) if given.
@@ -311,6 +370,16 @@ impl Cluster {
             .stdin(Stdio::null());
         if self.tls {
             c.arg(format!("--cacert={}", self.path().join("ca.pem").display()));
+        }
+        if self.mtls {
+            c.arg(format!(
+                "--cert={}",
+                self.path().join("client.pem").display()
+            ));
+            c.arg(format!(
+                "--key={}",
+                self.path().join("client.key").display()
+            ));
         }
         if let Some(u) = user {
             c.arg(format!("--user={u}"));

@@ -6,7 +6,9 @@
 //! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
 //! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
 //! which deletes their key. The guard starts from the start of the last keepalive answered
-//! before we became first (the server counts our TTL from later).
+//! before we became first (the server counts our TTL from later). Once first, and before the
+//! guard starts, what a dead same-host holder's job left in its process group is stopped
+//! (verified), as the file store does at a takeover.
 //! Must never: start a guard on a key that is not first; start it on a lease whose last
 //! keepalive was not answered with a live TTL; leave a key behind when giving up (it would
 //! hold up everyone behind it until its TTL).
@@ -19,7 +21,7 @@ use etcd_client::{Compare, CompareOp, EventType, GetOptions, KeyValue, PutOption
 use etcd_client::{SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType};
 
 use super::holding::EtcdHolding;
-use super::look::{first, verdict};
+use super::look::{first, last_holder, verdict};
 use super::{Conn, EtcdLock};
 use crate::boottime::BootInstant;
 use crate::builder::LeaseBuilder;
@@ -27,6 +29,7 @@ use crate::clock::format_rfc3339;
 use crate::error::{Error, Result};
 use crate::guard::{LeaseGuard, Start};
 use crate::identity::Identity;
+use crate::takeover;
 use crate::timing::Timing;
 use crate::verdict::Verdict;
 
@@ -83,7 +86,21 @@ pub(crate) fn acquire(
         let mut c = join(s, &conn, &me, &timing)?;
         loop {
             let (ahead, owner, n, at) = match look(&conn, &c) {
-                Ok(Look::First) => return hold(s, conn, c, timing, &me),
+                Ok(Look::First) => match stop_remnants(s, &conn, &mut c, &me, deadline, one_shot) {
+                    Ok(true) => {
+                        let id = c.id;
+                        return hold(s, Arc::clone(&conn), c, timing, &me).inspect_err(|_| {
+                            // Never leave our key holding up the line behind us.
+                            let mut cl = conn.client();
+                            let _ = conn.run("revoke our lease", cl.lease_revoke(id));
+                        });
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        give_up(&conn, &c);
+                        return Err(e);
+                    }
+                },
                 Ok(Look::Gone) => break,
                 Ok(Look::Behind(a, o, n, at)) => (a, o, n, at),
                 Err(e) => {
@@ -282,6 +299,80 @@ fn wait(
     })
 }
 
+/// First in line, before our command may start: when the lock's last holder with a command
+/// died on this host (its etcd lease expired or was revoked since), stops what its job left in
+/// its process group, each process verified by the environment leasehold gave it (the file
+/// store's rule, `takeover::stop_old_job`). Then a keepalive answered with a live TTL proves our
+/// key still first and restarts the guard's count (`false`: our lease is gone, join again).
+/// While a process of the old job cannot be checked, a one-shot caller refuses and a waiting
+/// one keeps its place (and its lease) until it is gone or the deadline passes.
+fn stop_remnants(
+    s: &LeaseBuilder,
+    conn: &Conn,
+    c: &mut Contender,
+    me: &Identity,
+    deadline: Option<Instant>,
+    one_shot: bool,
+) -> Result<bool> {
+    let every = s.timing()?.heartbeat;
+    let mut reported = false;
+    loop {
+        let Some(mut v) = last_holder(conn, c.id, me, s.clock.as_ref())? else {
+            return Ok(true);
+        };
+        let why = match takeover::stop_old_job(&v, &conn.lock) {
+            Ok(0) => return Ok(true),
+            Ok(_) => return keep_alive(conn, c),
+            Err(why) => why,
+        };
+        let refused = |v: &Verdict| Error::Refused {
+            path: conn.lock.url.clone(),
+            why: format!("not taking over ({v}): {why}"),
+        };
+        if one_shot {
+            return Err(refused(&v));
+        }
+        v.reason = format!("{}; not taking over: {why}", v.reason);
+        if !reported && let Some(cb) = &s.on_wait {
+            (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
+            reported = true;
+        }
+        // Keep our place, and our lease alive, while the old process lives.
+        let until = Instant::now() + every;
+        if deadline.is_some_and(|d| d <= until) {
+            return Err(Error::Timeout {
+                path: conn.lock.url.clone(),
+                waited: Duration::ZERO,
+                verdict: Box::new(v),
+            });
+        }
+        conn.block_on(tokio::time::sleep_until(until.into()));
+        if !keep_alive(conn, c)? {
+            return Ok(false);
+        }
+    }
+}
+
+/// One keepalive of our lease: `true` when answered with a live TTL (and then the guard counts
+/// from when it was sent), `false` when our lease is gone.
+fn keep_alive(conn: &Conn, c: &mut Contender) -> Result<bool> {
+    let sent = BootInstant::now();
+    let mut lc = conn.client().lease_client();
+    let id = c.id;
+    // Opening a keepalive stream sends one keepalive and fails if it is answered with TTL 0.
+    let live = conn.run("renew our lease", async move {
+        match lc.keep_alive(id).await {
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    })?;
+    if live {
+        c.last_ok = sent;
+    }
+    Ok(live)
+}
+
 /// Gives up our place: revokes our lease, which deletes our key (best effort: otherwise it
 /// expires with its TTL).
 fn give_up(conn: &Conn, c: &Contender) {
@@ -304,6 +395,7 @@ fn hold(
     let bytes = lease.to_bytes();
     let path = conn.lock.url.clone();
     let holding = EtcdHolding::new(conn, c.id, c.key, c.rev, timing.heartbeat);
+    holding.keep_last(&lease, &bytes)?;
     LeaseGuard::start(Start {
         path,
         timing,

@@ -3,16 +3,19 @@
 //! Owns: the renewal (one keepalive of our etcd lease, answered with a TTL above zero, then a
 //! read of our key: still there, still ours by its create revision, not marked revoked), the
 //! record's rewrite (only over the record we last wrote, compared by mod revision) and the
-//! release (revoking our etcd lease, which deletes our key and wakes the contender behind us).
+//! release (revoking our etcd lease, which deletes our key and wakes the contender behind us),
+//! and the lock's last-holder record (`EtcdLock::last_key`): written once we are first and with
+//! every record that names our command, deleted at release, left behind only when we die.
 //! Must never: count a keepalive that was not answered with a live TTL; write over a record
 //! we did not write last (a breaker's revoked mark); release before the guard has stopped
 //! renewing.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, LeaseKeepAliveStream, LeaseKeeper};
-use etcd_client::{PutOptions, Txn, TxnOp};
+use etcd_client::{PutOptions, Txn, TxnOp, TxnResponse};
 
 use super::Conn;
 use super::look::record;
@@ -36,6 +39,11 @@ pub(crate) struct EtcdHolding {
     ka: Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
     /// The mod revision of the record we last wrote.
     last_mod: Mutex<i64>,
+    /// Whether we may keep the lock's last-holder record (false once the cluster said our
+    /// user may not write it).
+    keep_last: AtomicBool,
+    /// The mod revision of the last-holder record we last wrote, if we wrote one.
+    last_written: Mutex<Option<i64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -53,6 +61,8 @@ impl EtcdHolding {
             timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             ka: Mutex::new(None),
             last_mod: Mutex::new(rev),
+            keep_last: AtomicBool::new(true),
+            last_written: Mutex::new(None),
         }
     }
 
@@ -114,6 +124,66 @@ impl EtcdHolding {
     }
 }
 
+impl EtcdHolding {
+    /// Once first, before the guard starts: keeps our record (which names our command when it
+    /// was forked before the lease was taken) as the lock's last holder's, while our key is
+    /// still ours. Nothing to keep for a record without a command's process group. A user who
+    /// may not write that key goes on without it; our key gone is a loss.
+    pub(crate) fn keep_last(&self, lease: &Lease, bytes: &[u8]) -> Result<()> {
+        if lease.holder.pgid.is_none() {
+            return Ok(());
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then([TxnOp::put(self.conn.lock.last_key(), bytes.to_vec(), None)]);
+        let mut c = self.conn.client();
+        let r = match self.conn.run("keep the last holder's record", c.txn(txn)) {
+            Err(e) if e.to_string().contains("permission denied") => {
+                self.keep_last.store(false, Ordering::Relaxed);
+                return Ok(());
+            }
+            r => r?,
+        };
+        if !r.succeeded() {
+            return Err(Error::Lost {
+                path: self.conn.lock.url.clone(),
+                lease_id: lease.lease_id.clone(),
+                why: format!("our key {} was deleted before we could start", self.key),
+            });
+        }
+        *lock(&self.last_written) = r.header().map(|h| h.revision());
+        Ok(())
+    }
+
+    /// Puts our record over the one we wrote last (mod revision `last`), and with `with_last`
+    /// the lock's last-holder record too, in one transaction.
+    fn put_record(&self, last: i64, bytes: &[u8], with_last: bool) -> Result<TxnResponse> {
+        let mut ops = vec![TxnOp::put(
+            self.key.clone(),
+            bytes.to_vec(),
+            Some(PutOptions::new().with_lease(self.id)),
+        )];
+        if with_last {
+            // Kept past our key (no lease): if we die, the next owner on this host finds what
+            // our command left in its group and stops it before its own starts.
+            ops.push(TxnOp::put(self.conn.lock.last_key(), bytes.to_vec(), None));
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                last,
+            )])
+            .and_then(ops);
+        let mut c = self.conn.client();
+        self.conn.run("record the command", c.txn(txn))
+    }
+}
+
 impl Holding for EtcdHolding {
     type Section = ();
 
@@ -148,19 +218,16 @@ impl Holding for EtcdHolding {
 
     fn rewrite(&self, _: &(), mine: &Lease, bytes: &[u8]) -> Result<()> {
         let mut last = lock(&self.last_mod);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                *last,
-            )])
-            .and_then([TxnOp::put(
-                self.key.clone(),
-                bytes.to_vec(),
-                Some(PutOptions::new().with_lease(self.id)),
-            )]);
-        let mut c = self.conn.client();
-        let r = self.conn.run("record the command", c.txn(txn))?;
+        let with_last = self.keep_last.load(Ordering::Relaxed);
+        let r = match self.put_record(*last, bytes, with_last) {
+            // A user allowed only the lock's prefix: record without the last-holder record
+            // (the remnant rule at takeover then cannot apply; PROTOCOL.md §14 says so).
+            Err(e) if with_last && e.to_string().contains("permission denied") => {
+                self.keep_last.store(false, Ordering::Relaxed);
+                self.put_record(*last, bytes, false)?
+            }
+            r => r?,
+        };
         if !r.succeeded() {
             return Err(Error::Lost {
                 path: self.conn.lock.url.clone(),
@@ -170,6 +237,9 @@ impl Holding for EtcdHolding {
         }
         if let Some(h) = r.header() {
             *last = h.revision();
+            if self.keep_last.load(Ordering::Relaxed) {
+                *lock(&self.last_written) = Some(h.revision());
+            }
         }
         Ok(())
     }
@@ -180,14 +250,29 @@ impl Holding for EtcdHolding {
         // Revoking deletes our key: the contender watching it wakes at once. Short: a cluster
         // that does not answer lets the lease expire on its own.
         let wait = r.wait.min(Duration::from_millis(500));
+        let started = std::time::Instant::now();
         let mut c = self.conn.client();
-        match self
+        let revoked = match self
             .conn
             .call("revoke the lease", wait, c.lease_revoke(self.id))
         {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("requested lease not found") => Ok(()),
             Err(e) => Err(e),
+        };
+        // Our command is over: forget the last holder's record, unless an owner after us wrote
+        // it — within what is left of the same short wait (best effort: left behind, it names
+        // a holder whose job is over, and only a verified leftover of it would be stopped).
+        let left = wait.saturating_sub(started.elapsed());
+        if let Some(last) = *lock(&self.last_written)
+            && !left.is_zero()
+        {
+            let key = self.conn.lock.last_key();
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, last)])
+                .and_then([TxnOp::delete(key, None)]);
+            let _ = self.conn.call("forget our record", left, c.txn(txn));
         }
+        revoked
     }
 }

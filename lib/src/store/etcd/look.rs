@@ -21,10 +21,12 @@ use super::{Conn, EtcdLock};
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::identity::Identity;
-use crate::process::{self, JobEvidence, Liveness};
+use crate::judge;
+use crate::process::{self, Liveness};
 use crate::record::{Ending, Holder, Lease, LeaseState, Parsed};
 use crate::status::outcome::{BreakMode, Broken, Frees};
-use crate::verdict::{State, Verdict, Waiting};
+use crate::takeover;
+use crate::verdict::{EtcdTtl, State, Verdict, Waiting};
 
 /// Options to get the owner: the first key by create revision under the prefix.
 pub(crate) fn first() -> GetOptions {
@@ -87,25 +89,11 @@ pub(crate) fn verdict(
     me: &Identity,
     clock: &dyn Clock,
 ) -> Verdict {
-    let mut v = Verdict {
-        path: lock.url.clone(),
-        state: State::Free,
-        reason: format!("no key under {}", lock.prefix()),
-        lease: None,
-        same_host: false,
-        heartbeat_age: None,
-        remnants: Vec::new(),
-        unchecked: None,
-        judged_at: clock.wall(),
-        queue_ahead: 0,
-        queue: Vec::new(),
-        behind: None,
-        holders: Vec::new(),
-    };
     let Some(kv) = owner else {
-        return v;
+        return free(lock, clock);
     };
     let (lease, ours) = record(kv);
+    let mut v = free(lock, clock);
     v.state = State::Held;
     v.reason = if !ours {
         format!("etcdctl lock holder, lease {:x}", kv.lease())
@@ -119,19 +107,94 @@ pub(crate) fn verdict(
     } else {
         format!("etcd lease {} kept alive", lease.lease_id)
     };
+    if ours {
+        same_host(
+            &mut v,
+            lock,
+            &lease,
+            me,
+            "its etcd lease {} ends within its TTL",
+        );
+    }
+    v.lease = Some(lease);
+    v
+}
+
+/// The verdict on a lock nobody owns.
+fn free(lock: &EtcdLock, clock: &dyn Clock) -> Verdict {
+    Verdict {
+        path: lock.url.clone(),
+        state: State::Free,
+        reason: format!("no key under {}", lock.prefix()),
+        lease: None,
+        same_host: false,
+        heartbeat_age: None,
+        remnants: Vec::new(),
+        unchecked: None,
+        judged_at: clock.wall(),
+        queue_ahead: 0,
+        queue: Vec::new(),
+        behind: None,
+        holders: Vec::new(),
+        etcd_ttl: None,
+    }
+}
+
+/// A leasehold holder's record `lease`: on this host (same boot and pid namespace) and
+/// verifiably dead (pid and start time), `v` becomes stale, with what its job left alive in its
+/// process group judged by the environment leasehold gave it (`judge::note_leftovers`, as the
+/// file store's). `then` says what becomes of its etcd lease (`{}`: the lease id).
+fn same_host(v: &mut Verdict, lock: &EtcdLock, lease: &Lease, me: &Identity, then: &str) {
     let h = &lease.holder;
-    v.same_host = ours && me.same_host_as(&h.host, &h.boot_id, h.pid_ns);
+    v.same_host = me.same_host_as(&h.host, &h.boot_id, h.pid_ns);
     if v.same_host
         && let Liveness::Dead(why) = process::liveness(h.pid, h.pid_start)
     {
         v.state = State::Stale;
         v.reason = format!(
-            "{why} (pid {}); its etcd lease {} ends within its TTL",
-            h.pid, lease.lease_id
+            "{why} (pid {}); {}",
+            h.pid,
+            then.replace("{}", &lease.lease_id)
         );
+        judge::note_leftovers(v, lease, &judge::Proc, lock);
     }
-    v.lease = Some(lease);
-    v
+}
+
+/// At a takeover: the verdict on the lock's last holder with a command (its record kept under
+/// [`EtcdLock::last_key`]), when that is not `our_id`'s: stale when it died on this host, with
+/// the remnants of its job to stop before our command may start; `None` when there is no such
+/// record (nobody recorded a command, or its holder released the lock itself).
+pub(crate) fn last_holder(
+    conn: &Conn,
+    our_id: i64,
+    me: &Identity,
+    clock: &dyn Clock,
+) -> Result<Option<Verdict>> {
+    let mut c = conn.client();
+    let mut r = match conn.run(
+        "read the last holder's record",
+        c.get(conn.lock.last_key(), None),
+    ) {
+        Ok(r) => r,
+        // A user allowed only the lock's prefix keeps no such record (see `holding.rs`).
+        Err(e) if e.to_string().contains("permission denied") => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Some(kv) = r.take_kvs().into_iter().next() else {
+        return Ok(None);
+    };
+    let Parsed::Lease(lease) = Lease::parse(kv.value()) else {
+        return Ok(None);
+    };
+    if u128::from_str_radix(&lease.lease_id, 16).ok() == Some(our_id as u128) {
+        return Ok(None);
+    }
+    let mut v = free(&conn.lock, clock);
+    v.state = State::Held;
+    v.reason = format!("the last holder, etcd lease {}, is gone", lease.lease_id);
+    same_host(&mut v, &conn.lock, &lease, me, "its etcd lease {} is gone");
+    v.lease = Some(*lease);
+    Ok(Some(v))
 }
 
 /// The waiters, in order, from the keys after the owner's.
@@ -175,14 +238,19 @@ pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Ve
     let kvs = line(&conn)?;
     let mut v = verdict(&conn.lock, kvs.first(), me, clock);
     v.queue = waiting(&kvs);
-    if let (Some(kv), State::Held) = (kvs.first(), v.state) {
+    if let Some(kv) = kvs.first() {
+        // How long the cluster keeps the owner's key without another keepalive: its word, in
+        // place of a heartbeat this host would have to watch move.
         let mut c = conn.client();
-        // How long the server will keep the owner's key without another keepalive.
-        if let Ok(t) = conn.run("read the lease", c.lease_time_to_live(kv.lease(), None))
-            && t.ttl() >= 0
-        {
-            v.reason = format!("{}, expires in {}s without one", v.reason, t.ttl());
-        }
+        let t = conn.run(
+            "read the owner's lease",
+            c.lease_time_to_live(kv.lease(), None),
+        )?;
+        v.etcd_ttl = Some(EtcdTtl {
+            lease: kv.lease(),
+            remaining_s: t.ttl(),
+            granted_s: t.granted_ttl(),
+        });
     }
     Ok(v)
 }
@@ -218,16 +286,8 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     if v.state == State::Stale {
         // Its holder is verifiably gone: stop what is left of its job (verified by the
         // environment leasehold gave it), then free the key at once.
-        if let Some(pg) = lease.holder.pgid {
-            let ev = JobEvidence::new(
-                &lease.lease_id,
-                lease.holder.uid,
-                &conn.lock.url,
-                Path::new(""),
-            );
-            out.stopped = process::kill_group_verified(pg, &ev, Duration::from_secs(5))
-                .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
-        }
+        out.stopped = takeover::stop_old_job(&v, &conn.lock)
+            .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
         conn.run("revoke the lease", c.lease_revoke(kv.lease()))?;
         return Ok(out);
     }

@@ -17,6 +17,10 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 
 use crate::error::{Error, Result};
+use crate::paths::LockPaths;
+use crate::process::JobEvidence;
+use crate::record::Lease;
+use crate::store::binding::Binding;
 
 pub(crate) mod acquire;
 pub(crate) mod holding;
@@ -41,8 +45,19 @@ pub(crate) struct EtcdLock {
 
 impl EtcdLock {
     /// Parses `etcd://HOST:PORT[,HOST:PORT...]/NAME`, or `etcd:///NAME` with the endpoints of
-    /// `ETCDCTL_ENDPOINTS` (default `127.0.0.1:2379`, as etcdctl's).
+    /// `ETCDCTL_ENDPOINTS` (default `127.0.0.1:2379`, as etcdctl's), reading the environment.
     pub(crate) fn parse(url: &Path) -> Result<EtcdLock> {
+        let var = |k: &str| std::env::var(k).ok();
+        let tls = std::env::var_os("ETCDCTL_CACERT").is_some()
+            || std::env::var_os("ETCDCTL_CERT").is_some();
+        EtcdLock::parse_with(url, var("ETCDCTL_ENDPOINTS").as_deref(), tls)
+    }
+
+    /// [`EtcdLock::parse`] given `ETCDCTL_ENDPOINTS` and whether a CA or client certificate is
+    /// configured (`tls`: endpoints written without a scheme then use `https://`, as etcdctl's).
+    /// An endpoint may carry its scheme (`http://h:p`, `https://h:p`), in the URL's `HOST:PORT`
+    /// list too; all of them must agree on it.
+    pub(crate) fn parse_with(url: &Path, env: Option<&str>, tls: bool) -> Result<EtcdLock> {
         let bad = |why: &str| Error::Settings(format!("{}: {why}", url.display()));
         let s = url
             .to_str()
@@ -50,43 +65,46 @@ impl EtcdLock {
         let rest = s
             .strip_prefix(SCHEME)
             .ok_or_else(|| bad("not an etcd:// URL"))?;
-        let (hosts, name) = rest
-            .split_once('/')
-            .ok_or_else(|| bad("no lock name: use etcd://HOST:PORT/NAME"))?;
+        let (hosts, name) = split_hosts(rest);
         if name.is_empty() || name.ends_with('/') {
             return Err(bad("no lock name: use etcd://HOST:PORT/NAME"));
         }
-        let hosts = if hosts.is_empty() {
-            std::env::var("ETCDCTL_ENDPOINTS").unwrap_or_else(|_| "127.0.0.1:2379".into())
-        } else {
-            hosts.to_string()
+        let (hosts, from) = match hosts {
+            "" => match env {
+                Some(e) => (e, "ETCDCTL_ENDPOINTS"),
+                None => ("127.0.0.1:2379", "the default endpoint"),
+            },
+            h => (h, "the URL"),
         };
-        let tls = std::env::var_os("ETCDCTL_CACERT").is_some()
-            || std::env::var_os("ETCDCTL_CERT").is_some();
-        let endpoints: Vec<String> = hosts
-            .split(',')
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-            .map(|h| {
-                if h.starts_with("http://") || h.starts_with("https://") {
-                    h.to_string()
-                } else if tls {
-                    format!("https://{h}")
-                } else {
-                    format!("http://{h}")
-                }
-            })
-            .collect();
+        let mut endpoints = Vec::new();
+        for h in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+            endpoints.push(
+                endpoint(h, tls)
+                    .map_err(|why| bad(&format!("endpoint {:?} (from {from}): {why}", h)))?,
+            );
+        }
         if endpoints.is_empty() {
-            return Err(bad(
-                "no endpoints: use etcd://HOST:PORT/NAME or set ETCDCTL_ENDPOINTS",
-            ));
+            return Err(bad(&format!(
+                "no endpoints in {from}: use etcd://HOST:PORT/NAME or set ETCDCTL_ENDPOINTS"
+            )));
+        }
+        let secure = |e: &String| e.starts_with("https://");
+        if endpoints.iter().any(secure) && !endpoints.iter().all(secure) {
+            return Err(bad(&format!(
+                "endpoints {} mix http:// and https://: one connection uses TLS for all or none",
+                endpoints.join(",")
+            )));
         }
         Ok(EtcdLock {
             url: url.to_path_buf(),
             endpoints,
             name: name.to_string(),
         })
+    }
+
+    /// Whether the connection uses TLS (its endpoints are `https://`).
+    pub(crate) fn tls(&self) -> bool {
+        self.endpoints.iter().all(|e| e.starts_with("https://"))
     }
 
     /// The prefix every contender's key lives under: `NAME/`.
@@ -99,6 +117,15 @@ impl EtcdLock {
         format!("{}/{lease:x}", self.name)
     }
 
+    /// The key that keeps the record of the lock's last holder with a command after its own key
+    /// is gone (its etcd lease expired or was revoked), so that the next owner on its host can
+    /// stop what its job left behind: `leasehold:last:` and the name with `%` and `/` escaped.
+    /// It holds no `/`, so it is never under any lock's prefix `NAME/` (it never joins a line).
+    pub(crate) fn last_key(&self) -> String {
+        let name = self.name.replace('%', "%25").replace('/', "%2F");
+        format!("leasehold:last:{name}")
+    }
+
     /// An error talking to the cluster while doing `op`: names the endpoints and the cause.
     pub(crate) fn error(&self, op: &'static str, cause: impl std::fmt::Display) -> Error {
         Error::io(
@@ -106,6 +133,71 @@ impl EtcdLock {
             op,
             std::io::Error::other(format!("etcd at {}: {cause}", self.endpoints.join(","))),
         )
+    }
+}
+
+/// Splits what follows `etcd://` into its endpoint list and the lock's name: the name starts at
+/// the first `/` that is not part of an endpoint's own `http://` or `https://`.
+fn split_hosts(rest: &str) -> (&str, &str) {
+    let mut i = 0;
+    loop {
+        // At the start of an endpoint: skip its scheme, if it has one.
+        if let Some(s) = ["http://", "https://"]
+            .iter()
+            .find(|s| rest[i..].starts_with(**s))
+        {
+            i += s.len();
+        }
+        // The endpoint ends at `,` (another follows) or `/` (the name follows).
+        match rest[i..].find([',', '/']) {
+            None => return (rest, ""),
+            Some(j) if rest.as_bytes()[i + j] == b',' => i += j + 1,
+            Some(j) => return (&rest[..i + j], &rest[i + j + 1..]),
+        }
+    }
+}
+
+/// One endpoint, `HOST:PORT` with an optional `http://` or `https://` (and trailing `/`), as
+/// `scheme://HOST:PORT`; a bare one gets `https://` when `tls`. Why not, if it is not one.
+fn endpoint(h: &str, tls: bool) -> std::result::Result<String, String> {
+    let (scheme, hp) = match h.split_once("://") {
+        Some(("http", hp)) => ("http", hp),
+        Some(("https", hp)) => ("https", hp),
+        Some((other, _)) => {
+            return Err(format!(
+                "unsupported scheme {other:?}: use http:// or https:// (or none)"
+            ));
+        }
+        None if tls => ("https", h),
+        None => ("http", h),
+    };
+    let hp = hp.strip_suffix('/').unwrap_or(hp);
+    let (host, port) = hp
+        .rsplit_once(':')
+        .ok_or("no port: write HOST:PORT (etcd's client port is usually 2379)")?;
+    let v6 = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    if host.is_empty() || host.contains(['/', '@', '?', '#']) || (host.contains(':') && !v6) {
+        return Err(format!(
+            "{host:?} is not a host name or address (an IPv6 address goes in brackets)"
+        ));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(format!("{scheme}://{host}:{p}")),
+        _ => Err(format!("port {port:?} is not a port number")),
+    }
+}
+
+/// An etcd lock's jobs are bound to it by their environment alone (`LEASEHOLD_LOCK` = the URL
+/// as given, `LEASEHOLD_LEASE_ID`): it has no mutex file; observations live in memory.
+impl Binding for EtcdLock {
+    fn lock(&self) -> &Path {
+        &self.url
+    }
+    fn evidence(&self, lease: &Lease) -> JobEvidence {
+        JobEvidence::by_environment(&lease.lease_id, lease.holder.uid, &self.url)
+    }
+    fn observations(&self) -> Option<&LockPaths> {
+        None
     }
 }
 
@@ -207,28 +299,36 @@ fn options(lock: &EtcdLock) -> Result<ConnectOptions> {
             .map(Some)
             .map_err(|e| Error::io(PathBuf::from(&p), "read (named by $ETCDCTL_*)", e))
     };
+    if !lock.tls() {
+        // Plain http:// endpoints: certificates in the environment are not used.
+        return Ok(o);
+    }
     let (ca, cert, key) = (
         read("ETCDCTL_CACERT")?,
         read("ETCDCTL_CERT")?,
         read("ETCDCTL_KEY")?,
     );
-    if ca.is_some() || cert.is_some() {
-        let mut tls = etcd_client::TlsOptions::new();
-        if let Some(ca) = ca {
-            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(ca));
+    let Some(ca) = ca else {
+        return Err(Error::Settings(format!(
+            "{}: endpoint {} is https:// but ETCDCTL_CACERT is not set: name the CA that signed \
+             the cluster's certificates (no system roots are used)",
+            lock.url.display(),
+            lock.endpoints[0]
+        )));
+    };
+    let mut tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+    match (cert, key) {
+        (Some(c), Some(k)) => tls = tls.identity(etcd_client::Identity::from_pem(c, k)),
+        (None, None) => {}
+        _ => {
+            return Err(Error::Settings(format!(
+                "{}: ETCDCTL_CERT and ETCDCTL_KEY go together",
+                lock.url.display()
+            )));
         }
-        match (cert, key) {
-            (Some(c), Some(k)) => tls = tls.identity(etcd_client::Identity::from_pem(c, k)),
-            (None, None) => {}
-            _ => {
-                return Err(Error::Settings(format!(
-                    "{}: ETCDCTL_CERT and ETCDCTL_KEY go together",
-                    lock.url.display()
-                )));
-            }
-        }
-        o = o.with_tls(tls);
     }
+    o = o.with_tls(tls);
     Ok(o)
 }
 
@@ -245,6 +345,78 @@ mod tests {
         assert_eq!(l.prefix(), "jobs/nightly/");
         // etcd's concurrency.Mutex: fmt.Sprintf("%s%x", pfx, leaseID).
         assert_eq!(l.key(0x694d_7d1f), "jobs/nightly/694d7d1f");
+    }
+
+    fn parse(url: &str, env: Option<&str>, tls: bool) -> Result<EtcdLock> {
+        EtcdLock::parse_with(Path::new(url), env, tls)
+    }
+
+    #[test]
+    fn endpoints_come_from_the_url_else_etcdctl_endpoints_else_the_default() {
+        let l = parse("etcd:///job", Some("a:1, http://b:2/,https://c:3"), false);
+        let e = l.unwrap_err().to_string();
+        assert!(e.contains("mix http:// and https://"), "{e}");
+        let l = parse("etcd:///job", Some("a:1, http://b:2/"), false).unwrap();
+        assert_eq!(l.endpoints, ["http://a:1", "http://b:2"]);
+        assert_eq!(l.name, "job");
+        assert!(!l.tls());
+        let l = parse("etcd:///job", None, false).unwrap();
+        assert_eq!(l.endpoints, ["http://127.0.0.1:2379"]);
+        // The URL's own endpoints win over the environment's.
+        let l = parse("etcd://h:9/job", Some("a:1"), false).unwrap();
+        assert_eq!(l.endpoints, ["http://h:9"]);
+    }
+
+    #[test]
+    fn a_scheme_chooses_tls_and_a_bare_endpoint_follows_the_certificates() {
+        let l = parse("etcd:///j", Some("https://a:1,https://[::1]:2"), false).unwrap();
+        assert_eq!(l.endpoints, ["https://a:1", "https://[::1]:2"]);
+        assert!(l.tls());
+        let l = parse("etcd://a:1,b:2/j", None, true).unwrap();
+        assert_eq!(l.endpoints, ["https://a:1", "https://b:2"]);
+        assert!(l.tls());
+        // Written with its scheme in the URL too; the name starts after the endpoints.
+        let l = parse("etcd://https://a:1,https://b:2/jobs/x", None, false).unwrap();
+        assert_eq!(l.endpoints, ["https://a:1", "https://b:2"]);
+        assert_eq!(l.name, "jobs/x");
+        // An explicit http:// stays plain even with certificates configured.
+        let l = parse("etcd://http://a:1/j", None, true).unwrap();
+        assert!(!l.tls());
+    }
+
+    #[test]
+    fn a_bad_endpoint_is_refused_naming_it_where_it_came_from_and_why() {
+        for (env, what, why) in [
+            ("ftp://a:1", "ftp://a:1", "scheme"),
+            ("a", "\"a\"", "no port"),
+            ("a:x", "a:x", "not a port"),
+            ("a:0", "a:0", "not a port"),
+            ("::1:2379", "::1:2379", "in brackets"),
+            ("u@a:1", "u@a:1", "not a host"),
+        ] {
+            let e = parse("etcd:///j", Some(env), false)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(what) && e.contains("ETCDCTL_ENDPOINTS") && e.contains(why),
+                "{env}: {e}"
+            );
+        }
+        let e = parse("etcd://a:1,b/j", None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"b\"") && e.contains("the URL"), "{e}");
+        let e = parse("etcd:///j", Some(" , "), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no endpoints"), "{e}");
+    }
+
+    #[test]
+    fn the_last_holder_key_is_under_no_lock_prefix() {
+        let l = parse("etcd://a:1/jobs/nightly%x", None, false).unwrap();
+        assert_eq!(l.last_key(), "leasehold:last:jobs%2Fnightly%25x");
+        assert!(!l.last_key().contains('/'));
     }
 
     #[test]
