@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use leasehold::process::{self, Evidence, JobEvidence};
-use leasehold::{LeaseBuilder, LeaseState, LockPaths};
+use leasehold::{LeaseState, LockPaths};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::stat::SFlag;
@@ -27,7 +27,7 @@ use nix::sys::stat::SFlag;
 use super::args::{Mode, Options, Wait};
 use super::{KernelOnly, lock, run, warn};
 use crate::script::descriptor::Watch;
-use crate::script::{self, Bound, Front, Patience, Script, Started};
+use crate::script::{self, Bound, Front, Script, Started};
 
 /// The lease's note: which descriptor of its job it stands for, and the kind of kernel lock
 /// (`flock -u N` and a `-n` contender read it).
@@ -223,19 +223,10 @@ fn take(o: &Options, fd: i32, p: Plan, ttl: Option<Duration>) -> Result<Front, O
     if cmd.is_empty() {
         cmd = vec![format!("pid {}", p.shell.pid)];
     }
-    let mut b = LeaseBuilder::new(&p.lease)
-        .command(cmd)
+    let b = run::lease_builder(o, &p.lease, ttl, cmd)
         .note(note(fd, o.api == super::args::Api::Ofd))
-        .shared(o.mode == Mode::Shared)
         .on_behalf_of(p.shell.pid, p.shell.start, p.pgid);
-    if let Some(t) = ttl {
-        b = b.ttl(t);
-    }
-    let how = match o.wait {
-        Wait::No => Patience::NoWait,
-        Wait::For(d) => Patience::Upto(d),
-        Wait::Forever => Patience::Forever,
-    };
+    let how = run::patience(o.wait);
     let bound = Bound::Descriptor(p.watch);
     match script::start(b, how, true, o.conflict, p.shell, bound, true) {
         Ok(Started::Held(_, front)) => Ok(front),

@@ -153,13 +153,7 @@ fn take_lease(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let mut b = LeaseBuilder::new(lease)
-        .command(argv)
-        .shared(o.mode == Mode::Shared)
-        .on_lost(sup.loss_notifier());
-    if let Some(t) = ttl {
-        b = b.ttl(t);
-    }
+    let b = lease_builder(o, lease, ttl, argv).on_lost(sup.loss_notifier());
     let got = match o.wait {
         Wait::No => b.try_acquire(),
         Wait::For(d) => b.acquire_timeout(d),
@@ -176,6 +170,32 @@ fn take_lease(
         }
         Err(Error::Timeout { .. }) => Err(Some(lock::Fail::Timeout)),
         Err(_) => Err(None),
+    }
+}
+
+/// The lease's settings for a flock lock on `lease`: the command recorded, shared for `-s`, the
+/// TTL of [`TTL_VAR`] if set.
+pub(super) fn lease_builder(
+    o: &Options,
+    lease: &Path,
+    ttl: Option<Duration>,
+    command: Vec<String>,
+) -> LeaseBuilder {
+    let b = LeaseBuilder::new(lease)
+        .command(command)
+        .shared(o.mode == Mode::Shared);
+    match ttl {
+        Some(t) => b.ttl(t),
+        None => b,
+    }
+}
+
+/// How long a keeper may wait for the lease: flock's `-n`, `-w` or neither.
+pub(super) fn patience(wait: Wait) -> Patience {
+    match wait {
+        Wait::No => Patience::NoWait,
+        Wait::For(d) => Patience::Upto(d),
+        Wait::Forever => Patience::Forever,
     }
 }
 
@@ -199,18 +219,8 @@ fn keep_for_exec(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let mut b = LeaseBuilder::new(lease)
-        .command(argv)
-        .shared(o.mode == Mode::Shared)
-        .on_behalf_of(me, s.start, s.pgrp);
-    if let Some(t) = ttl {
-        b = b.ttl(t);
-    }
-    let how = match o.wait {
-        Wait::No => Patience::NoWait,
-        Wait::For(d) => Patience::Upto(d),
-        Wait::Forever => Patience::Forever,
-    };
+    let b = lease_builder(o, lease, ttl, argv).on_behalf_of(me, s.start, s.pgrp);
+    let how = patience(o.wait);
     let me = Script {
         pid: me,
         start: s.start,

@@ -108,16 +108,19 @@ fn kill_library_holders_and_waiters_at_random_points() {
 
 #[test]
 fn kill_cli_holders_and_waiters_at_random_points() {
-    let mut c = support::worker::cmd("kill-cli-trials");
+    run_trials_process("kill-cli-trials", "leasehold run kill trials");
+}
+
+/// Runs the trials of `role` in a process of their own (see [`cli_trials_role`]), prints their
+/// figures and fails unless they all passed.
+fn run_trials_process(role: &str, name: &str) {
+    let mut c = support::worker::cmd(role);
     c.stdin(std::process::Stdio::null());
-    let mut w = Proc::spawn_piped(c, "leasehold run kill trials");
+    let mut w = Proc::spawn_piped(c, name);
     let figures = w.line("faults: kill trials", Duration::from_secs(1800));
     let st = w.wait_timeout(Duration::from_secs(60));
     println!("faults: kill trials {figures}");
-    assert!(
-        st.success(),
-        "the kill trials failed: {st} (see their output)"
-    );
+    assert!(st.success(), "{name} failed: {st} (see their output)");
 }
 
 #[test]
@@ -132,15 +135,9 @@ fn kill_cli_trials_while_real_time_hogs_starve_every_core() {
     {
         return;
     }
-    let mut c = support::worker::cmd("kill-cli-trials-starved");
-    c.stdin(std::process::Stdio::null());
-    let mut w = Proc::spawn_piped(c, "leasehold run kill trials, every core starved");
-    let figures = w.line("faults: kill trials", Duration::from_secs(1800));
-    let st = w.wait_timeout(Duration::from_secs(60));
-    println!("faults: kill trials {figures}");
-    assert!(
-        st.success(),
-        "the starved kill trials failed: {st} (see their output)"
+    run_trials_process(
+        "kill-cli-trials-starved",
+        "leasehold run kill trials, every core starved",
     );
 }
 

@@ -100,44 +100,32 @@ fn make_certs(dir: &std::path::Path) {
     ]);
     openssl(dir, &a);
     std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").unwrap();
+    sign(dir, "client", "client.cnf");
+    sign(dir, "server", "ext.cnf");
+}
+
+/// Signs `NAME.csr` with the test CA into `NAME.pem`, valid two days, with the extensions of
+/// `EXT` (a file in `dir`).
+fn sign(dir: &std::path::Path, name: &str, ext: &str) {
+    let (csr, pem) = (format!("{name}.csr"), format!("{name}.pem"));
     openssl(
         dir,
         &[
             "x509",
             "-req",
             "-in",
-            "client.csr",
+            &csr,
             "-CA",
             "ca.pem",
             "-CAkey",
             "ca.key",
             "-CAcreateserial",
             "-out",
-            "client.pem",
+            &pem,
             "-days",
             "2",
             "-extfile",
-            "client.cnf",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
+            ext,
         ],
     );
 }
