@@ -65,16 +65,7 @@ fn sigkilled_holders_never_cause_overlap_and_lock_recovers() {
         if done >= TARGET * 4 / 5 {
             break;
         }
-        // A worker that exited by itself failed (it only exits at the end, or on a violation).
-        for w in &mut workers {
-            if let Some(st) = w.try_wait() {
-                panic!(
-                    "worker {} exited by itself with {st}: violations {:?}",
-                    w.pid(),
-                    files.checker().violations()
-                );
-            }
-        }
+        support::assert_none_exited(&mut workers, "", &files);
         std::thread::sleep(Duration::from_millis(5 + rand(30)));
         let holder = support::raw_lease(&files.lock)
             .filter(|v| v["state"] == "held")

@@ -84,16 +84,7 @@ fn kill_run(mode: &str, workers: usize, target: usize, limit: usize) {
         if done >= target * 4 / 5 {
             break;
         }
-        for w in &mut ws {
-            if let Some(st) = w.try_wait() {
-                panic!(
-                    "{mode}: worker {} exited by itself with {st}: {} violations {:?}",
-                    w.pid(),
-                    w.stderr_so_far(),
-                    files.checker().violations()
-                );
-            }
-        }
+        support::assert_none_exited(&mut ws, &format!("{mode}: "), &files);
         std::thread::sleep(Duration::from_millis(5 + rand(30)));
         let holders = holder_pids(&files.lock);
         let by_holder: Vec<usize> = (0..ws.len())

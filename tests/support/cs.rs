@@ -315,6 +315,21 @@ impl Cs {
             .collect()
     }
 
+    /// Once inside: starts the section's log, writes its `entered-ID` marker (`me`, the
+    /// occupant line) and returns the section.
+    fn started(&self, id: &str, me: &str, shared: bool) -> Section {
+        let log = self.dir.join(format!("job-{id}"));
+        fs::write(&log, format!("start {}\n", now_ns()))
+            .unwrap_or_else(|e| panic!("cs: write {}: {e}", log.display()));
+        fs::write(self.dir.join(format!("entered-{id}")), me).expect("cs: write entered");
+        Section {
+            cs: Cs::open(&self.dir),
+            id: id.to_string(),
+            log,
+            shared,
+        }
+    }
+
     /// A checker in an existing directory (a worker's view of the test's checker).
     pub fn open(dir: &Path) -> Cs {
         Cs {
@@ -374,16 +389,7 @@ impl Cs {
             }
             Err(e) => panic!("cs: link {}: {e}", inside.display()),
         }
-        let log = self.dir.join(format!("job-{id}"));
-        fs::write(&log, format!("start {}\n", now_ns()))
-            .unwrap_or_else(|e| panic!("cs: write {}: {e}", log.display()));
-        fs::write(self.dir.join(format!("entered-{id}")), &me).expect("cs: write entered");
-        Section {
-            cs: Cs::open(&self.dir),
-            id: id.to_string(),
-            log,
-            shared: false,
-        }
+        self.started(id, &me, false)
     }
 }
 
@@ -437,16 +443,7 @@ impl Cs {
                 &format!("{id} ({tag}, limit {limit}) entered while inside: {others:?}\n"),
             );
         }
-        let log = self.dir.join(format!("job-{id}"));
-        fs::write(&log, format!("start {}\n", now_ns()))
-            .unwrap_or_else(|e| panic!("cs: write {}: {e}", log.display()));
-        fs::write(self.dir.join(format!("entered-{id}")), &me).expect("cs: write entered");
-        Section {
-            cs: Cs::open(&self.dir),
-            id: id.to_string(),
-            log,
-            shared: true,
-        }
+        self.started(id, &me, true)
     }
 
     /// The kind job `id` entered as ([`Cs::enter_as`]); `None` for a plain section.

@@ -342,6 +342,22 @@ fn shared_mode(b: LeaseBuilder, mode: &str, seed: u64) -> (LeaseBuilder, Option<
     }
 }
 
+/// In a kill loop: panics if a worker exited by itself (workers exit only at the end, or on a
+/// violation), with its stderr and the checker's violations.
+#[track_caller]
+pub fn assert_none_exited(workers: &mut [Proc], label: &str, files: &CsFiles) {
+    for w in workers {
+        if let Some(st) = w.try_wait() {
+            panic!(
+                "{label}worker {} exited by itself with {st}: {} violations {:?}",
+                w.pid(),
+                w.stderr_so_far(),
+                files.checker().violations()
+            );
+        }
+    }
+}
+
 /// Progress of a kill loop: how many critical sections the log holds, and for how long none
 /// was added (the lock must recover within a bound however the kills land).
 pub struct Progress {
