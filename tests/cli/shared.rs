@@ -6,7 +6,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use crate::support::*;
@@ -26,16 +25,7 @@ impl Job {
             "touch '{d}/entered-{id}'; while [ ! -e '{d}/release-{id}' ]; do sleep 0.02; done",
             d = dir.display()
         );
-        let kid = Proc::spawn(
-            lh().arg("run")
-                .args(flags)
-                .arg(lock)
-                .arg("-c")
-                .arg(script)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped()),
-            &format!("job {id}"),
-        );
+        let kid = run_sh(lock, flags, &script, &format!("job {id}"));
         Job {
             kid,
             dir,
@@ -172,6 +162,16 @@ fn settings_that_disagree_are_refused_with_64_naming_both() {
 /// The flags of [`three_slot_holders`].
 const THREE_SLOTS: [&str; 4] = ["--slots", "3", "--ttl", "1s"];
 
+/// `leasehold run -n --slots 3 --ttl 1s LOCK -- true`: one more holder, if a slot is free.
+fn one_more_slot(lock: &Path) -> assert_cmd::assert::Assert {
+    lh_assert()
+        .args(["run", "-n"])
+        .args(THREE_SLOTS)
+        .arg(lock)
+        .args(["--", "true"])
+        .assert()
+}
+
 /// Three `run --slots 3 --ttl 1s` holders of LOCK (a, b, c), each inside its section.
 fn three_slot_holders(lock: &Path) -> Vec<Job> {
     ["a", "b", "c"]
@@ -192,13 +192,7 @@ fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
     let before = holders(&lock);
     assert_eq!(before.len(), 3);
     // Every slot held: a fourth is refused.
-    lh_assert()
-        .args(["run", "-n"])
-        .args(THREE_SLOTS)
-        .arg(&lock)
-        .args(["--", "true"])
-        .assert()
-        .code(75);
+    one_more_slot(&lock).code(75);
     // SIGKILL b's wrapper: its command dies with it (PDEATHSIG). `break` alone breaks it (it
     // is stale) and nobody else.
     let b_pid = jobs[1].kid.pid();
@@ -245,13 +239,7 @@ fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
     // SIGKILL c's wrapper: a newcomer gets a place at once (its attempt cleans c up), and a
     // is not touched.
     jobs[2].kid.kill();
-    lh_assert()
-        .args(["run", "-n"])
-        .args(THREE_SLOTS)
-        .arg(&lock)
-        .args(["--", "true"])
-        .assert()
-        .code(0);
+    one_more_slot(&lock).code(0);
     untouched(&holders(&lock), &[0]);
     // a keeps renewing, and keeps running.
     ensure_within("the live holder to renew", Duration::from_secs(5), || {

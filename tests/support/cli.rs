@@ -127,6 +127,20 @@ pub fn wait_for_child(lock: &Path) -> (i32, i32, i32) {
     out.expect("set by the poll")
 }
 
+/// Starts `leasehold run FLAGS LOCK -c SCRIPT` (stdout to /dev/null, stderr piped) as `name`.
+pub fn run_sh(lock: &Path, flags: &[&str], script: &str, name: &str) -> Proc {
+    Proc::spawn(
+        lh().arg("run")
+            .args(flags)
+            .arg(lock)
+            .arg("-c")
+            .arg(script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+        name,
+    )
+}
+
 /// A waiting `leasehold run` holder whose command runs until the test removes `release`:
 /// `touch ready; while [ -e release ]; do sleep 0.02; done`.
 pub struct Holder {
@@ -152,16 +166,7 @@ impl Holder {
             ready.display(),
             release.display()
         );
-        let kid = Proc::spawn(
-            lh().arg("run")
-                .args(flags)
-                .arg(lock)
-                .arg("-c")
-                .arg(script)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped()),
-            "holder",
-        );
+        let kid = run_sh(lock, flags, &script, "holder");
         ensure_within(
             "the holder's command to start",
             Duration::from_secs(10),
