@@ -426,6 +426,14 @@ fn etcd_over_tls_with_a_password_user_and_errors_that_name_the_endpoint() {
 /// grandchild in its process group lives on, appending `old` to `cs` for as long as it runs.
 /// Returns the grandchild's pid once it runs (the holder already SIGKILLed).
 fn holder_leaving_a_grandchild(url: &str, dir: &Path, name: &str) -> i32 {
+    let (h, pid) = holder_with_a_grandchild(url, dir, name);
+    sigkill(h.pid());
+    pid
+}
+
+/// A holder (TTL 2 s) whose command runs a grandchild in its process group that appends `old`
+/// to `cs` for as long as it runs; the holder and the grandchild's pid, once it runs.
+fn holder_with_a_grandchild(url: &str, dir: &Path, name: &str) -> (Proc, i32) {
     let (cs, pidf) = (dir.join("cs"), dir.join(format!("{name}.pid")));
     let script = format!(
         "sh -c 'echo $$ > {p}.tmp; mv {p}.tmp {p}; while :; do echo old >> {cs}; sleep 0.02; done' & wait",
@@ -450,8 +458,16 @@ fn holder_leaving_a_grandchild(url: &str, dir: &Path, name: &str) -> i32 {
         pidf.exists()
     });
     let pid: i32 = fs::read_to_string(&pidf).unwrap().trim().parse().unwrap();
-    sigkill(h.pid());
-    pid
+    (h, pid)
+}
+
+/// SIGKILLs a process when dropped (a failed test's leftover must not hold its output pipe).
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        sigkill(self.0);
+    }
 }
 
 /// Whether `pid` is a live process (not gone, not a zombie).
@@ -521,12 +537,47 @@ fn etcd_takeover_from_a_dead_holder_on_this_host_stops_its_leftover_group_first(
     assert_eq!(rc, 0, "{err}");
     let out = cl
         .etcdctl()
-        .args(["get", "--prefix", "--keys-only", "leasehold:last:"])
+        .args(["get", "--prefix", "--keys-only", "leasehold:jobs:"])
         .output()
         .unwrap();
     assert!(
         String::from_utf8_lossy(&out.stdout).trim().is_empty(),
-        "the last holder's record outlived its release"
+        "the job record outlived its release"
+    );
+}
+
+#[test]
+fn etcd_takeover_from_a_frozen_holder_on_this_host_stops_its_command_first() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("frozen");
+    // SIGSTOPped, the holder cannot renew nor fence: its command runs on after its etcd lease
+    // expires, and the next owner on this host must stop it (verified) before its own starts.
+    let (mut h, old) = holder_with_a_grandchild(&url, &dir, "f");
+    // Whatever the outcome, the grandchild does not outlive the test.
+    let _reap = KillOnDrop(old);
+    h.signal(Signal::SIGSTOP);
+    let mut w = new_owner(&url, &dir, old);
+    let st = w.wait_timeout(Duration::from_secs(30));
+    assert!(st.success(), "the new owner failed: {st}");
+    assert!(
+        !alive(old),
+        "the frozen holder's grandchild {old} still runs"
+    );
+    no_overlap(&dir);
+    // Resumed, the old holder finds its lease gone and says so with 74.
+    h.signal(Signal::SIGCONT);
+    let st = h.wait_timeout(Duration::from_secs(20));
+    assert_eq!(code(st), 74, "the resumed holder exited with {st}");
+    let out = cl
+        .etcdctl()
+        .args(["get", "--prefix", "--keys-only", "leasehold:jobs:"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "a job record was left behind: {}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }
 

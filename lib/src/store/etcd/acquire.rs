@@ -6,9 +6,12 @@
 //! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
 //! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
 //! which deletes their key. The guard starts from the start of the last keepalive answered
-//! before we became first (the server counts our TTL from later). Once first, and before the
-//! guard starts, what a dead same-host holder's job left in its process group is stopped
-//! (verified), as the file store does at a takeover.
+//! before we became first (the server counts our TTL from later). A record that names our
+//! command's process group is also kept, from the moment we join, as our job record (outside
+//! the line, without a lease); once first, and before the guard starts, what a dead or frozen
+//! same-host contender's job left in its process group is stopped (verified) and its job record
+//! forgotten, as the file store does at a takeover — all read in the same look that finds us
+//! first, so a hand-over costs one read after the wake-up.
 //! Must never: start a guard on a key that is not first; start it on a lease whose last
 //! keepalive was not answered with a live TTL; leave a key behind when giving up (it would
 //! hold up everyone behind it until its TTL).
@@ -21,7 +24,7 @@ use etcd_client::{Compare, CompareOp, EventType, GetOptions, KeyValue, PutOption
 use etcd_client::{SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType};
 
 use super::holding::EtcdHolding;
-use super::look::{first, last_holder, verdict};
+use super::look::{DeadJob, dead_job, dead_jobs, first, verdict};
 use super::{Conn, EtcdLock};
 use crate::boottime::BootInstant;
 use crate::builder::LeaseBuilder;
@@ -46,8 +49,8 @@ struct Contender {
 
 /// How a look at the line came out.
 enum Look {
-    /// Nobody is ahead of us.
-    First,
+    /// Nobody is ahead of us; the job records of contenders no longer in line.
+    First(Vec<DeadJob>),
     /// Our key is gone (deleted by hand, or our lease expired while we could not renew it).
     Gone,
     /// The key just ahead of us, the owner, how many wait ahead, and the revision read at.
@@ -86,21 +89,23 @@ pub(crate) fn acquire(
         let mut c = join(s, &conn, &me, &timing)?;
         loop {
             let (ahead, owner, n, at) = match look(&conn, &c) {
-                Ok(Look::First) => match stop_remnants(s, &conn, &mut c, &me, deadline, one_shot) {
-                    Ok(true) => {
-                        let id = c.id;
-                        return hold(s, Arc::clone(&conn), c, timing, &me).inspect_err(|_| {
-                            // Never leave our key holding up the line behind us.
-                            let mut cl = conn.client();
-                            let _ = conn.run("revoke our lease", cl.lease_revoke(id));
-                        });
+                Ok(Look::First(dead)) => {
+                    match stop_remnants(s, &conn, &mut c, dead, deadline, one_shot) {
+                        Ok(true) => {
+                            let id = c.id;
+                            return hold(s, Arc::clone(&conn), c, timing, &me).inspect_err(|_| {
+                                // Never leave our key holding up the line behind us.
+                                let mut cl = conn.client();
+                                let _ = conn.run("revoke our lease", cl.lease_revoke(id));
+                            });
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            give_up(&conn, &c);
+                            return Err(e);
+                        }
                     }
-                    Ok(false) => break,
-                    Err(e) => {
-                        give_up(&conn, &c);
-                        return Err(e);
-                    }
-                },
+                }
                 Ok(Look::Gone) => break,
                 Ok(Look::Behind(a, o, n, at)) => (a, o, n, at),
                 Err(e) => {
@@ -165,15 +170,32 @@ fn join(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result
     let now = format_rfc3339(s.clock.wall());
     let mut lease = s.new_lease(me, timing, &now);
     lease.lease_id = format!("{id:032x}");
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(
+    let bytes = lease.to_bytes();
+    let put = |job: bool| {
+        let mut ops = vec![TxnOp::put(
             key.clone(),
-            lease.to_bytes(),
+            bytes.clone(),
             Some(PutOptions::new().with_lease(id)),
-        )])
-        .or_else([TxnOp::get(key.clone(), None)]);
-    let r = conn.run("put our key", cl.txn(txn))?;
+        )];
+        if job {
+            // Our job record: the process group our command will run in, kept past our key.
+            // Not the command's pid: until the lease is ours it waits at its gate, not yet
+            // this lease's job, and a frozen contender is judged by its group's members alone.
+            let mut rec = lease.clone();
+            (rec.holder.child_pid, rec.holder.child_start) = (None, None);
+            ops.push(TxnOp::put(conn.lock.job_key(id), rec.to_bytes(), None));
+        }
+        Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then(ops)
+            .or_else([TxnOp::get(key.clone(), None)])
+    };
+    let job = lease.holder.pgid.is_some() && conn.keeps_jobs();
+    let r = match conn.run("put our key", cl.txn(put(job))) {
+        // A user allowed only the lock's prefix: in line without a job record.
+        Err(e) if job && conn.jobs_denied(&e) => conn.run("put our key", cl.txn(put(false)))?,
+        r => r?,
+    };
     let rev = if r.succeeded() {
         r.header().map_or(0, |h| h.revision())
     } else {
@@ -195,41 +217,62 @@ fn got(ops: &[TxnOpResponse], i: usize) -> Option<KeyValue> {
     }
 }
 
-/// Where we stand: one read of our key, the key just ahead, the owner and the count ahead.
+/// Where we stand: one read of our key, the key just ahead, the owner, every key in line (keys
+/// only) and the job records.
 fn look(conn: &Conn, c: &Contender) -> Result<Look> {
     let prefix = conn.lock.prefix();
-    let before = GetOptions::new()
-        .with_prefix()
-        .with_max_create_revision(c.rev - 1);
-    let txn = Txn::new().and_then([
-        TxnOp::get(c.key.clone(), None),
-        TxnOp::get(
-            prefix.clone(),
-            Some(
-                before
-                    .clone()
-                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_limit(1),
+    let txn = |jobs: bool| {
+        let mut ops = vec![
+            TxnOp::get(c.key.clone(), None),
+            TxnOp::get(
+                prefix.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_max_create_revision(c.rev - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1),
+                ),
             ),
-        ),
-        TxnOp::get(prefix.clone(), Some(first())),
-        // Keys only, counted here: etcd's count ignores the create-revision filter.
-        TxnOp::get(prefix, Some(before.with_keys_only())),
-    ]);
+            TxnOp::get(prefix.clone(), Some(first())),
+            TxnOp::get(
+                prefix.clone(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
+        ];
+        if jobs {
+            let opts = GetOptions::new().with_prefix();
+            ops.push(TxnOp::get(conn.lock.jobs_prefix(), Some(opts)));
+        }
+        Txn::new().and_then(ops)
+    };
     let mut cl = conn.client();
-    let r = conn.run("look at the line", cl.txn(txn))?;
+    let jobs = conn.keeps_jobs();
+    let r = match conn.run("look at the line", cl.txn(txn(jobs))) {
+        Err(e) if jobs && conn.jobs_denied(&e) => {
+            conn.run("look at the line", cl.txn(txn(false)))?
+        }
+        r => r?,
+    };
     let at = r.header().map_or(0, |h| h.revision());
     let ops = r.op_responses();
     if got(&ops, 0).is_none_or(|kv| kv.create_revision() != c.rev) {
         return Ok(Look::Gone);
     }
+    let all = |i: usize| match ops.get(i) {
+        Some(TxnOpResponse::Get(g)) => g.kvs(),
+        _ => &[],
+    };
     let Some(ahead) = got(&ops, 1) else {
-        return Ok(Look::First);
+        return Ok(Look::First(dead_jobs(&conn.lock, all(4), all(3), c.id)));
     };
-    let count = match ops.get(3) {
-        Some(TxnOpResponse::Get(g)) => g.kvs().len().max(1) - 1,
-        _ => 0,
-    };
+    // Counted here: etcd's count ignores a create-revision filter. The owner is not "ahead".
+    let count = all(3)
+        .iter()
+        .filter(|kv| kv.create_revision() < c.rev)
+        .count()
+        .max(1)
+        - 1;
     let owner = got(&ops, 2).map(Box::new);
     Ok(Look::Behind(Box::new(ahead), owner, count, at))
 }
@@ -299,31 +342,45 @@ fn wait(
     })
 }
 
-/// First in line, before our command may start: when the lock's last holder with a command
-/// died on this host (its etcd lease expired or was revoked since), stops what its job left in
-/// its process group, each process verified by the environment leasehold gave it (the file
-/// store's rule, `takeover::stop_old_job`). Then a keepalive answered with a live TTL proves our
-/// key still first and restarts the guard's count (`false`: our lease is gone, join again).
-/// While a process of the old job cannot be checked, a one-shot caller refuses and a waiting
-/// one keeps its place (and its lease) until it is gone or the deadline passes.
+/// First in line, before our command may start: for each job record whose contender has left
+/// the line (`dead`, read in the look that found us first), what that job left in its process
+/// group on this host is stopped — a dead holder's leftovers, a frozen holder's command — each
+/// process verified by the environment leasehold gave it (the file store's rule,
+/// `takeover::stop_old_job`), and the record is forgotten. Having stopped something, a
+/// keepalive answered with a live TTL proves our key still first and restarts the guard's count
+/// (`false`: our lease is gone, join again). While a process of an old job cannot be checked, a
+/// one-shot caller refuses and a waiting one keeps its place (and its lease) until it is gone
+/// or the deadline passes.
 fn stop_remnants(
     s: &LeaseBuilder,
     conn: &Conn,
     c: &mut Contender,
-    me: &Identity,
+    mut dead: Vec<DeadJob>,
     deadline: Option<Instant>,
     one_shot: bool,
 ) -> Result<bool> {
     let every = s.timing()?.heartbeat;
+    let me = s.identity.clone().unwrap_or_else(Identity::current);
     let mut reported = false;
     loop {
-        let Some(mut v) = last_holder(conn, c.id, me, s.clock.as_ref())? else {
-            return Ok(true);
-        };
-        let why = match takeover::stop_old_job(&v, &conn.lock) {
-            Ok(0) => return Ok(true),
-            Ok(_) => return keep_alive(conn, c),
-            Err(why) => why,
+        let mut stopped = 0;
+        let mut blocked = None;
+        for d in &dead {
+            let v = dead_job(&conn.lock, &d.lease, &me, s.clock.as_ref());
+            match takeover::stop_old_job(&v, &conn.lock) {
+                Ok(n) => {
+                    stopped += n;
+                    forget(conn, d);
+                }
+                Err(why) => blocked = Some((v, why)),
+            }
+        }
+        let Some((mut v, why)) = blocked else {
+            return if stopped > 0 {
+                keep_alive(conn, c)
+            } else {
+                Ok(true)
+            };
         };
         let refused = |v: &Verdict| Error::Refused {
             path: conn.lock.url.clone(),
@@ -350,7 +407,25 @@ fn stop_remnants(
         if !keep_alive(conn, c)? {
             return Ok(false);
         }
+        dead = match look(conn, c)? {
+            Look::First(d) => d,
+            _ => return Ok(false),
+        };
     }
+}
+
+/// Forgets a dead contender's job record, while it is the one read (best effort: left behind,
+/// it is looked at again by the next owner).
+fn forget(conn: &Conn, d: &DeadJob) {
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            d.key.clone(),
+            CompareOp::Equal,
+            d.mod_rev,
+        )])
+        .and_then([TxnOp::delete(d.key.clone(), None)]);
+    let mut cl = conn.client();
+    let _ = conn.run("forget a gone contender's job record", cl.txn(txn));
 }
 
 /// One keepalive of our lease: `true` when answered with a live TTL (and then the guard counts
@@ -373,10 +448,19 @@ fn keep_alive(conn: &Conn, c: &mut Contender) -> Result<bool> {
     Ok(live)
 }
 
-/// Gives up our place: revokes our lease, which deletes our key (best effort: otherwise it
-/// expires with its TTL).
+/// Gives up our place: deletes our key and our job record in one transaction (so nobody finds
+/// the record of a contender that left the line alive), then revokes our lease (best effort:
+/// otherwise the key goes when the lease expires, and the record is forgotten by the next
+/// owner).
 fn give_up(conn: &Conn, c: &Contender) {
     let mut cl = conn.client();
+    if conn.keeps_jobs() {
+        let txn = Txn::new().and_then([
+            TxnOp::delete(c.key.clone(), None),
+            TxnOp::delete(conn.lock.job_key(c.id), None),
+        ]);
+        let _ = conn.run("leave the line", cl.txn(txn));
+    }
     let _ = conn.run("revoke our lease", cl.lease_revoke(c.id));
 }
 
@@ -395,7 +479,6 @@ fn hold(
     let bytes = lease.to_bytes();
     let path = conn.lock.url.clone();
     let holding = EtcdHolding::new(conn, c.id, c.key, c.rev, timing.heartbeat);
-    holding.keep_last(&lease, &bytes)?;
     LeaseGuard::start(Start {
         path,
         timing,

@@ -2,15 +2,15 @@
 //!
 //! Owns: the renewal (one keepalive of our etcd lease, answered with a TTL above zero, then a
 //! read of our key: still there, still ours by its create revision, not marked revoked), the
-//! record's rewrite (only over the record we last wrote, compared by mod revision) and the
-//! release (revoking our etcd lease, which deletes our key and wakes the contender behind us),
-//! and the lock's last-holder record (`EtcdLock::last_key`): written once we are first and with
-//! every record that names our command, deleted at release, left behind only when we die.
+//! record's rewrite (only over the record we last wrote, compared by mod revision, with our
+//! job record `EtcdLock::job_key` beside it) and the release (deleting our key and our job
+//! record in one transaction, which wakes the contender behind us; our etcd lease is revoked
+//! only when that could not be done). Our job record is left behind only when we die or are
+//! cut off.
 //! Must never: count a keepalive that was not answered with a live TTL; write over a record
 //! we did not write last (a breaker's revoked mark); release before the guard has stopped
 //! renewing.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -39,11 +39,6 @@ pub(crate) struct EtcdHolding {
     ka: Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
     /// The mod revision of the record we last wrote.
     last_mod: Mutex<i64>,
-    /// Whether we may keep the lock's last-holder record (false once the cluster said our
-    /// user may not write it).
-    keep_last: AtomicBool,
-    /// The mod revision of the last-holder record we last wrote, if we wrote one.
-    last_written: Mutex<Option<i64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,8 +56,6 @@ impl EtcdHolding {
             timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             ka: Mutex::new(None),
             last_mod: Mutex::new(rev),
-            keep_last: AtomicBool::new(true),
-            last_written: Mutex::new(None),
         }
     }
 
@@ -125,52 +118,22 @@ impl EtcdHolding {
 }
 
 impl EtcdHolding {
-    /// Once first, before the guard starts: keeps our record (which names our command when it
-    /// was forked before the lease was taken) as the lock's last holder's, while our key is
-    /// still ours. Nothing to keep for a record without a command's process group. A user who
-    /// may not write that key goes on without it; our key gone is a loss.
-    pub(crate) fn keep_last(&self, lease: &Lease, bytes: &[u8]) -> Result<()> {
-        if lease.holder.pgid.is_none() {
-            return Ok(());
-        }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                self.rev,
-            )])
-            .and_then([TxnOp::put(self.conn.lock.last_key(), bytes.to_vec(), None)]);
-        let mut c = self.conn.client();
-        let r = match self.conn.run("keep the last holder's record", c.txn(txn)) {
-            Err(e) if e.to_string().contains("permission denied") => {
-                self.keep_last.store(false, Ordering::Relaxed);
-                return Ok(());
-            }
-            r => r?,
-        };
-        if !r.succeeded() {
-            return Err(Error::Lost {
-                path: self.conn.lock.url.clone(),
-                lease_id: lease.lease_id.clone(),
-                why: format!("our key {} was deleted before we could start", self.key),
-            });
-        }
-        *lock(&self.last_written) = r.header().map(|h| h.revision());
-        Ok(())
-    }
-
-    /// Puts our record over the one we wrote last (mod revision `last`), and with `with_last`
-    /// the lock's last-holder record too, in one transaction.
-    fn put_record(&self, last: i64, bytes: &[u8], with_last: bool) -> Result<TxnResponse> {
+    /// Puts our record over the one we wrote last (mod revision `last`), and with `job` our job
+    /// record too, in one transaction.
+    fn put_record(&self, last: i64, bytes: &[u8], job: bool) -> Result<TxnResponse> {
         let mut ops = vec![TxnOp::put(
             self.key.clone(),
             bytes.to_vec(),
             Some(PutOptions::new().with_lease(self.id)),
         )];
-        if with_last {
+        if job {
             // Kept past our key (no lease): if we die, the next owner on this host finds what
             // our command left in its group and stops it before its own starts.
-            ops.push(TxnOp::put(self.conn.lock.last_key(), bytes.to_vec(), None));
+            ops.push(TxnOp::put(
+                self.conn.lock.job_key(self.id),
+                bytes.to_vec(),
+                None,
+            ));
         }
         let txn = Txn::new()
             .when([Compare::mod_revision(
@@ -218,14 +181,11 @@ impl Holding for EtcdHolding {
 
     fn rewrite(&self, _: &(), mine: &Lease, bytes: &[u8]) -> Result<()> {
         let mut last = lock(&self.last_mod);
-        let with_last = self.keep_last.load(Ordering::Relaxed);
-        let r = match self.put_record(*last, bytes, with_last) {
-            // A user allowed only the lock's prefix: record without the last-holder record
-            // (the remnant rule at takeover then cannot apply; PROTOCOL.md §14 says so).
-            Err(e) if with_last && e.to_string().contains("permission denied") => {
-                self.keep_last.store(false, Ordering::Relaxed);
-                self.put_record(*last, bytes, false)?
-            }
+        let job = mine.holder.pgid.is_some() && self.conn.keeps_jobs();
+        let r = match self.put_record(*last, bytes, job) {
+            // A user allowed only the lock's prefix: record without our job record (the
+            // remnant rule at takeover then cannot apply; PROTOCOL.md §14 says so).
+            Err(e) if job && self.conn.jobs_denied(&e) => self.put_record(*last, bytes, false)?,
             r => r?,
         };
         if !r.succeeded() {
@@ -237,9 +197,6 @@ impl Holding for EtcdHolding {
         }
         if let Some(h) = r.header() {
             *last = h.revision();
-            if self.keep_last.load(Ordering::Relaxed) {
-                *lock(&self.last_written) = Some(h.revision());
-            }
         }
         Ok(())
     }
@@ -247,32 +204,49 @@ impl Holding for EtcdHolding {
     fn release(&self, r: Release<'_>) -> Result<()> {
         (r.stop)();
         drop(lock(&self.ka).take());
-        // Revoking deletes our key: the contender watching it wakes at once. Short: a cluster
-        // that does not answer lets the lease expire on its own.
+        // Short: a cluster that does not answer lets the lease expire on its own.
         let wait = r.wait.min(Duration::from_millis(500));
         let started = std::time::Instant::now();
         let mut c = self.conn.client();
-        let revoked = match self
+        // Our command is over. One transaction deletes our key, while it is still ours, and our
+        // job record: the contender watching our key wakes at once, and never finds the record
+        // of a holder that let go.
+        let mut ops = vec![TxnOp::delete(self.key.clone(), None)];
+        let mut otherwise = vec![];
+        if self.conn.keeps_jobs() {
+            let job = TxnOp::delete(self.conn.lock.job_key(self.id), None);
+            ops.push(job.clone());
+            otherwise.push(job);
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then(ops)
+            .or_else(otherwise);
+        let deleted = self
             .conn
-            .call("revoke the lease", wait, c.lease_revoke(self.id))
+            .call("let go of our key", wait, c.txn(txn))
+            .is_ok_and(|r| r.succeeded());
+        if deleted {
+            // Our key and record are gone: the lease, holding nothing, expires on its own within
+            // its TTL. Revoking it would be a second Raft commit, racing the next owner's read.
+            return Ok(());
+        }
+        // Our key was not ours to delete any more (expired, or deleted by hand), or the cluster
+        // did not answer: revoke, so that nothing waits for the server's TTL.
+        let left = wait
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(100));
+        match self
+            .conn
+            .call("revoke the lease", left, c.lease_revoke(self.id))
         {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("requested lease not found") => Ok(()),
             Err(e) => Err(e),
-        };
-        // Our command is over: forget the last holder's record, unless an owner after us wrote
-        // it — within what is left of the same short wait (best effort: left behind, it names
-        // a holder whose job is over, and only a verified leftover of it would be stopped).
-        let left = wait.saturating_sub(started.elapsed());
-        if let Some(last) = *lock(&self.last_written)
-            && !left.is_zero()
-        {
-            let key = self.conn.lock.last_key();
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, last)])
-                .and_then([TxnOp::delete(key, None)]);
-            let _ = self.conn.call("forget our record", left, c.txn(txn));
         }
-        revoked
     }
 }

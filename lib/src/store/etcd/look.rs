@@ -160,41 +160,70 @@ fn same_host(v: &mut Verdict, lock: &EtcdLock, lease: &Lease, me: &Identity, the
     }
 }
 
-/// At a takeover: the verdict on the lock's last holder with a command (its record kept under
-/// [`EtcdLock::last_key`]), when that is not `our_id`'s: stale when it died on this host, with
-/// the remnants of its job to stop before our command may start; `None` when there is no such
-/// record (nobody recorded a command, or its holder released the lock itself).
-pub(crate) fn last_holder(
-    conn: &Conn,
+/// A job record ([`EtcdLock::job_key`]) whose contender has no key in line any more: its etcd
+/// lease expired or was revoked while the record stayed (it died, was frozen, or is between
+/// giving up its place and forgetting its record).
+pub(crate) struct DeadJob {
+    /// The record's key, and its mod revision: it is forgotten only while it is the one read.
+    pub key: Vec<u8>,
+    pub mod_rev: i64,
+    pub lease: Lease,
+}
+
+/// The records among `jobs` (read under [`EtcdLock::jobs_prefix`]) whose contender has no key
+/// in `line` (every key under `NAME/`, matched by its etcd lease), other than `our_id`'s. A
+/// record that is not leasehold's, or names another lease than its key, is passed over.
+pub(crate) fn dead_jobs(
+    lock: &EtcdLock,
+    jobs: &[KeyValue],
+    line: &[KeyValue],
     our_id: i64,
+) -> Vec<DeadJob> {
+    let prefix = lock.jobs_prefix();
+    jobs.iter()
+        .filter_map(|kv| {
+            let id = kv.key_str().ok()?.strip_prefix(&prefix)?;
+            let id = i64::from_str_radix(id, 16).ok()?;
+            if id == our_id || line.iter().any(|k| k.lease() == id) {
+                return None;
+            }
+            let Parsed::Lease(lease) = Lease::parse(kv.value()) else {
+                return None;
+            };
+            (u128::from_str_radix(&lease.lease_id, 16).ok() == Some(id as u128)).then(|| DeadJob {
+                key: kv.key().to_vec(),
+                mod_rev: kv.mod_revision(),
+                lease: *lease,
+            })
+        })
+        .collect()
+}
+
+/// At a takeover: the verdict on a contender whose etcd lease is gone but whose job record
+/// stayed. On this host (same boot and pid namespace) and verifiably dead, it is stale, with
+/// the remnants of its job to stop before our command may start; alive there, it is hung (a
+/// frozen holder cannot fence: its command's group, verified, is stopped as the file store
+/// stops a hung holder's; a contender that only waited has no process carrying its lease id,
+/// so nothing of it is). On another host, nothing of it can be reached.
+pub(crate) fn dead_job(
+    lock: &EtcdLock,
+    lease: &Lease,
     me: &Identity,
     clock: &dyn Clock,
-) -> Result<Option<Verdict>> {
-    let mut c = conn.client();
-    let mut r = match conn.run(
-        "read the last holder's record",
-        c.get(conn.lock.last_key(), None),
-    ) {
-        Ok(r) => r,
-        // A user allowed only the lock's prefix keeps no such record (see `holding.rs`).
-        Err(e) if e.to_string().contains("permission denied") => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let Some(kv) = r.take_kvs().into_iter().next() else {
-        return Ok(None);
-    };
-    let Parsed::Lease(lease) = Lease::parse(kv.value()) else {
-        return Ok(None);
-    };
-    if u128::from_str_radix(&lease.lease_id, 16).ok() == Some(our_id as u128) {
-        return Ok(None);
-    }
-    let mut v = free(&conn.lock, clock);
+) -> Verdict {
+    let mut v = free(lock, clock);
     v.state = State::Held;
-    v.reason = format!("the last holder, etcd lease {}, is gone", lease.lease_id);
-    same_host(&mut v, &conn.lock, &lease, me, "its etcd lease {} is gone");
-    v.lease = Some(*lease);
-    Ok(Some(v))
+    v.reason = format!("etcd lease {} is gone", lease.lease_id);
+    same_host(&mut v, lock, lease, me, "its etcd lease {} is gone");
+    if v.same_host && v.state == State::Held {
+        v.state = State::Hung;
+        v.reason = format!(
+            "pid {} lives but its etcd lease {} is gone (frozen?)",
+            lease.holder.pid, lease.lease_id
+        );
+    }
+    v.lease = Some(lease.clone());
+    v
 }
 
 /// The waiters, in order, from the keys after the owner's.

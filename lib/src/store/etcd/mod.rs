@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
@@ -117,13 +118,26 @@ impl EtcdLock {
         format!("{}/{lease:x}", self.name)
     }
 
-    /// The key that keeps the record of the lock's last holder with a command after its own key
-    /// is gone (its etcd lease expired or was revoked), so that the next owner on its host can
-    /// stop what its job left behind: `leasehold:last:` and the name with `%` and `/` escaped.
-    /// It holds no `/`, so it is never under any lock's prefix `NAME/` (it never joins a line).
-    pub(crate) fn last_key(&self) -> String {
-        let name = self.name.replace('%', "%25").replace('/', "%2F");
-        format!("leasehold:last:{name}")
+    /// The prefix of the lock's job records: `leasehold:jobs:`, the name with `%`, `/` and `:`
+    /// escaped (`%25`, `%2F`, `%3A`), and `:`. A contender whose record names its command's
+    /// process group keeps a copy here, without a lease, from the moment it joins the line
+    /// ([`EtcdLock::job_key`]), so that when it dies holding the lock the next owner on its host
+    /// can stop what its job left behind. No such key holds a `/`, so none is ever under a
+    /// lock's prefix `NAME/` (none joins a line); escaping `:` keeps one lock's prefix from
+    /// being the start of another's (`a:` and `a%3Ab:`).
+    pub(crate) fn jobs_prefix(&self) -> String {
+        let name = self
+            .name
+            .replace('%', "%25")
+            .replace('/', "%2F")
+            .replace(':', "%3A");
+        format!("leasehold:jobs:{name}:")
+    }
+
+    /// The job record of the contender holding etcd lease `lease`: [`EtcdLock::jobs_prefix`]
+    /// and the lease id in hex, as in its key.
+    pub(crate) fn job_key(&self, lease: i64) -> String {
+        format!("{}{lease:x}", self.jobs_prefix())
     }
 
     /// An error talking to the cluster while doing `op`: names the endpoints and the cause.
@@ -207,6 +221,9 @@ pub(crate) struct Conn {
     pub lock: EtcdLock,
     rt: tokio::runtime::Runtime,
     client: Client,
+    /// Whether job records are kept and read (false once the cluster said our user may not
+    /// touch `leasehold:jobs:`; the remnant rule at takeover then cannot apply, PROTOCOL §14).
+    jobs: AtomicBool,
 }
 
 impl std::fmt::Debug for Conn {
@@ -231,7 +248,27 @@ impl Conn {
             })
             .map_err(|_| lock.error("connect", "timed out"))?
             .map_err(|e| lock.error("connect", e))?;
-        Ok(Conn { lock, rt, client })
+        Ok(Conn {
+            lock,
+            rt,
+            client,
+            jobs: AtomicBool::new(true),
+        })
+    }
+
+    /// Whether this connection keeps and reads job records ([`EtcdLock::jobs_prefix`]).
+    pub(crate) fn keeps_jobs(&self) -> bool {
+        self.jobs.load(Ordering::Relaxed)
+    }
+
+    /// After `e`: when the cluster refused our user the job records, stops using them and says
+    /// so (`true`: the same request may be made again without them).
+    pub(crate) fn jobs_denied(&self, e: &Error) -> bool {
+        let denied = self.keeps_jobs() && e.to_string().contains("permission denied");
+        if denied {
+            self.jobs.store(false, Ordering::Relaxed);
+        }
+        denied
     }
 
     /// A fresh handle on the client (cheap: it shares the connection).
@@ -413,10 +450,14 @@ mod tests {
     }
 
     #[test]
-    fn the_last_holder_key_is_under_no_lock_prefix() {
+    fn job_records_are_under_no_lock_prefix_nor_under_another_locks_jobs() {
         let l = parse("etcd://a:1/jobs/nightly%x", None, false).unwrap();
-        assert_eq!(l.last_key(), "leasehold:last:jobs%2Fnightly%25x");
-        assert!(!l.last_key().contains('/'));
+        assert_eq!(l.jobs_prefix(), "leasehold:jobs:jobs%2Fnightly%25x:");
+        assert_eq!(l.job_key(0x1f), "leasehold:jobs:jobs%2Fnightly%25x:1f");
+        assert!(!l.job_key(0x1f).contains('/'));
+        let a = parse("etcd://a:1/a", None, false).unwrap();
+        let ab = parse("etcd://a:1/a:b", None, false).unwrap();
+        assert!(!ab.job_key(1).starts_with(&a.jobs_prefix()));
     }
 
     #[test]
