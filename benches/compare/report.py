@@ -507,6 +507,8 @@ def growth_tables(cont):
             if "leasehold" in impls and "flock" in impls:
                 cells = [rx(ratio(val(fs, "leasehold", n, phase, key), val(fs, "flock", n, phase, key)))
                          for n in ns]
+                if phase == "handoff" and ns[0] == 1 and cells[0] != "—":
+                    cells[0] = f"({cells[0]})"
                 out.append(f"| {what}: leasehold ×flock | " + " | ".join(cells) + " |")
             if "leasehold" in impls:
                 base_n = 2 if phase == "handoff" else 1

@@ -68,7 +68,8 @@ LEASEHOLD_BENCH_IMPLS=flock-s,leasehold-shared LEASEHOLD_BENCH_ROUNDS=0 LEASEHOL
   echo "shared-lock bench failed: its table will be missing" >&2
 
 log "whole process (hyperfine)"
-LH=$ROOT/target/release/leasehold
+# cargo builds into $CARGO_TARGET_DIR when it is set.
+LH=${CARGO_TARGET_DIR:-$ROOT/target}/release/leasehold
 if [ "$QUICK" = 1 ]; then HF=(--warmup 3 --min-runs 20 --max-runs 40); else HF=(--warmup 20 --min-runs 300); fi
 if ! "$LH" run "$TMPFS/probe.lock" -- true; then
   echo "leasehold run does not work; skipping the whole-process comparison" >&2
