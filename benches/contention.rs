@@ -9,7 +9,7 @@
 //! CLOCK_MONOTONIC nanoseconds, comparable across processes; each worker reports its own stamps
 //! on stdout.
 //!
-//! Phases, for N = 1, 2, 4, 8, 16 workers:
+//! Phases, for N = 1, 2, 4, 8, 16, 32, 64 workers (the growth curves of issue 17):
 //! - throughput: an empty critical section, no think time, for a fixed wall time; acquisitions
 //!   per second, fairness (max/min acquisitions per worker) and the worst wait;
 //! - handoff: a 1–3 ms critical section (sleep) and 0.5 ms think time; the handoff latency is
@@ -31,7 +31,8 @@
 //!
 //! Paired hand-over phase: a ratio is only as good as its baseline, and the kernel flock
 //! hand-over moves with the machine's state (12–37 µs here from run to run). So on tmpfs, for
-//! each N ≥ 2, leasehold and flock hand-over cells alternate for several rounds (A B A B …), and
+//! each N from 2 to 16 (the N of the hand-over targets; N = 32 and 64 are growth curves, one
+//! cell each), leasehold and flock hand-over cells alternate for several rounds (A B A B …), and
 //! each round gives one ratio of the two p50s measured back to back; the report gives the median
 //! ratio over the rounds with its min–max, beside both absolute p50s.
 
@@ -583,7 +584,7 @@ fn orchestrate() -> Res<()> {
             .iter()
             .map(|x| x.parse().map_err(|e| format!("N {x}: {e}")))
             .collect::<Res<_>>()?,
-        None => vec![1, 2, 4, 8, 16],
+        None => vec![1, 2, 4, 8, 16, 32, 64],
     };
     let s = Setup {
         quick,
@@ -728,10 +729,13 @@ fn orchestrate() -> Res<()> {
     Ok(())
 }
 
-/// The paired hand-over phase (see the module comment): on tmpfs, for each N ≥ 2 asked for,
+/// The paired hand-over phase (see the module comment): on tmpfs, for each N in 2..=16 asked for,
 /// `rounds` rounds of a leasehold cell then a flock cell. Returns
 /// `{"fs": "tmpfs", "rows": [{"n": N, "rounds": [{"leasehold": p50, "flock": p50}, ...]}]}`
 /// (µs); a cell that failed is null.
+/// The largest N of the paired phase: the hand-over targets stop at N = 16.
+const PAIRED_MAX_N: usize = 16;
+
 fn paired_handoffs(s: &Setup, rounds: usize, secs: f64) -> Res<Value> {
     let pair = [Impl::Leasehold, Impl::Flock];
     let both = pair
@@ -743,7 +747,7 @@ fn paired_handoffs(s: &Setup, rounds: usize, secs: f64) -> Res<Value> {
     let dir = PathBuf::from("/dev/shm").join(format!("contention-paired-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
     let mut rows = Vec::new();
-    for &n in s.ns.iter().filter(|&&n| n >= 2) {
+    for &n in s.ns.iter().filter(|&&n| (2..=PAIRED_MAX_N).contains(&n)) {
         let mut per_round = Vec::new();
         for r in 0..rounds {
             let mut cell = serde_json::Map::new();

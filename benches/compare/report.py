@@ -314,6 +314,8 @@ def main(res_dir, out_md, out_svg):
                 for e in errs[:12]:
                     w(f"- {e}")
                 w("")
+        for line in growth_tables(cont):
+            w(line)
         paired = paired_rows(cont)
         if paired:
             rounds = max(len(v["ratios"]) for v in paired.values())
@@ -386,12 +388,13 @@ def main(res_dir, out_md, out_svg):
                     q = ratio(tp, pt)
                     if q is not None and (worst is None or q < worst[0]):
                         worst = (q, peer, r["n"])
+            span = ns_range(cont, fs)
             if worst:
-                targets.append((f"Contended throughput ≥ every peer's at every N ({fs})",
+                targets.append((f"Contended throughput ≥ every peer's at every N ({span}; {fs})",
                                 f"worst {rx(worst[0])} of {LABELS[worst[1]]} at N={worst[2]}",
                                 worst[0] >= 1.0))
             if fair_worst is not None:
-                targets.append((f"FIFO fairness max/min ≤ 1.5 at every N ≥ 2 ({fs})",
+                targets.append((f"FIFO fairness max/min ≤ 1.5 at every N ≥ 2 ({span}; {fs})",
                                 "∞" if fair_worst == float("inf") else f"{fair_worst:.2f}",
                                 fair_worst <= 1.5))
         for fs in FSS:
@@ -444,6 +447,81 @@ def main(res_dir, out_md, out_svg):
         f.write(svg(cont, quick))
 
 
+def contention_ns(cont, fs=None):
+    """Every N measured in the contention run (on one file system, or on any)."""
+    ns = set()
+    for f, per_impl in (get(cont, "results") or {}).items():
+        if fs is not None and f != fs:
+            continue
+        for v in per_impl.values():
+            ns.update(r["n"] for r in v.get("rows", []) if "n" in r)
+    return sorted(ns)
+
+
+def ns_range(cont, fs):
+    ns = contention_ns(cont, fs)
+    return f"N = {ns[0]}–{ns[-1]}" if ns else "no N"
+
+
+def growth_tables(cont):
+    """The growth curves of issue 17: per file system, handoff p50 and throughput against N for
+    leasehold beside kernel flock and the Python peers, one column per N, and how leasehold's
+    grow against its own N = 2 (handoff) and N = 1 (throughput)."""
+    ns = contention_ns(cont)
+    if len(ns) < 2:
+        return []
+    out = ["### Growth with N", "",
+           f"The same cells as the tables above, one column per N ({', '.join(map(str, ns))}): "
+           "handoff p50 and throughput of each lock, leasehold's ratio to kernel flock at that N, and "
+           "leasehold's growth against itself (handoff p50 ÷ its N = 2 p50; throughput ÷ its N = 1 "
+           "throughput). Cells at every N last as long (see above); N = 32 and 64 are one cell each, "
+           "not alternated with flock (the alternated hand-over rounds below stop at N = 16, the last "
+           "N of the hand-over targets). The whole-process cost against the number of processes on the "
+           "host is in the first section.", ""]
+    head = "| " + " | ".join(["measure"] + [f"N={n}" for n in ns]) + " |"
+    rule = "|---|" + "---|" * len(ns)
+
+    def val(fs, impl, n, phase, key):
+        r = row_of(cont, fs, impl, n)
+        if phase == "handoff" and not get(r, "handoff", "handoffs"):
+            return None
+        return get(r, phase, key)
+
+    for fs in FSS:
+        if fs not in (get(cont, "results") or {}):
+            continue
+        impls = [i for i in IMPLS if i in cont["results"][fs]]
+        out += [f"**{FS_LABEL[fs]}**", "", head, rule]
+        for phase, key, what, fmt in (("handoff", "handoff_p50_us", "handoff p50", us),
+                                      ("throughput", "throughput_per_s", "acq/s",
+                                       lambda x: "—" if x is None else f"{x:,.0f}")):
+            for impl in impls:
+                cells = []
+                for n in ns:
+                    v = val(fs, impl, n, phase, key)
+                    if phase == "handoff" and n == 1 and v is not None:
+                        cells.append(f"({fmt(v)})")
+                    else:
+                        cells.append(fmt(v))
+                out.append(f"| {what}: {LABELS[impl]} | " + " | ".join(cells) + " |")
+            if "leasehold" in impls and "flock" in impls:
+                cells = [rx(ratio(val(fs, "leasehold", n, phase, key), val(fs, "flock", n, phase, key)))
+                         for n in ns]
+                if phase == "handoff" and ns[0] == 1 and cells[0] != "—":
+                    cells[0] = f"({cells[0]})"
+                out.append(f"| {what}: leasehold ×flock | " + " | ".join(cells) + " |")
+            if "leasehold" in impls:
+                base_n = 2 if phase == "handoff" else 1
+                base = val(fs, "leasehold", base_n, phase, key)
+                cells = [rx(ratio(val(fs, "leasehold", n, phase, key), base)) if n >= base_n else ""
+                         for n in ns]
+                out.append(f"| {what}: leasehold ÷ its N={base_n} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += ["At N = 1 the handoff row is the uncontended acquisition latency (in brackets), not a "
+            "hand-over.", ""]
+    return out
+
+
 def shared_table(res_dir):
     """Shared-lock acquire throughput: leasehold --shared beside kernel flock -s (LOCK_SH), both
     measured by the contention bench's throughput phase in one run (an empty section, no think
@@ -472,7 +550,8 @@ def svg(cont, quick):
     W, H = 900, 670
     pw, ph = 340, 220
     lefts, tops = [90, 520], [80, 370]
-    ns = [1, 2, 4, 8, 16]
+    ns = contention_ns(cont) if cont else []
+    ns = ns or [1, 2, 4, 8, 16]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            'font-family="Helvetica, Arial, sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
@@ -505,8 +584,10 @@ def svg(cont, quick):
             out.append(f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
             out.append(f'<text x="{L - 60}" y="{T + ph / 2}" text-anchor="middle" '
                        f'transform="rotate(-90 {L - 60} {T + ph / 2})">{ylabel}</text>')
-            out.append(f'<text x="{L + pw / 2}" y="{T + ph + 34}" text-anchor="middle">processes N</text>')
-            xs = {n: L + 20 + (pw - 40) * i / (len(ns) - 1) for i, n in enumerate(ns)}
+            out.append(f'<text x="{L + pw / 2}" y="{T + ph + 34}" text-anchor="middle">processes N (log scale)</text>')
+            # log2 N on the x axis: N = 1…64 are evenly spaced.
+            span = max(math.log2(ns[-1] / ns[0]), 1.0)
+            xs = {n: L + 20 + (pw - 40) * math.log2(n / ns[0]) / span for n in ns}
             for n in ns:
                 out.append(f'<text x="{xs[n]}" y="{T + ph + 16}" text-anchor="middle">{n}</text>')
             if not vals:

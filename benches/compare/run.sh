@@ -2,8 +2,8 @@
 # THE benchmark command: runs every benchmark of issue 6 and writes docs/benchmarks.md and
 # docs/bench.svg.
 #
-#   bash benches/compare/run.sh            # full run, ~15–20 min on 2 cores (includes a 60 s idle holder)
-#   QUICK=1 bash benches/compare/run.sh    # ~3–4 min smoke run, same outputs with fewer samples
+#   bash benches/compare/run.sh            # full run, ~18–23 min on 2 cores (includes a 60 s idle holder)
+#   QUICK=1 bash benches/compare/run.sh    # ~4–6 min smoke run, same outputs with fewer samples
 #
 # Run the full one on a quiet machine: the ratios compare cells measured minutes apart, and the
 # hand-over ratio alternates leasehold and flock cells (LEASEHOLD_BENCH_ROUNDS, default 5) so
@@ -22,6 +22,8 @@ OUT=$ROOT/target/bench
 TMPFS=/dev/shm/leasehold-bench-$$
 DISK=$ROOT/target/bench-scratch/run-$$
 export LEASEHOLD_BENCH_DISK=$ROOT/target/bench-scratch
+# Criterion writes under $CARGO_TARGET_DIR when it is set; report.py reads target/criterion.
+export CRITERION_HOME=$ROOT/target/criterion
 mkdir -p "$OUT" "$TMPFS" "$DISK"
 trap 'rm -rf "$TMPFS" "$DISK"' EXIT
 rm -f "$OUT"/*.json "$OUT"/*.txt
@@ -60,12 +62,14 @@ LEASEHOLD_BENCH_OUT=$OUT/contention.json cargo bench --bench contention ||
   echo "contention bench failed: its tables will be missing" >&2
 
 log "shared locks (leasehold --shared beside kernel flock -s)"
-LEASEHOLD_BENCH_IMPLS=flock-s,leasehold-shared LEASEHOLD_BENCH_ROUNDS=0 \
+# N ≤ 16 here: the growth curves to N = 64 are the exclusive lock's.
+LEASEHOLD_BENCH_IMPLS=flock-s,leasehold-shared LEASEHOLD_BENCH_ROUNDS=0 LEASEHOLD_BENCH_NS=1,2,4,8,16 \
   LEASEHOLD_BENCH_OUT=$OUT/shared.json cargo bench --bench contention ||
   echo "shared-lock bench failed: its table will be missing" >&2
 
 log "whole process (hyperfine)"
-LH=$ROOT/target/release/leasehold
+# cargo builds into $CARGO_TARGET_DIR when it is set.
+LH=${CARGO_TARGET_DIR:-$ROOT/target}/release/leasehold
 if [ "$QUICK" = 1 ]; then HF=(--warmup 3 --min-runs 20 --max-runs 40); else HF=(--warmup 20 --min-runs 300); fi
 if ! "$LH" run "$TMPFS/probe.lock" -- true; then
   echo "leasehold run does not work; skipping the whole-process comparison" >&2

@@ -385,13 +385,9 @@ pub(crate) fn replace_keep(
             why: "not in the lock's directory".into(),
         });
     };
-    let (mut f, name) =
+    let (mut f, name, id) =
         create_temp(paths).map_err(|e| Error::io(&paths.tmp, "create a temp file", e))?;
     let tmp = dir.join(&name);
-    let meta = f
-        .metadata()
-        .map(|m| Meta::of(&m))
-        .map_err(|e| Error::io(&tmp, "stat", e))?;
     let result = (|| {
         f.write_all(bytes)
             .map_err(|e| Error::io(&tmp, "write the temp file", e))?;
@@ -408,12 +404,9 @@ pub(crate) fn replace_keep(
     })();
     if result.is_err() {
         // Give back the blocks on a full disk, but only if the name is still our file.
-        dir.unlink_if(&name, meta.id());
+        dir.unlink_if(&name, id);
     }
-    result.map(|()| Written {
-        id: meta.id(),
-        kept: None,
-    })
+    result.map(|()| Written { id, kept: None })
 }
 
 /// Creates the temp file for one atomic write, exclusively: `.NAME.leasehold-tmp` — found there
@@ -422,13 +415,13 @@ pub(crate) fn replace_keep(
 /// trusted owner) and then created anew with `O_EXCL` — or, when that name is taken by
 /// anything else (planted there), a name with 16 random hex digits, also with `O_EXCL`. Either
 /// way nothing existing is ever opened, and crashed writers' files cannot pile up.
-fn create_temp(paths: &LockPaths) -> io::Result<(File, std::ffi::OsString)> {
+fn create_temp(paths: &LockPaths) -> io::Result<(File, std::ffi::OsString, (u64, u64))> {
     let dir = paths.handle();
     let template = paths.tmp_name().as_bytes();
     let fixed = OsStr::from_bytes(&template[..template.len().saturating_sub(17)]);
     for _ in 0..2 {
         match dir.create_new(fixed, LEASE_MODE) {
-            Ok(f) => return Ok((f, fixed.to_os_string())),
+            Ok((f, m)) => return Ok((f, fixed.to_os_string(), m)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 if !dir.unlink_leftover(fixed) {
                     break;

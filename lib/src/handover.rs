@@ -117,10 +117,7 @@ impl Prepared {
     pub(crate) fn write(q: &LockDir, ticket: &OsStr, bytes: &[u8]) -> Option<Prepared> {
         let name = prepared_name(ticket);
         let path = q.join(&name);
-        let file = q.create_new(&name, fsio::LEASE_MODE).ok()?;
-        // Cannot fail on an open file; if it did, the name goes with the ticket.
-        let meta = file.metadata().ok()?;
-        let id = (meta.dev(), meta.ino());
+        let (file, id) = q.create_new(&name, fsio::LEASE_MODE).ok()?;
         let made = file.write_all_at(bytes, 0).is_ok();
         // The very inode, read-only, through our own descriptor.
         let ro = OpenOptions::new()

@@ -212,8 +212,13 @@ impl LockDir {
     }
 
     /// Creates `name` exclusively (read-write), never through a symlink, with exactly `mode`
-    /// whatever the umask.
-    pub(crate) fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+    /// whatever the umask (or a default ACL) took from it, and returns it with its identity
+    /// (device, inode). The identity comes from an `fstat`, which every caller needed anyway;
+    /// the same `fstat` tells whether the mode has to be fixed, so the `fchmod` is made only
+    /// when the permission bits the file was created with differ from `mode` (under the usual
+    /// umask 022 a 0644 file needs none; a group-shared 0664 one does). Either way no more
+    /// system calls than an unconditional `fchmod` followed by the caller's own `fstat`.
+    pub(crate) fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<(File, (u64, u64))> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -227,16 +232,30 @@ impl LockDir {
             Mode::from_raw_mode(mode),
         )?;
         let file = File::from(fd);
-        if let Err(e) = rustix::fs::fchmod(&file, Mode::from_raw_mode(mode)) {
-            let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
-            return Err(e.into());
+        let fixed = (|| -> io::Result<(u64, u64)> {
+            let meta = Meta::of_stat(&rustix::fs::fstat(&file)?);
+            if meta.mode & 0o7777 != mode & 0o7777 {
+                rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
+            }
+            Ok(meta.id())
+        })();
+        match fixed {
+            Ok(id) => Ok((file, id)),
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
+                Err(e)
+            }
         }
-        Ok(file)
     }
 
     /// Creates a new file exclusively under an unpredictable name: `template` with its last 16
     /// bytes (which must be ASCII) replaced by random hex digits. Returns the file and its name.
-    pub(crate) fn create_temp(&self, template: &OsStr, mode: u32) -> io::Result<(File, OsString)> {
+    /// Returns the file, its name and its identity (see [`LockDir::create_new`]).
+    pub(crate) fn create_temp(
+        &self,
+        template: &OsStr,
+        mode: u32,
+    ) -> io::Result<(File, OsString, (u64, u64))> {
         let bytes = template.as_bytes();
         let keep = bytes.len().saturating_sub(16);
         let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
@@ -245,7 +264,7 @@ impl LockDir {
             name.extend_from_slice(random_hex16().as_bytes());
             let name = OsStr::from_bytes(&name).to_os_string();
             match self.create_new(&name, mode) {
-                Ok(f) => return Ok((f, name)),
+                Ok((f, m)) => return Ok((f, name, m)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
                 Err(e) => return Err(e),
             }
@@ -451,11 +470,29 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let dir = LockDir::open(&std::fs::canonicalize(d.path()).unwrap()).unwrap();
         let t = OsStr::new(".x.leasehold-tmp-0000000000000000");
-        let (_a, na) = dir.create_temp(t, 0o644).unwrap();
-        let (_b, nb) = dir.create_temp(t, 0o644).unwrap();
+        let (_a, na, _) = dir.create_temp(t, 0o644).unwrap();
+        let (_b, nb, _) = dir.create_temp(t, 0o644).unwrap();
         assert_ne!(na, nb);
         assert_eq!(na.len(), t.len());
         assert!(na.as_bytes().starts_with(b".x.leasehold-tmp-"));
+    }
+
+    /// Under the process's umask (022 or 002 in practice, whatever it is here), a new helper
+    /// file gets exactly the mode asked for, whether or not the umask took bits from it (0664
+    /// and 0666 lose some under 022, 0600 and 0644 none), and the returned identity is the file's.
+    #[test]
+    fn a_new_file_has_exactly_the_mode_asked_for_and_its_own_identity() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = LockDir::open(&std::fs::canonicalize(d.path()).unwrap()).unwrap();
+        for mode in [0o600, 0o644, 0o664, 0o666, 0o1644] {
+            let name = format!("f{mode:o}");
+            let (f, id) = dir.create_new(OsStr::new(&name), mode).unwrap();
+            let now = Meta::of(&f.metadata().unwrap());
+            assert_eq!(now.mode & 0o7777, mode, "{name}: mode {:o}", now.mode);
+            assert_eq!(id, now.id(), "{name}: the returned identity is the file's");
+            let by_name = std::fs::symlink_metadata(d.path().join(&name)).unwrap();
+            assert_eq!(by_name.mode() & 0o7777, mode, "{name}");
+        }
     }
 
     #[test]

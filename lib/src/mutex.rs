@@ -255,7 +255,7 @@ fn open(paths: &LockPaths, write: bool) -> Result<(File, Meta)> {
             }
         }
         match dir.create_new(name, dir.shared_mode(0o644)) {
-            Ok(f) if write => break f,
+            Ok((f, _)) if write => break f,
             // Created read-write; reopen read-only as asked (the kept descriptor must not be
             // open for writing: see [`MutexFile`]).
             Ok(_) => {}

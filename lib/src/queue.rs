@@ -343,7 +343,7 @@ impl Ticket {
         let seq = list(&q)?.last().map_or(1, |(s, _)| s + 1);
         let name = OsString::from(ticket_name(seq));
         let path = q.join(&name);
-        let file = q
+        let (file, id) = q
             .create_new(&name, q.shared_mode(0o644))
             .map_err(|e| Error::io(&path, "create a queue ticket", e))?;
         // A lease prepared under this number earlier belongs to a waiter that is gone or was
@@ -361,10 +361,6 @@ impl Ticket {
             beat: 0,
         };
         let bytes = ticket_bytes(&info);
-        let id = file
-            .metadata()
-            .map(|m| (m.dev(), m.ino()))
-            .map_err(|e| Error::io(&path, "stat our queue ticket", e))?;
         let t = Ticket {
             seq,
             path,
