@@ -416,9 +416,12 @@ fn a_process_that_left_the_commands_group_is_neither_stopped_nor_reported() {
     // or collecting the wrapper's output would wait for it.
     let d = tmp();
     let pidf = d.path().join("daemon.pid");
+    // The shell exits only once the daemon has its own group (`setsid` runs in the background
+    // child: exiting before it did would leave it, rightly, in the job's group).
     let script = format!(
-        "setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $! > '{p}.tmp' && mv '{p}.tmp' '{p}'; \
-         exit 0",
+        "setsid sleep 60 </dev/null >/dev/null 2>&1 & d=$!; \
+         until [ ! -e /proc/$d ] || [ \"$(cut -d' ' -f5 /proc/$d/stat)\" = \"$d\" ]; do :; done; \
+         echo $d > '{p}.tmp' && mv '{p}.tmp' '{p}'; exit 0",
         p = pidf.display()
     );
     let (out, lock) = run_to_end(d.path(), "daemon", &script);
