@@ -668,3 +668,83 @@ fn etcd_over_tls_with_the_client_certificate_the_cluster_demands() {
     assert_ne!(rc, 0);
     assert!(err.contains(&first), "{err}");
 }
+
+#[test]
+fn etcd_takeover_waits_while_a_dead_holders_leftover_cannot_be_checked() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        support::skip(
+            true,
+            "etcd_takeover_waits_while_a_dead_holders_leftover_cannot_be_checked: needs root (runs leasehold as two other uids)",
+        );
+        return;
+    }
+    let Some(cl) = Cluster::start() else { return };
+    // Two uids without accounts: neither may read the other's /proc/PID/environ.
+    let as_uid = |uid: u32| {
+        let mut c = lh();
+        c.uid(uid).gid(uid);
+        c
+    };
+    let d = tempfile::tempdir().unwrap();
+    // Not sticky: both uids append to one file (fs.protected_regular guards sticky ones).
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = d.path();
+    let url = cl.url("unchecked");
+    let (cs, pidf) = (dir.join("cs"), dir.join("old.pid"));
+    fs::write(&cs, "").unwrap();
+    fs::set_permissions(&cs, fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        "sh -c 'echo $$ > {p}.tmp; mv {p}.tmp {p}; while :; do echo old >> {cs}; sleep 0.02; done' & wait",
+        p = pidf.display(),
+        cs = cs.display()
+    );
+    let mut c = as_uid(40101);
+    c.args(["run", "--ttl", "2", "--heartbeat", "500ms", &url, "--"])
+        .args(["sh", "-c", &script]);
+    let h = Proc::spawn(c, "leasehold run as uid 40101 (leaving a grandchild)");
+    ensure_within("the grandchild to run", Duration::from_secs(20), || {
+        pidf.exists()
+    });
+    let old: i32 = fs::read_to_string(&pidf).unwrap().trim().parse().unwrap();
+    let _reap = KillOnDrop(old);
+    sigkill(h.pid());
+    ensure_within(
+        "the dead holder's key to expire",
+        Duration::from_secs(20),
+        || cl.keys("unchecked/").is_empty(),
+    );
+    // Another uid cannot tell whether the leftover is that job's: it must neither signal it
+    // nor start beside it. Trying once, it refuses with 75 and says why.
+    let o = as_uid(40102)
+        .args(["run", "-n", &url, "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(o.status), 75, "{err}");
+    assert!(err.contains("cannot be checked"), "{err}");
+    assert!(alive(old), "the leftover {old} was signalled unverified");
+    // Waiting, it says so once and keeps its place until the leftover is gone.
+    let mut c = as_uid(40102);
+    c.args(["run", "-w", "60", &url, "--", "sh", "-c"])
+        .arg(format!("echo new >> {}", cs.display()))
+        .stderr(std::process::Stdio::piped());
+    let mut w = Proc::spawn(c, "leasehold run -w as uid 40102");
+    let said = w.wait_line(Duration::from_secs(20), |l| l.contains("cannot be checked"));
+    assert!(
+        said.is_some(),
+        "no wait line said why: {}",
+        w.stderr_so_far()
+    );
+    assert!(w.try_wait().is_none(), "the waiter did not wait");
+    assert!(alive(old), "the leftover {old} was signalled unverified");
+    sigkill(old);
+    let st = w.wait_timeout(Duration::from_secs(30));
+    assert!(
+        st.success(),
+        "the waiter failed once the leftover was gone: {st}: {}",
+        w.stderr()
+    );
+    no_overlap(dir);
+}

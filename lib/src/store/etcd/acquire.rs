@@ -403,7 +403,7 @@ fn stop_remnants(
                 verdict: Box::new(v),
             });
         }
-        conn.block_on(tokio::time::sleep_until(until.into()));
+        conn.block_on(async move { tokio::time::sleep_until(until.into()).await });
         if !keep_alive(conn, c)? {
             return Ok(false);
         }

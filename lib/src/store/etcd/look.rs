@@ -187,9 +187,13 @@ pub(crate) fn dead_jobs(
             if id == our_id || line.iter().any(|k| k.lease() == id) {
                 return None;
             }
-            let Parsed::Lease(lease) = Lease::parse(kv.value()) else {
+            let Parsed::Lease(mut lease) = Lease::parse(kv.value()) else {
                 return None;
             };
+            if lease.token == 0 {
+                // Written at join, in the transaction that created its key: the same revision.
+                lease.token = kv.create_revision().max(0) as u64;
+            }
             (u128::from_str_radix(&lease.lease_id, 16).ok() == Some(id as u128)).then(|| DeadJob {
                 key: kv.key().to_vec(),
                 mod_rev: kv.mod_revision(),
