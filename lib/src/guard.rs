@@ -278,6 +278,7 @@ impl LeaseGuard {
             wait: inner.timing.release_mutex_wait(),
             stuck_after: inner.timing.ttl,
             stop: &mut || stop_threads(inner),
+            lost: inner.lost.load(Ordering::Acquire),
         })
     }
 }

@@ -345,6 +345,14 @@ fn etcd_status_json_and_break_of_a_live_and_a_dead_holder() {
     );
     let st = h.wait_timeout(Duration::from_secs(5));
     assert_eq!(code(st), 74, "the revoked holder fences");
+    // Fenced, it revoked its etcd lease (TTL 30 s) rather than leave it to expire.
+    let o = cl
+        .etcdctl()
+        .args(["lease", "timetolive", id.trim_start_matches('0')])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("already expired"), "{said}");
     let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
     assert_eq!(rc, 0, "free once the revoked holder fenced: {err}");
     // A dead holder (SIGKILLed on this host): stale at once, and broken at once.

@@ -272,6 +272,10 @@ pub(crate) struct Release<'a> {
     pub stuck_after: std::time::Duration,
     /// Ends the guard's renewals.
     pub stop: &'a mut dyn FnMut(),
+    /// Whether the lease was lost (the job was fenced) before this release (the etcd store
+    /// revokes its lease then; the file store's release is the same either way).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub lost: bool,
 }
 
 /// Why a renewal failed.

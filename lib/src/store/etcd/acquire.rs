@@ -159,8 +159,23 @@ fn timeout(conn: &Conn, started: Instant, v: Verdict) -> Error {
     }
 }
 
-/// Grants our etcd lease and puts our key, with our record, in line.
+/// Grants our etcd lease and puts our key, with our record, in line. A lease that expired
+/// before our key could be put with it (a cluster too slow to answer within its TTL, or a
+/// leader that lost it) is granted again, twice at most.
 fn join(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result<Contender> {
+    let mut tries = 0;
+    loop {
+        match join_once(s, conn, me, timing) {
+            Err(e) if tries < 2 && e.to_string().contains("requested lease not found") => {
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// One [`join`]: a lease granted, our key put with it.
+fn join_once(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result<Contender> {
     let mut cl = conn.client();
     let secs = timing.ttl.as_secs_f64().ceil().max(1.0) as i64;
     let sent = BootInstant::now();

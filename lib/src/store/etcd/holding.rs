@@ -5,8 +5,8 @@
 //! record's rewrite (only over the record we last wrote, compared by mod revision, with our
 //! job record `EtcdLock::job_key` beside it) and the release (deleting our key and our job
 //! record in one transaction, which wakes the contender behind us; our etcd lease is revoked
-//! only when that could not be done). Our job record is left behind only when we die or are
-//! cut off.
+//! too after a fence, and instead when that could not be done). Our job record is left behind
+//! only when we die or are cut off.
 //! Must never: count a keepalive that was not answered with a live TTL; write over a record
 //! we did not write last (a breaker's revoked mark); release before the guard has stopped
 //! renewing.
@@ -230,13 +230,14 @@ impl Holding for EtcdHolding {
             .conn
             .call("let go of our key", wait, c.txn(txn))
             .is_ok_and(|r| r.succeeded());
-        if deleted {
+        if deleted && !r.lost {
             // Our key and record are gone: the lease, holding nothing, expires on its own within
             // its TTL. Revoking it would be a second Raft commit, racing the next owner's read.
             return Ok(());
         }
-        // Our key was not ours to delete any more (expired, or deleted by hand), or the cluster
-        // did not answer: revoke, so that nothing waits for the server's TTL.
+        // Fenced (the lease is revoked on fencing, whatever became of our key), our key not ours
+        // to delete any more (expired, or deleted by hand), or the cluster did not answer:
+        // revoke, so that nothing waits for the server's TTL.
         let left = wait
             .saturating_sub(started.elapsed())
             .max(Duration::from_millis(100));
@@ -246,6 +247,8 @@ impl Holding for EtcdHolding {
         {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("requested lease not found") => Ok(()),
+            // Our key is gone already: the lease, holding nothing, expires on its own.
+            Err(_) if deleted => Ok(()),
             Err(e) => Err(e),
         }
     }
