@@ -514,6 +514,26 @@ fn no_overlap(dir: &Path) {
     );
 }
 
+/// A new owner (`owner`, for messages) takes over from a holder whose job left `old` running:
+/// it succeeds, `old` is dead, and its command ran after every line of the old job.
+fn takes_over_stopping(url: &str, dir: &Path, old: i32, owner: &str, gone: &str) {
+    let mut w = new_owner(url, dir, old);
+    let st = w.wait_timeout(Duration::from_secs(30));
+    assert!(st.success(), "{owner} failed: {st}");
+    assert!(!alive(old), "{gone} {old} still runs");
+    no_overlap(dir);
+}
+
+/// Every job record on the cluster (keys only; empty when none is left).
+fn job_records(cl: &Cluster) -> String {
+    let out = cl
+        .etcdctl()
+        .args(["get", "--prefix", "--keys-only", "leasehold:jobs:"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[test]
 fn etcd_takeover_from_a_dead_holder_on_this_host_stops_its_leftover_group_first() {
     let Some(cl) = Cluster::start() else { return };
@@ -521,11 +541,7 @@ fn etcd_takeover_from_a_dead_holder_on_this_host_stops_its_leftover_group_first(
     let url = cl.url("remnant");
     // A waiter queued while the dead holder's key still lives takes over when it expires.
     let old = holder_leaving_a_grandchild(&url, &dir, "a");
-    let mut w = new_owner(&url, &dir, old);
-    let st = w.wait_timeout(Duration::from_secs(30));
-    assert!(st.success(), "the new owner failed: {st}");
-    assert!(!alive(old), "the old grandchild {old} still runs");
-    no_overlap(&dir);
+    takes_over_stopping(&url, &dir, old, "the new owner", "the old grandchild");
     // One that arrives only after the dead holder's etcd lease has expired stops it too.
     fs::remove_file(dir.join("cs")).unwrap();
     let old = holder_leaving_a_grandchild(&url, &dir, "b");
@@ -535,21 +551,12 @@ fn etcd_takeover_from_a_dead_holder_on_this_host_stops_its_leftover_group_first(
         || cl.keys("remnant/").is_empty(),
     );
     assert!(alive(old), "the grandchild outlived its holder's lease");
-    let mut w = new_owner(&url, &dir, old);
-    let st = w.wait_timeout(Duration::from_secs(30));
-    assert!(st.success(), "the late new owner failed: {st}");
-    assert!(!alive(old), "the old grandchild {old} still runs");
-    no_overlap(&dir);
+    takes_over_stopping(&url, &dir, old, "the late new owner", "the old grandchild");
     // A holder that released its lock leaves no record to act on.
     let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
     assert_eq!(rc, 0, "{err}");
-    let out = cl
-        .etcdctl()
-        .args(["get", "--prefix", "--keys-only", "leasehold:jobs:"])
-        .output()
-        .unwrap();
     assert!(
-        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        job_records(&cl).is_empty(),
         "the job record outlived its release"
     );
 }
@@ -565,28 +572,14 @@ fn etcd_takeover_from_a_frozen_holder_on_this_host_stops_its_command_first() {
     // Whatever the outcome, the grandchild does not outlive the test.
     let _reap = KillOnDrop(old);
     h.signal(Signal::SIGSTOP);
-    let mut w = new_owner(&url, &dir, old);
-    let st = w.wait_timeout(Duration::from_secs(30));
-    assert!(st.success(), "the new owner failed: {st}");
-    assert!(
-        !alive(old),
-        "the frozen holder's grandchild {old} still runs"
-    );
-    no_overlap(&dir);
+    let gone = "the frozen holder's grandchild";
+    takes_over_stopping(&url, &dir, old, "the new owner", gone);
     // Resumed, the old holder finds its lease gone and says so with 74.
     h.signal(Signal::SIGCONT);
     let st = h.wait_timeout(Duration::from_secs(20));
     assert_eq!(code(st), 74, "the resumed holder exited with {st}");
-    let out = cl
-        .etcdctl()
-        .args(["get", "--prefix", "--keys-only", "leasehold:jobs:"])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
-        "a job record was left behind: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let left = job_records(&cl);
+    assert!(left.is_empty(), "a job record was left behind: {left}");
 }
 
 #[test]
