@@ -6,11 +6,10 @@
 //! when the holder, its state or what we queue behind changes — and clearing the spinner once
 //! the wait ends. Must never: print anything when the lock is free at once, or under `-q`.
 
-use std::io::IsTerminal;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::io::{IsTerminal, Write as _};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use indicatif::{ProgressBar, ProgressStyle};
 
 use super::report;
 use leasehold::{State, Verdict};
@@ -28,7 +27,7 @@ pub struct WaitDisplay {
     quiet: bool,
     tty: bool,
     latest: Latest,
-    spinner: Arc<Mutex<Option<ProgressBar>>>,
+    spinner: Arc<Mutex<Option<Spinner>>>,
     printed: Arc<Mutex<Option<Key>>>,
 }
 
@@ -65,42 +64,122 @@ impl WaitDisplay {
             return;
         }
         let mut s = lock(&self.spinner);
-        match s.as_ref() {
-            Some(pb) => pb.set_message(current_line(&self.latest)),
-            None => {
-                let pb = ProgressBar::new_spinner();
-                if let Ok(style) = ProgressStyle::with_template("{spinner} ({elapsed}) {msg}") {
-                    pb.set_style(style);
-                }
-                pb.set_message(current_line(&self.latest));
-                pb.enable_steady_tick(Duration::from_millis(120));
-                keep_current(pb.clone(), Arc::clone(&self.latest));
-                *s = Some(pb);
-            }
+        if s.is_none() {
+            *s = Spinner::start(Arc::clone(&self.latest));
         }
     }
 
     /// The wait is over (lock taken or given up): replace the spinner by its last line.
     pub fn done(&self) {
-        let pb = lock(&self.spinner).take();
-        if let Some(pb) = pb {
-            pb.finish_and_clear();
+        let sp = lock(&self.spinner).take();
+        if let Some(sp) = sp {
+            sp.finish();
             say!("{}", current_line(&self.latest));
         }
     }
 }
 
-/// Keeps the spinner's line current (heartbeat age, "held") until the spinner is finished:
-/// the builder reports a new verdict only when it looks at the lock again.
-fn keep_current(pb: ProgressBar, latest: Latest) {
-    let _ = std::thread::Builder::new()
-        .name("wait-line".into())
-        .spawn(move || {
-            while !pb.is_finished() {
-                std::thread::sleep(Duration::from_millis(250));
-                pb.set_message(current_line(&latest));
-            }
-        });
+/// The live wait line on a terminal: a thread that redraws `⠁ (3s) Blocking …` in place every
+/// 120 ms from the latest verdict, aged to now (the builder reports a new verdict only when it
+/// looks at the lock again). A line longer than the terminal is wide wraps, and is redrawn from
+/// its first row.
+///
+/// Our own rather than a progress-bar crate's: it is one line, and the crate we used linked
+/// `libm` into every run (for an ETA this line never shows), ~80 µs of start-up per process.
+#[derive(Debug)]
+struct Spinner {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The spinner's frames (the braille dots a cargo user knows from indicatif's default).
+const FRAMES: [char; 8] = ['⠁', '⠂', '⠄', '⡀', '⢀', '⠠', '⠐', '⠈'];
+
+impl Spinner {
+    /// Starts redrawing; `None` (no live line, the final line still printed) when no thread can
+    /// be started.
+    fn start(latest: Latest) -> Option<Spinner> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = Arc::clone(&stop);
+        let began = Instant::now();
+        let thread = std::thread::Builder::new()
+            .name("wait-line".into())
+            .spawn(move || {
+                let (m, cv) = &*flag;
+                let mut stopped = lock(m);
+                let mut frame = 0usize;
+                let mut rows = 0;
+                while !*stopped {
+                    let text = format!(
+                        "{} ({}) {}",
+                        FRAMES[frame % FRAMES.len()],
+                        elapsed(began.elapsed()),
+                        leasehold::text::scrub(&current_line(&latest))
+                    );
+                    rows = redraw(rows, &text);
+                    frame += 1;
+                    stopped = cv
+                        .wait_timeout(stopped, Duration::from_millis(120))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                redraw(rows, "");
+            })
+            .ok()?;
+        Some(Spinner {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the redraws; the thread clears the line before it ends.
+    fn finish(mut self) {
+        let (m, cv) = &*self.stop;
+        *lock(m) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Replaces the `rows` terminal rows drawn last by `text` (escaped by `report`, scrubbed), and
+/// returns how many rows `text` takes.
+fn redraw(rows: usize, text: &str) -> usize {
+    let mut out = String::from("\r");
+    for _ in 1..rows {
+        out.push_str("\x1b[1A");
+    }
+    out.push_str("\x1b[J");
+    out.push_str(text);
+    let _ = write!(std::io::stderr(), "{out}");
+    match terminal_width() {
+        Some(w) => text.chars().count().max(1).div_ceil(w),
+        None => 1,
+    }
+}
+
+/// The time waited as a person says it: `7s`, `2m 5s`, `1h 3m`.
+fn elapsed(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, s / 60 % 60),
+    }
+}
+
+/// The width of the terminal on stderr, when it says.
+fn terminal_width() -> Option<usize> {
+    let mut ws = nix::libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct passed, which lives on our stack.
+    let r = unsafe { nix::libc::ioctl(2, nix::libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 
 /// The wait line as of now: the latest verdict, aged by the time since it arrived. Escaped by
