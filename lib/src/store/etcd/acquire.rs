@@ -86,7 +86,7 @@ pub(crate) fn acquire(
     let started = Instant::now();
     let mut reported: Option<i64> = None;
     loop {
-        let mut c = join(s, &conn, &me, &timing)?;
+        let mut c = join(s, &conn, &me, &timing, deadline, one_shot)?;
         loop {
             let (ahead, owner, n, at) = match look(&conn, &c) {
                 Ok(Look::First(dead)) => {
@@ -161,13 +161,40 @@ fn timeout(conn: &Conn, started: Instant, v: Verdict) -> Error {
 
 /// Grants our etcd lease and puts our key, with our record, in line. A lease that expired
 /// before our key could be put with it (a cluster too slow to answer within its TTL, or a
-/// leader that lost it) is granted again, twice at most.
-fn join(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result<Contender> {
+/// leader that lost it) is granted again, twice at most. A cluster without a leader (an
+/// election under way, a cluster just resumed) refuses every write: unless we may not wait
+/// (`one_shot`), we say so once and try again every 100 ms until `deadline`, as a contender
+/// queued behind a holder would wait.
+fn join(
+    s: &LeaseBuilder,
+    conn: &Conn,
+    me: &Identity,
+    timing: &Timing,
+    deadline: Option<Instant>,
+    one_shot: bool,
+) -> Result<Contender> {
     let mut tries = 0;
+    let mut said = false;
     loop {
         match join_once(s, conn, me, timing) {
             Err(e) if tries < 2 && e.to_string().contains("requested lease not found") => {
                 tries += 1;
+            }
+            Err(e)
+                if !one_shot
+                    && e.to_string().contains("no leader")
+                    && deadline.is_none_or(|d| Instant::now() < d) =>
+            {
+                if !said && let Some(cb) = &s.on_wait {
+                    let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
+                    v.behind = Some("the etcd cluster, which has no leader yet".into());
+                    (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
+                    said = true;
+                }
+                let pause = Duration::from_millis(100);
+                std::thread::sleep(deadline.map_or(pause, |d| {
+                    pause.min(d.saturating_duration_since(Instant::now()))
+                }));
             }
             r => return r,
         }
