@@ -159,13 +159,12 @@ fn redraw(rows: usize, text: &str) -> usize {
     }
 }
 
-/// The time waited as a person says it: `7s`, `2m 5s`, `1h 3m`.
+/// The time waited, in whole seconds, in the form of leasehold's other lines (`0s`, `7s`,
+/// `2m05s`, `1h03m`).
 fn elapsed(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m {}s", s / 60, s % 60),
-        _ => format!("{}h {}m", s / 3600, s / 60 % 60),
+    match d.as_secs() {
+        0 => "0s".into(),
+        s => leasehold::human_duration(Duration::from_secs(s)),
     }
 }
 
