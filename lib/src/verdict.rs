@@ -136,7 +136,12 @@ impl fmt::Display for Verdict {
     /// held 12m, token 17`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(b) = &self.behind {
-            // Waiting behind something other than the lease: say that first, then the lease.
+            // Waiting behind something other than the lease: say that first, then the lease —
+            // unless nothing could be read about it (no lease and no reason: an etcd cluster
+            // without a leader answers nothing).
+            if self.state == State::Free && self.lease.is_none() && self.reason.is_empty() {
+                return write!(f, "behind {b}");
+            }
             write!(f, "behind {b}; the lease is ")?;
             if self.state == State::Held && self.reason.contains("queued ahead") {
                 return write!(f, "{}", self.reason);

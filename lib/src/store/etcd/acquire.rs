@@ -186,8 +186,13 @@ fn join(
                     && deadline.is_none_or(|d| Instant::now() < d) =>
             {
                 if !said && let Some(cb) = &s.on_wait {
+                    // Nothing about the lease could be read: no reason, no lease.
                     let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
-                    v.behind = Some("the etcd cluster, which has no leader yet".into());
+                    v.reason.clear();
+                    v.behind = Some(
+                        "the etcd cluster, which has no leader yet (asking again every 100ms)"
+                            .into(),
+                    );
                     (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
                     said = true;
                 }
