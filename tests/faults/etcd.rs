@@ -1,8 +1,8 @@
 //! The etcd store on a real three-member cluster (`support::etcd`): exclusion, FIFO order and
 //! tokens under SIGKILLs, exclusion against `etcdctl lock` both ways, takeover after a killed
-//! holder, fencing when the whole cluster freezes, a leader killed while held, and `status`
-//! and `break` against live and dead holders. Built only with the `etcd` feature; skipped
-//! (failed under CI) where `etcd`/`etcdctl` are missing.
+//! holder, fencing when the whole cluster freezes, a waiter on a member without quorum, a leader
+//! killed while held, and `status` and `break` against live and dead holders. Built only with
+//! the `etcd` feature; skipped (failed under CI) where `etcd`/`etcdctl` are missing.
 
 use std::fs;
 use std::path::Path;
@@ -271,6 +271,66 @@ fn etcd_holder_cut_off_from_a_frozen_cluster_fences_and_exits_74_before_its_ttl(
     println!(
         "etcd frozen cluster: holder exited 74 after {took:?} (TTL 6 s); lock free {:?} after the cluster resumed",
         t1.elapsed()
+    );
+}
+
+/// A waiting contender whose member has lost quorum (the leader and one follower frozen) is not
+/// refused: its join hangs on the frozen leader (until leasehold's 5 s call timeout) or meets
+/// "no leader"; either way it says once that it waits for the cluster, and its command runs
+/// once quorum returns. Before, the hung join failed with 70 ("no answer within 5s", seen in CI
+/// right after a frozen cluster resumed).
+#[test]
+fn etcd_waiter_on_a_member_without_quorum_says_so_and_runs_once_quorum_returns() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let leader = cl.leader();
+    let (live, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    let stop = |i: usize, sig| {
+        let p = cl.members[i].proc.as_ref().expect("a live member");
+        let _ = kill(Pid::from_raw(p.pid()), sig);
+    };
+    stop(leader, Signal::SIGSTOP);
+    stop(other, Signal::SIGSTOP);
+    // Only the member left is named: nothing but it can answer.
+    let url = format!("etcd://127.0.0.1:{}/quorum", cl.members[live].client);
+    let ran = dir.join("w-ran");
+    let touch = format!("touch {}", ran.display());
+    let w = Proc::spawn_collecting(
+        {
+            let mut c = lh();
+            c.args(["run", "-w", "60", &url, "--", "sh", "-c", &touch]);
+            c
+        },
+        "waiter on a member without quorum",
+    );
+    let said = w.wait_line(Duration::from_secs(20), |l| {
+        l.contains("the etcd cluster, which") && l.contains("asking again every 100ms")
+    });
+    assert!(
+        said.is_some(),
+        "no wait line naming the cluster: {}",
+        w.stderr_so_far()
+    );
+    assert!(!ran.exists(), "ran without a quorum");
+    println!(
+        "a member without quorum: {}",
+        said.map_or(String::new(), |s| s.0)
+    );
+    stop(leader, Signal::SIGCONT);
+    stop(other, Signal::SIGCONT);
+    let mut w = w;
+    let st = w.wait_timeout(Duration::from_secs(40));
+    let err = w.stderr();
+    assert_eq!(
+        code(st),
+        0,
+        "the waiter must run once quorum returns: {err}"
+    );
+    assert!(ran.exists());
+    assert_eq!(
+        err.matches("asking again every 100ms").count(),
+        1,
+        "said once, not at every try: {err}"
     );
 }
 

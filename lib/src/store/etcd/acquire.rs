@@ -161,10 +161,10 @@ fn timeout(conn: &Conn, started: Instant, v: Verdict) -> Error {
 
 /// Grants our etcd lease and puts our key, with our record, in line. A lease that expired
 /// before our key could be put with it (a cluster too slow to answer within its TTL, or a
-/// leader that lost it) is granted again, twice at most. A cluster without a leader (an
-/// election under way, a cluster just resumed) refuses every write: unless we may not wait
-/// (`one_shot`), we say so once and try again every 100 ms until `deadline`, as a contender
-/// queued behind a holder would wait.
+/// leader that lost it) is granted again, twice at most. A cluster that cannot serve us for now
+/// (no leader: an election, a cluster just resumed; no answer in time) refuses or drops every
+/// write: unless we may not wait (`one_shot`), we say so once and try again every 100 ms until
+/// `deadline`, as a contender queued behind a holder would wait.
 fn join(
     s: &LeaseBuilder,
     conn: &Conn,
@@ -176,33 +176,31 @@ fn join(
     let mut tries = 0;
     let mut said = false;
     loop {
-        match join_once(s, conn, me, timing) {
+        let e = match join_once(s, conn, me, timing) {
             Err(e) if tries < 2 && e.to_string().contains("requested lease not found") => {
                 tries += 1;
+                continue;
             }
-            Err(e)
-                if !one_shot
-                    && e.to_string().contains("no leader")
-                    && deadline.is_none_or(|d| Instant::now() < d) =>
-            {
-                if !said && let Some(cb) = &s.on_wait {
-                    // Nothing about the lease could be read: no reason, no lease.
-                    let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
-                    v.reason.clear();
-                    v.behind = Some(
-                        "the etcd cluster, which has no leader yet (asking again every 100ms)"
-                            .into(),
-                    );
-                    (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
-                    said = true;
-                }
-                let pause = Duration::from_millis(100);
-                std::thread::sleep(deadline.map_or(pause, |d| {
-                    pause.min(d.saturating_duration_since(Instant::now()))
-                }));
-            }
+            Err(e) if !one_shot && deadline.is_none_or(|d| Instant::now() < d) => e,
             r => return r,
+        };
+        let Some(state) = super::unavailable(&e) else {
+            return Err(e);
+        };
+        if !said && let Some(cb) = &s.on_wait {
+            // Nothing about the lease could be read: no reason, no lease.
+            let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
+            v.reason.clear();
+            v.behind = Some(format!(
+                "the etcd cluster, which {state} (asking again every 100ms)"
+            ));
+            (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
+            said = true;
         }
+        let pause = Duration::from_millis(100);
+        std::thread::sleep(deadline.map_or(pause, |d| {
+            pause.min(d.saturating_duration_since(Instant::now()))
+        }));
     }
 }
 
@@ -240,9 +238,21 @@ fn join_once(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> R
     let job = lease.holder.pgid.is_some() && conn.keeps_jobs();
     let r = match conn.run("put our key", cl.txn(put(job))) {
         // A user allowed only the lock's prefix: in line without a job record.
-        Err(e) if job && conn.jobs_denied(&e) => conn.run("put our key", cl.txn(put(false)))?,
-        r => r?,
-    };
+        Err(e) if job && conn.jobs_denied(&e) => conn.run("put our key", cl.txn(put(false))),
+        r => r,
+    }
+    .inspect_err(|_| {
+        // A put that timed out may still land: leaving takes its key and record out of the
+        // line at once, instead of one TTL later (best effort: the lease ends by itself, and
+        // a record without a process carrying its lease id stops nothing).
+        let c = Contender {
+            id,
+            key: key.clone(),
+            rev: 0,
+            last_ok: sent,
+        };
+        give_up(conn, &c);
+    })?;
     let rev = if r.succeeded() {
         r.header().map_or(0, |h| h.revision())
     } else {

@@ -290,7 +290,17 @@ impl Conn {
         {
             Ok(Ok(t)) => Ok(t),
             Ok(Err(e)) => Err(self.lock.error(op, e)),
-            Err(_) => Err(self.lock.error(op, format!("no answer within {timeout:?}"))),
+            Err(_) => Err(Error::io(
+                &self.lock.url,
+                op,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "etcd at {}: no answer within {timeout:?}",
+                        self.lock.endpoints.join(",")
+                    ),
+                ),
+            )),
         }
     }
 
@@ -306,6 +316,24 @@ impl Conn {
     /// Runs `f` on the runtime (for waits that keep their own deadline).
     pub(crate) fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
         self.rt.block_on(f)
+    }
+}
+
+/// When `e` says the cluster cannot serve us for now (no leader: an election, a cluster just
+/// resumed; a request dropped by a change of leader; no answer in time), how to say so after
+/// "the etcd cluster, which ..."; `None` for every other error. The one home of this check.
+pub(crate) fn unavailable(e: &Error) -> Option<&'static str> {
+    let io = e.io_error()?;
+    if io.kind() == std::io::ErrorKind::TimedOut {
+        return Some("did not answer in time");
+    }
+    let m = io.to_string();
+    if m.contains("no leader") {
+        Some("has no leader yet")
+    } else if m.contains("leader changed") || m.contains("request timed out") {
+        Some("is changing its leader")
+    } else {
+        None
     }
 }
 
