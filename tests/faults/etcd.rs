@@ -1,8 +1,9 @@
 //! The etcd store on a real three-member cluster (`support::etcd`): exclusion, FIFO order and
 //! tokens under SIGKILLs, exclusion against `etcdctl lock` both ways, takeover after a killed
-//! holder, fencing when the whole cluster freezes, a waiter on a member without quorum, a leader
-//! killed while held, and `status` and `break` against live and dead holders. Built only with
-//! the `etcd` feature; skipped (failed under CI) where `etcd`/`etcdctl` are missing.
+//! holder, fencing when the whole cluster freezes, waiters (joining, and in line) on a member
+//! without quorum, a leader killed while held, and `status` and `break` against live and dead
+//! holders. Built only with the `etcd` feature; skipped (failed under CI) where
+//! `etcd`/`etcdctl` are missing.
 
 use std::fs;
 use std::path::Path;
@@ -332,6 +333,65 @@ fn etcd_waiter_on_a_member_without_quorum_says_so_and_runs_once_quorum_returns()
         1,
         "said once, not at every try: {err}"
     );
+}
+
+/// A contender already in line whose member loses quorum keeps its place instead of exiting 70:
+/// its looks time out or meet "no leader", it says once that it waits for the cluster, and it
+/// runs after the holder once quorum returns.
+#[test]
+fn etcd_queued_waiter_keeps_its_place_while_its_member_has_no_quorum() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("inline");
+    let mut h = held(&url, &[], &dir, "h");
+    let leader = cl.leader();
+    let (live, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    let stop = |i: usize, sig| {
+        let p = cl.members[i].proc.as_ref().expect("a live member");
+        let _ = kill(Pid::from_raw(p.pid()), sig);
+    };
+    let one = format!("etcd://127.0.0.1:{}/inline", cl.members[live].client);
+    let ran = dir.join("w-ran");
+    let touch = format!("touch {}", ran.display());
+    let w = Proc::spawn_collecting(
+        {
+            let mut c = lh();
+            c.args(["run", "--heartbeat", "500ms", "-w", "60", &one, "--"]);
+            c.args(["sh", "-c", &touch]);
+            c
+        },
+        "waiter in line",
+    );
+    assert!(
+        w.wait_line(Duration::from_secs(20), |l| l.contains("held by"))
+            .is_some(),
+        "the waiter never said whom it waits behind: {}",
+        w.stderr_so_far()
+    );
+    stop(leader, Signal::SIGSTOP);
+    stop(other, Signal::SIGSTOP);
+    let said = w.wait_line(Duration::from_secs(20), |l| {
+        l.contains("the etcd cluster, which") && l.contains("asking again every 100ms")
+    });
+    stop(leader, Signal::SIGCONT);
+    stop(other, Signal::SIGCONT);
+    assert!(
+        said.is_some(),
+        "no wait line naming the cluster: {}",
+        w.stderr_so_far()
+    );
+    println!(
+        "in line, quorum lost: {}",
+        said.map_or(String::new(), |s| s.0)
+    );
+    assert!(!ran.exists(), "ran while the holder held");
+    let_go(&dir, "h");
+    assert!(h.wait_timeout(Duration::from_secs(30)).success());
+    let mut w = w;
+    let st = w.wait_timeout(Duration::from_secs(40));
+    let err = w.stderr();
+    assert_eq!(code(st), 0, "the waiter must run after the holder: {err}");
+    assert!(ran.exists());
 }
 
 #[test]

@@ -85,6 +85,7 @@ pub(crate) fn acquire(
     let conn = Arc::new(Conn::connect(EtcdLock::parse(&s.path)?)?);
     let started = Instant::now();
     let mut reported: Option<i64> = None;
+    let mut said_unavailable = false;
     loop {
         let mut c = join(s, &conn, &me, &timing, deadline, one_shot)?;
         loop {
@@ -108,6 +109,20 @@ pub(crate) fn acquire(
                 }
                 Ok(Look::Gone) => break,
                 Ok(Look::Behind(a, o, n, at)) => (a, o, n, at),
+                // In line, a cluster that cannot serve us for now (an election) keeps our place:
+                // look again; should it last past our TTL, our key is gone and we join again.
+                Err(e)
+                    if !one_shot
+                        && super::unavailable(&e).is_some()
+                        && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    if !said_unavailable && let Some(state) = super::unavailable(&e) {
+                        say_unavailable(s, &conn, &me, state);
+                        said_unavailable = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
                 Err(e) => {
                     // Never leave our key holding up the line behind us.
                     give_up(&conn, &c);
@@ -187,20 +202,28 @@ fn join(
         let Some(state) = super::unavailable(&e) else {
             return Err(e);
         };
-        if !said && let Some(cb) = &s.on_wait {
-            // Nothing about the lease could be read: no reason, no lease.
-            let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
-            v.reason.clear();
-            v.behind = Some(format!(
-                "the etcd cluster, which {state} (asking again every 100ms)"
-            ));
-            (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
+        if !said {
+            say_unavailable(s, conn, me, state);
             said = true;
         }
         let pause = Duration::from_millis(100);
         std::thread::sleep(deadline.map_or(pause, |d| {
             pause.min(d.saturating_duration_since(Instant::now()))
         }));
+    }
+}
+
+/// Tells the waiting caller that we wait for the cluster itself, which `state` (see
+/// [`super::unavailable`]).
+fn say_unavailable(s: &LeaseBuilder, conn: &Conn, me: &Identity, state: &str) {
+    if let Some(cb) = &s.on_wait {
+        // Nothing about the lease could be read: no reason, no lease.
+        let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
+        v.reason.clear();
+        v.behind = Some(format!(
+            "the etcd cluster, which {state} (asking again every 100ms)"
+        ));
+        (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
     }
 }
 
