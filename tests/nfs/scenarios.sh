@@ -8,7 +8,8 @@
 #   LEASEHOLD_BIN=$PWD/target/release/leasehold bash tests/nfs/scenarios.sh
 #
 # Env: LEASEHOLD_BIN (required, absolute path of a host-built binary; it is copied into the export)
-#      LEASEHOLD_NFS_MODES (default "v4 v3local"), LEASEHOLD_NFS_ROUNDS (default 10 per host).
+#      LEASEHOLD_NFS_MODES (default "v4 v3local"), LEASEHOLD_NFS_ROUNDS (default 10 per host),
+#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f).
 # Prints every check and the measured figures; the last line is `nfs: N passed, M failed`;
 # exits non-zero when anything failed (including a lab that cannot start on this machine).
 set -uo pipefail
@@ -29,6 +30,8 @@ bad() { FAIL=$((FAIL + 1)); FAILED+=("$*"); echo "FAIL - $*"; }
 fig() { FIGURES+=("$*"); echo "     # $*"; }
 now() { date +%s.%N; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
+# whether scenario $1 (a letter) is to run (LEASEHOLD_NFS_ONLY)
+want() { [ -z "${LEASEHOLD_NFS_ONLY:-}" ] || [[ " $LEASEHOLD_NFS_ONLY " == *" $1 "* ]]; }
 # run in a guest, bounded: gx SECONDS GUEST CMD
 gx() { local t=$1; shift; timeout -k 5 "$t" bash "$LAB" exec "$@"; }
 
@@ -91,6 +94,33 @@ while [ "$(date +%s)" -lt "$end" ]; do
     sleep 0.3
 done
 echo "attempts=$n other=$other"
+EOF
+    # freeze.sh PID MUTEX: SIGSTOPs PID at a moment it does not hold MUTEX's flock, checked: a
+    # process frozen inside leasehold's mutex keeps it from every host (NFS has no way to take
+    # it back). A waiter loops through the mutex every poll, so a freeze at a random moment
+    # lands inside it now and then (seen in CI: the other host's waiter timed out after 60 s).
+    # Once PID shows state T, a try-lock from this shell that succeeds within 1 s (others hold
+    # the mutex for milliseconds) proves PID is not holding it; otherwise PID runs on and we
+    # try again.
+    cat >"$d/freeze.sh" <<'EOF'
+pid=$1 m=$2 try=0
+while [ $try -lt 20 ]; do
+    try=$((try + 1))
+    kill -STOP "$pid" || exit 1
+    i=0
+    until [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = T ]; do
+        i=$((i + 1)); [ $i -le 200 ] || { echo "pid $pid never showed state T"; exit 1; }
+        sleep 0.01
+    done
+    i=0
+    while [ $i -lt 20 ]; do
+        flock -n "$m" true 2>/dev/null && { echo "frozen outside the mutex (try $try)"; exit 0; }
+        i=$((i + 1)); sleep 0.05
+    done
+    echo "try $try: frozen inside the mutex; letting it run on"
+    kill -CONT "$pid"; sleep 0.1
+done
+exit 1
 EOF
     # takeover.sh LH LOCK OUT SECONDS: `run -n` until it gets the lease; OUT gets time and token
     cat >"$d/takeover.sh" <<'EOF'
@@ -290,11 +320,10 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
     if ! wait_file "$E/f.held" 30; then
         bad "[$mode] (f) holder did not start"; wait $hp; return
     fi
-    # waiter 1 on hostb; frozen (SIGSTOP) once its ticket is on the server and has beaten once:
-    # it beats only after leaving the mutex, so the freeze never lands inside the mutex (a
-    # process frozen there keeps the mutex from everyone — NFS has no way to take it back — and
-    # hosta could only time out).
-    gx 90 hostb "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo b >>$G/f.order' & echo \$! >$G/f.w1pid; wait" &
+    # waiter 1 on hostb; frozen (SIGSTOP) once its ticket is on the server and has beaten once,
+    # at a moment it does not hold the mutex (freeze.sh checks it: a process frozen there keeps
+    # the mutex from everyone — NFS has no way to take it back — and hosta could only time out).
+    gx 90 hostb "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo b >>$G/f.order' & echo \$! >$G/f.w1pid; wait \$!" &
     local w1=$!
     i=0
     until [ -s "$E/f.w1pid" ] && ls "$q"/q-* >/dev/null 2>&1 &&
@@ -306,9 +335,12 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
         fi
         sleep 0.05
     done
-    if ! gx 10 hostb "kill -STOP \$(cat $G/f.w1pid)"; then
-        bad "[$mode] (f) could not freeze hostb's waiter"; wait $hp $w1; return
+    local frz
+    if ! frz=$(gx 30 hostb "sh $G/freeze.sh \$(cat $G/f.w1pid) $G/.f.lock.leasehold-mutex"); then
+        bad "[$mode] (f) could not freeze hostb's waiter outside the mutex: $frz"
+        gx 10 hostb "kill -CONT \$(cat $G/f.w1pid)"; wait $hp $w1; return
     fi
+    echo "    hostb's waiter: $(echo $frz)"
     # waiter 2 on hosta, queued behind the frozen one
     local t0; t0=$(now)
     gx 90 hosta "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo a >>$G/f.order'"
@@ -474,14 +506,14 @@ for mode in $MODES; do
     lab_flock "$mode"
     case "$mode" in
         v4)
-            sc_exclusion "$mode"
-            sc_handoff "$mode"
-            sc_frozen_waiter "$mode"
-            sc_foreign_holder "$mode"
-            sc_crash_in_mutex "$mode"
+            want a && sc_exclusion "$mode"
+            want e && sc_handoff "$mode"
+            want f && sc_frozen_waiter "$mode"
+            { want b || want c; } && sc_foreign_holder "$mode"
+            want b && sc_crash_in_mutex "$mode"
             ;;
         v3local)
-            sc_local_lock "$mode"
+            want d && sc_local_lock "$mode"
             ;;
         *) bad "unknown mode $mode" ;;
     esac
