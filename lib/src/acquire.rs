@@ -271,6 +271,7 @@ fn blocking<S: Store>(
     };
     let mut mem = Memory::default();
     let mut waker = ctx.store.waker(ctx.poll, ctx.timing.ttl);
+    let mut warmed = false;
     let mut q = Queued::<S> {
         place: Default::default(),
         draft: None,
@@ -300,6 +301,11 @@ fn blocking<S: Store>(
         // Every look is reported (a display keeps its heartbeat age and "held" current from
         // it); the caller decides which changes deserve a new line.
         report(ctx.s, &v);
+        if !warmed {
+            // While we wait, not after the wake-up: the guard's threads (see `keeper::warm`).
+            crate::keeper::warm();
+            warmed = true;
+        }
         ctx.store
             .wait(&mut waker, &mut q.place, ahead.as_ref(), &v, deadline);
     }

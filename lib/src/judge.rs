@@ -224,7 +224,10 @@ impl Judge<'_> {
         // later `lock -n` need not wait for the keeper's release; what the script left in its
         // group is stopped as remnants below).
         let script = h.on_behalf && h.child_pid.is_some();
-        let mut alive = !script && procs.liveness(h.pid, h.pid_start) == Liveness::Alive;
+        // Looked at once: the reason below says what this found (a second look costs a /proc
+        // read on the way to a takeover).
+        let holder = (!script).then(|| procs.liveness(h.pid, h.pid_start));
+        let mut alive = holder == Some(Liveness::Alive);
         if let (Some(c), Some(st)) = (h.child_pid, h.child_start) {
             alive |= procs.liveness(c, st) == Liveness::Alive;
         }
@@ -252,10 +255,10 @@ impl Judge<'_> {
             return;
         }
         v.state = State::Stale;
-        v.reason = match procs.liveness(h.pid, h.pid_start) {
-            _ if script => "script exited".to_string(),
-            Liveness::Dead(why) => why.to_string(),
-            Liveness::Alive => "process gone".to_string(),
+        v.reason = match holder {
+            None => "script exited".to_string(),
+            Some(Liveness::Dead(why)) => why.to_string(),
+            Some(Liveness::Alive) => "process gone".to_string(),
         };
         if let Some(by) = &s.revoked {
             v.reason = format!("{by}; {}", v.reason);

@@ -2,7 +2,8 @@
 //! one-line `Blocking waiting for lock ...` report, only when contended), a waiter that gets the
 //! lock when the holder finishes, signals forwarded to the command with the lease released only
 //! after it exits, `status` (readable and --json, one or several locks) and `break` (stale only,
-//! by --lease-id, --force; refusals exit 75; tokens keep growing).
+//! by --lease-id, --force; refusals exit 75; tokens keep growing); a waiter starts its lease's
+//! keeper threads while it waits, not after its turn.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -402,4 +403,54 @@ fn a_waiting_runs_held_child_runs_nothing_and_dies_with_its_wrapper() {
         .assert()
         .success();
     assert!(!marker.exists(), "the held child ran the command");
+}
+
+/// The names of the threads of process `pid`.
+fn thread_names(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|c| c.trim_end().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_waiting_run_starts_its_lease_keeper_while_it_waits_not_after_its_turn() {
+    // The threads that keep a lease (renewer and watchdog) start while a contender waits, so
+    // that the way from its wake-up into the lease — a hand-over, a takeover — does not pay for
+    // two thread starts. Before its turn the waiter holds nothing they could renew.
+    let d = tmp();
+    let lock = d.path().join("warm.lock");
+    let mut h = Holder::start(&lock, &["--ttl", "5s"]);
+    let holder_pid = lease(&lock).expect("lease")["holder"]["pid"].clone();
+    let mut w = Proc::spawn(
+        lh().args(["run", "-w", "60s"])
+            .arg(&lock)
+            .args(["--", "true"])
+            .stderr(Stdio::piped()),
+        "waiter",
+    );
+    let mut err = BufReader::new(w.take_stderr().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("read waiter stderr");
+    assert!(line.starts_with("Blocking waiting for lock "), "{line}");
+    let keeper = ["leasehold-renew", "leasehold-watch"];
+    ensure_within(
+        "the waiter's keeper threads to start while it waits",
+        Duration::from_secs(10),
+        || {
+            let names = thread_names(w.pid());
+            keeper.iter().all(|k| names.iter().any(|n| n == k))
+        },
+    );
+    assert_eq!(
+        lease(&lock).expect("lease")["holder"]["pid"],
+        holder_pid,
+        "the waiter took the lease before its turn"
+    );
+    assert!(h.finish().success());
+    assert!(w.wait_timeout(Duration::from_secs(30)).success());
 }
