@@ -111,6 +111,22 @@ pub(crate) type Waiting<'a> = Option<&'a mut dyn FnMut(MutexWait<'_>)>;
 /// How long the mutex may be busy before the waiter is told who holds it.
 const TELL_AFTER: Duration = Duration::from_millis(800);
 
+/// The longest nap between two try-locks of a busy mutex while the wait is young. Short, so
+/// that a process waiting to join the queue is not overtaken round after round by one that has
+/// just released and re-enters at once: with a 5 ms nap a process that missed once slept through
+/// several hand-overs while the releaser took the lease again (four workers, empty critical
+/// section: 850 of 3,800 acquisitions went to the worker that had the one before, FIFO fairness
+/// max/min 1.1–1.3 on tmpfs and 1.5–1.7 on ext4; with this nap 1.02–1.04 on both).
+const NAP_YOUNG: Duration = Duration::from_micros(200);
+
+/// How long a wait for the mutex is young: mutex sections last microseconds (milliseconds with
+/// an fsync), so a mutex still busy after this is stuck, and polling it fast would only burn
+/// CPU; the nap then grows to [`NAP_OLD`].
+const YOUNG_FOR: Duration = Duration::from_millis(100);
+
+/// The longest nap once the wait is no longer young.
+const NAP_OLD: Duration = Duration::from_millis(5);
+
 /// The clocks of one wait for a busy mutex: when to judge a holder that sits on it, when to
 /// move a queued waiter's beat, and when to say who holds it.
 struct Patience {
@@ -212,7 +228,12 @@ pub(crate) fn lock_with(
                 nap = nap.min(d.saturating_duration_since(now));
             }
             std::thread::sleep(nap);
-            backoff = (backoff * 2).min(Duration::from_millis(5));
+            let cap = if now - start < YOUNG_FOR {
+                NAP_YOUNG
+            } else {
+                NAP_OLD
+            };
+            backoff = (backoff * 2).min(cap);
         }
         // The lock is on the inode we opened; make sure that inode is still the one at its name.
         match paths.handle().stat(paths.mutex_name()) {
