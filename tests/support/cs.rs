@@ -84,6 +84,8 @@ stopped() {
 }
 set -- $(cat /proc/$$/stat)
 me="$id $$ ${22}"
+# The marker appears whole (renamed into place): a reader that sees it can read the pid.
+entered() { printf '%s\n' "$me" > "$cs/entered-$id.tmp" && mv -f "$cs/entered-$id.tmp" "$cs/entered-$id"; }
 if ! (set -C; printf '%s\n' "$me" > "$cs/inside") 2>/dev/null; then
   oid= opid= ost=
   read -r oid opid ost < "$cs/inside" 2>/dev/null
@@ -99,11 +101,11 @@ echo "start $(date +%s%N)" > "$cs/job-$id"
 if [ "$ticks" = 0 ]; then
   # Held until the test writes to the FIFO: no child process meanwhile.
   exec 3<>"$cs/fifo-$id"
-  printf '%s\n' "$me" > "$cs/entered-$id"
+  entered
   read -r x <&3
   ticks=0
 fi
-[ -e "$cs/entered-$id" ] || printf '%s\n' "$me" > "$cs/entered-$id"
+[ -e "$cs/entered-$id" ] || entered
 i=0
 while [ "$i" -lt "$ticks" ] && [ ! -e "$cs/release-$id" ]; do
   sleep "$period"
@@ -321,7 +323,10 @@ impl Cs {
         let log = self.dir.join(format!("job-{id}"));
         fs::write(&log, format!("start {}\n", now_ns()))
             .unwrap_or_else(|e| panic!("cs: write {}: {e}", log.display()));
-        fs::write(self.dir.join(format!("entered-{id}")), me).expect("cs: write entered");
+        // Whole or not at all, as the job script's marker (see `entered` there).
+        let tmp = self.dir.join(format!("entered-{id}.tmp"));
+        fs::write(&tmp, me).expect("cs: write entered");
+        fs::rename(&tmp, self.dir.join(format!("entered-{id}"))).expect("cs: rename entered");
         Section {
             cs: Cs::open(&self.dir),
             id: id.to_string(),
