@@ -16,6 +16,17 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
 
+/// Synchronises on a waiter's own report that it is blocked: its first stderr line, which must
+/// be the `Blocking waiting for lock ...` line. Returns it with the stderr reader, which the
+/// caller keeps open for as long as the waiter runs.
+fn blocked_line(w: &mut Proc) -> (String, BufReader<std::process::ChildStderr>) {
+    let mut err = BufReader::new(w.take_stderr().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("read waiter stderr");
+    assert!(line.starts_with("Blocking waiting for lock "), "{line}");
+    (line, err)
+}
+
 #[test]
 fn no_wait_and_wait_against_a_live_holder() {
     let d = tmp();
@@ -89,11 +100,7 @@ fn waiter_gets_the_lock_when_the_holder_finishes() {
             .stderr(Stdio::piped()),
         "waiter",
     );
-    // Synchronise on the waiter's own report that it is blocked.
-    let mut err = BufReader::new(w.take_stderr().expect("stderr"));
-    let mut line = String::new();
-    err.read_line(&mut line).expect("read waiter stderr");
-    assert!(line.starts_with("Blocking waiting for lock "), "{line}");
+    let (line, _err) = blocked_line(&mut w);
     assert!(line.contains("held by"), "{line}");
     let first_token = lease(&lock).expect("lease")["token"].as_u64().unwrap();
     assert_eq!(h.finish().code(), Some(0));
@@ -378,11 +385,7 @@ fn a_waiting_runs_held_child_runs_nothing_and_dies_with_its_wrapper() {
             .stderr(Stdio::piped()),
         "waiter",
     );
-    // Synchronise on the waiter's own report that it is blocked.
-    let mut err = BufReader::new(w.take_stderr().expect("stderr"));
-    let mut line = String::new();
-    err.read_line(&mut line).expect("read waiter stderr");
-    assert!(line.starts_with("Blocking waiting for lock "), "{line}");
+    let (_, _err) = blocked_line(&mut w);
     let held = children_of(w.pid());
     assert_eq!(held.len(), 1, "the waiter's children: {held:?}");
     let held = held[0];
@@ -433,10 +436,7 @@ fn a_waiting_run_starts_its_lease_keeper_while_it_waits_not_after_its_turn() {
             .stderr(Stdio::piped()),
         "waiter",
     );
-    let mut err = BufReader::new(w.take_stderr().expect("stderr"));
-    let mut line = String::new();
-    err.read_line(&mut line).expect("read waiter stderr");
-    assert!(line.starts_with("Blocking waiting for lock "), "{line}");
+    let (_, _err) = blocked_line(&mut w);
     let keeper = ["leasehold-renew", "leasehold-watch"];
     ensure_within(
         "the waiter's keeper threads to start while it waits",
