@@ -6,6 +6,9 @@
 //!   holder is lost, and `leasehold run` fences its command and exits 74, before the TTL counted
 //!   from the last heartbeat anyone could have seen;
 //! - storage vanishes mid-hold (lazy unmount): the same.
+//! - (a real ext4 on a loop device) the disk drops off under a holder and what reached it comes
+//!   back as a new device in the same boot: the lease is on it (records are synced before they
+//!   count), so a new run there waits until the old command, fenced by its wrapper, is gone.
 //!
 //! Each runs through the library and through `leasehold run`.
 
@@ -16,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{Proc, Tmpfs};
+use crate::support::{Cs, LoopExt4, Proc, Tmpfs};
 
 fn work() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -394,4 +397,96 @@ fn storage_read_only_or_vanished_cli_fences_before_ttl_exit_74() {
             margin.as_millis()
         );
     }
+}
+
+/// Why lease records are synced on a local disk even though tokens no longer need it
+/// (PROTOCOL.md §8, "Why lease records are synced"): a disk that drops off and comes back in
+/// the same boot is a new superblock, read from what reached the disk, while the old holder
+/// still runs on descriptors into the dead one. Had its lease not been synced, the new mount
+/// would show the lock free (or an older lease) and a second command would start at once.
+#[test]
+fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_so_jobs_never_overlap()
+ {
+    if support::need_root()
+        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
+    {
+        return;
+    }
+    let disk = match LoopExt4::new() {
+        Ok(d) => d,
+        Err(why) => {
+            support::skip(true, &format!("cannot attach a loop device here: {why}"));
+            return;
+        }
+    };
+    let w = work();
+    let cs = Cs::new(w.path(), "cs");
+    // The old command is fenced by its own wrapper when its disk fails: dead, undeclared,
+    // by the time the next one enters.
+    cs.allow_fenced();
+    let lock = disk.mnt.join("job.lock");
+    let mut old = Proc::spawn(
+        Command::new(support::bin())
+            .args(cs.hold_args(&["--ttl", "2s"], &lock, "old"))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped()),
+        "old run",
+    );
+    cs.wait_entered("old", Duration::from_secs(10));
+    let named = support::wait_until(Duration::from_secs(10), || {
+        fs::read(&lock)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
+    });
+    assert!(named, "the lease never named the command (child_pid)");
+    let old_child = cs.job_pid("old").expect("the old job's pid");
+
+    disk.shut_down();
+    let back = disk.reattach().expect("attach what reached the disk");
+    let lock_back = back.mnt.join("job.lock");
+    let on_disk: serde_json::Value = fs::read(&lock_back)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .expect("the lease reached the disk before the command started");
+    assert_eq!(
+        on_disk["holder"]["pid"].as_i64(),
+        Some(i64::from(old.pid())),
+        "the lease on the disk names the running wrapper: {on_disk}"
+    );
+
+    let t = Instant::now();
+    let mut next = Proc::spawn(
+        Command::new(support::bin())
+            .args(cs.run_args(&["-w", "30s"], &lock_back, "next", 1))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped()),
+        "next run",
+    );
+    let st = old.wait_timeout(Duration::from_secs(15));
+    let old_err = old.stderr();
+    assert_eq!(
+        support::code(st),
+        74,
+        "the old run must fence its command when its disk fails: {old_err}"
+    );
+    assert!(
+        !support::alive(old_child),
+        "the old command survived its fence"
+    );
+    let st = next.wait_timeout(Duration::from_secs(30));
+    let err = next.stderr();
+    assert_eq!(support::code(st), 0, "next run: {err}");
+    let jobs = cs.verify();
+    assert_eq!(jobs.len(), 2, "both jobs entered: {jobs:?}");
+    assert!(
+        err.contains(&old.pid().to_string()),
+        "the next run said whom it waited for: {err}"
+    );
+    assert!(cs.ended("next"), "the next job ran to its end");
+    println!(
+        "faults: disk dropped off and came back (same boot): the next run waited {:?}, until the fenced command was gone; the old run said: {}",
+        t.elapsed(),
+        old_err.trim()
+    );
 }

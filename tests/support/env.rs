@@ -53,7 +53,7 @@ pub fn need_tools(tools: &[&str]) -> bool {
     skip(
         !missing.is_empty(),
         &format!(
-            "missing tools: {} (Debian: util-linux, mount, coreutils, passwd)",
+            "missing tools: {} (Debian: util-linux, mount, e2fsprogs, coreutils, passwd)",
             missing.join(", ")
         ),
     )

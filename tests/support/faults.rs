@@ -154,6 +154,115 @@ impl Drop for Tmpfs {
     }
 }
 
+/// An ext4 file system on a loop device over an image file (the image kept in `dir`, a
+/// private tmpfs), mounted on a fresh directory: a real disk that can lose what was never
+/// synced. [`LoopExt4::shut_down`] makes it fail as a detached disk does (every later call
+/// gets EIO, nothing unsynced is written); [`LoopExt4::reattach`] attaches what reached the
+/// disk as a new device and mounts it — a new superblock in the same boot, as when a disk
+/// that dropped off comes back. Unmounted (lazily if need be) and detached on drop.
+pub struct LoopExt4 {
+    pub mnt: PathBuf,
+    image: PathBuf,
+    device: String,
+    // Dropped last: the image lives on it.
+    _images: std::rc::Rc<Tmpfs>,
+}
+
+impl LoopExt4 {
+    /// A fresh 32 MiB ext4, or `Err(why)` when this machine cannot attach a loop device.
+    pub fn new() -> Result<LoopExt4, String> {
+        let images = std::rc::Rc::new(Tmpfs::new("160m"));
+        let image = images.dir.join("disk-0.img");
+        let st = Command::new("truncate")
+            .args(["-s", "32M"])
+            .arg(&image)
+            .status()
+            .map_err(|e| format!("truncate: {e}"))?;
+        if !st.success() {
+            return Err(format!("truncate: {st}"));
+        }
+        let st = Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&image)
+            .status()
+            .map_err(|e| format!("mkfs.ext4: {e}"))?;
+        if !st.success() {
+            return Err(format!("mkfs.ext4: {st}"));
+        }
+        LoopExt4::attach(images, image)
+    }
+
+    fn attach(images: std::rc::Rc<Tmpfs>, image: PathBuf) -> Result<LoopExt4, String> {
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&image)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "losetup -f --show {}: {}",
+                image.display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        let device = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let mnt = tempfile::Builder::new()
+            .prefix("leasehold-disk-")
+            .tempdir()
+            .map_err(|e| format!("mount point: {e}"))?
+            .keep();
+        let d = LoopExt4 {
+            mnt,
+            image,
+            device,
+            _images: images,
+        };
+        let st = Command::new("mount")
+            .arg(&d.device)
+            .arg(&d.mnt)
+            .status()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !st.success() {
+            return Err(format!("mount {} {}: {st}", d.device, d.mnt.display()));
+        }
+        Ok(d)
+    }
+
+    /// Shuts the file system down without flushing its journal (`EXT4_IOC_SHUTDOWN`,
+    /// `EXT4_GOING_FLAGS_NOLOGFLUSH`): what was synced is on the disk, nothing else will be,
+    /// and every later call on it fails with EIO.
+    pub fn shut_down(&self) {
+        nix::ioctl_read!(ext4_shutdown, b'X', 125, u32);
+        let dir = fs::File::open(&self.mnt).expect("open the mount point");
+        let mut flags: u32 = 2; // EXT4_GOING_FLAGS_NOLOGFLUSH
+        // SAFETY: the ioctl reads one u32 through a pointer to a live local.
+        unsafe { ext4_shutdown(std::os::fd::AsRawFd::as_raw_fd(&dir), &mut flags) }
+            .expect("EXT4_IOC_SHUTDOWN");
+    }
+
+    /// What reached the disk, attached again as a new device and mounted elsewhere.
+    pub fn reattach(&self) -> Result<LoopExt4, String> {
+        let copy = self.image.with_file_name(format!(
+            "disk-{}.img",
+            self.device.rsplit('/').next().unwrap_or("x")
+        ));
+        fs::copy(&self.image, &copy).map_err(|e| format!("copy the disk image: {e}"))?;
+        LoopExt4::attach(self._images.clone(), copy)
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let ok = run_quiet(Command::new("umount").arg(&self.mnt)).is_ok_and(|s| s.success());
+        if !ok {
+            let _ = run_quiet(Command::new("umount").arg("-l").arg(&self.mnt));
+        }
+        // Detached once the last user lets go (autoclear), even after a lazy unmount.
+        let _ = run_quiet(Command::new("losetup").arg("-d").arg(&self.device));
+        let _ = fs::remove_dir(&self.mnt);
+    }
+}
+
 /// Entries beside LOCK, and inside its queue directory, that leasehold does not document:
 /// beside LOCK only LOCK, its mutex, one temp file, the queue directory and per-uid observation
 /// files; in the queue directory only tickets `q-N` (20 digits) and `q-N.lease` beside its
