@@ -471,6 +471,10 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
         "the old run must fence its command when its disk fails: {old_err}"
     );
     assert!(
+        old_err.contains("fenced"),
+        "the old run said it fenced its command: {old_err}"
+    );
+    assert!(
         !support::alive(old_child),
         "the old command survived its fence"
     );
