@@ -18,7 +18,9 @@
 //!   figure is the uncontended acquisition latency.
 //!
 //! And takeover: a holder process takes the lock and sleeps; a second process waits for it; the
-//! holder is SIGKILLed 3–13 ms later; the latency is kill → the waiter inside its critical section.
+//! holder is SIGKILLed 3–13 ms later; the latency is kill → the waiter inside its critical section,
+//! reported beside kill → the holder reaped (the kernel's teardown of the holder, the part of a
+//! takeover no lock implementation can shorten).
 //!
 //! Environment: `LEASEHOLD_BENCH_QUICK=1` (short run), `LEASEHOLD_BENCH_OUT` (JSON path, default
 //! target/bench/contention.json), `LEASEHOLD_BENCH_PYTHON` (a python with filelock; Python rows are
@@ -522,6 +524,7 @@ fn run_loop(
 fn run_takeover(s: &Setup, kind: Impl, dir: &Path, trials: usize) -> Res<Value> {
     let mut rng = Rng::new(mono_ns());
     let mut lat = Vec::with_capacity(trials);
+    let mut gone = Vec::with_capacity(trials);
     for t in 0..trials {
         let lock = dir.join(format!("{}-takeover-{t}.lock", kind.key()));
         let mut holder = Proc::spawn(s, kind, "hold", &lock, [0; 3], false)?;
@@ -530,7 +533,10 @@ fn run_takeover(s: &Setup, kind: Impl, dir: &Path, trials: usize) -> Res<Value> 
         taker.expect("waiting", Duration::from_secs(30))?;
         std::thread::sleep(Duration::from_micros(rng.between(3_000, 13_000)));
         let t0 = mono_ns();
+        // `kill` also reaps: it returns once the kernel has torn the holder down (its threads
+        // gone, its files closed), which is as early as any judgement could see it dead.
         holder.kill();
+        gone.push(mono_ns().saturating_sub(t0));
         let got = taker.expect("got", Duration::from_secs(30))?;
         let t1: u64 = got
             .split_whitespace()
@@ -541,8 +547,10 @@ fn run_takeover(s: &Setup, kind: Impl, dir: &Path, trials: usize) -> Res<Value> 
         drop(taker);
     }
     lat.sort_unstable();
+    gone.sort_unstable();
     Ok(json!({
         "trials": trials,
+        "gone_p50_us": pct(&gone, 50.0) as f64 / 1e3,
         "p50_us": pct(&lat, 50.0) as f64 / 1e3,
         "p90_us": pct(&lat, 90.0) as f64 / 1e3,
         "max_us": lat.last().copied().unwrap_or(0) as f64 / 1e3,

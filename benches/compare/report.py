@@ -339,15 +339,19 @@ def main(res_dir, out_md, out_svg):
         w("")
         w(f"A holder process takes the lock and sleeps; a second process waits; 3–13 ms later the holder "
           f"is SIGKILLed; latency = kill → the waiter inside its critical section "
-          f"({p['takeover_trials']} trials each).")
+          f"({p['takeover_trials']} trials each). *Holder gone* is kill → the holder reaped by the "
+          f"benchmark (its parent), measured in the same trials: the kernel's teardown of the "
+          f"holder process, which no lock can shorten (a lock the kernel drops when the holder's "
+          f"files close can be taken a little before it).")
         w("")
-        w("| lock | " + " | ".join(f"{FS_LABEL[fs]} p50 | p90 | max" for fs in FSS) + " |")
-        w("|---|" + "---|---|---|" * len(FSS))
+        w("| lock | " + " | ".join(f"{FS_LABEL[fs]} p50 | p90 | max | holder gone p50" for fs in FSS) + " |")
+        w("|---|" + "---|---|---|---|" * len(FSS))
         for impl in IMPLS:
             cells = []
             for fs in FSS:
                 t = get(cont, "results", fs, impl, "takeover") or {}
-                cells += [us(t.get("p50_us")), us(t.get("p90_us")), us(t.get("max_us"))]
+                cells += [us(t.get("p50_us")), us(t.get("p90_us")), us(t.get("max_us")),
+                          us(t.get("gone_p50_us"))]
             w(f"| {LABELS[impl]} | " + " | ".join(cells) + " |")
         w("")
         # targets
@@ -371,7 +375,9 @@ def main(res_dir, out_md, out_svg):
         targets.append(("Handoff p50 at N=16 ≤ 1.5× p50 at N=2 (tmpfs)", rx(r), None if r is None else r <= 1.5))
         for fs, lim in (("tmpfs", 300), ("disk", 1000)):
             t = get(cont, "results", fs, "leasehold", "takeover", "p50_us")
-            targets.append((f"Same-host SIGKILL takeover p50 ≤ {us(lim)} ({fs})", us(t),
+            g = get(cont, "results", fs, "leasehold", "takeover", "gone_p50_us")
+            shown = us(t) if g is None else f"{us(t)} (holder gone after {us(g)})"
+            targets.append((f"Same-host SIGKILL takeover p50 ≤ {us(lim)} ({fs})", shown,
                             None if t is None else t <= lim))
         for fs in FSS:
             # P8: at every N, at least the throughput of every peer measured, and fair.
