@@ -162,6 +162,16 @@ fn check_nothing_left(dir: &Path, name: &str, before: &[String]) {
     }
 }
 
+/// Whether LOCK comes to name a command (`child_pid`) within `limit`.
+fn names_its_command(lock: &Path, limit: Duration) -> bool {
+    support::wait_until(limit, || {
+        fs::read(lock)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
+    })
+}
+
 fn run_cmd(lock: &Path, ttl: &str, extra: &[&str], cmd: &[&str]) -> Command {
     let mut c = Command::new(support::bin());
     c.arg("run")
@@ -360,13 +370,10 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
         .unwrap();
     let pgid = support::pgrp(cmd_pid).expect("the command's group");
     // The wrapper records its command in the lease (a rename): watch the record that has it.
-    let recorded = support::wait_until(Duration::from_secs(2), || {
-        fs::read(&lock)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
-    });
-    assert!(recorded, "the lease never named the command (child_pid)");
+    assert!(
+        names_its_command(&lock, Duration::from_secs(2)),
+        "the lease never named the command (child_pid)"
+    );
     let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl / 2, read_only);
     let st = holder.wait_timeout(ttl * 4);
     let exited = Instant::now();
@@ -433,13 +440,10 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
         "old run",
     );
     cs.wait_entered("old", Duration::from_secs(10));
-    let named = support::wait_until(Duration::from_secs(10), || {
-        fs::read(&lock)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
-    });
-    assert!(named, "the lease never named the command (child_pid)");
+    assert!(
+        names_its_command(&lock, Duration::from_secs(10)),
+        "the lease never named the command (child_pid)"
+    );
     let old_child = cs.job_pid("old").expect("the old job's pid");
 
     disk.shut_down();

@@ -154,6 +154,16 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Runs `cmd` to its end: `Err` (naming the command) unless it ran and exited 0.
+fn succeeds(cmd: &mut Command) -> Result<(), String> {
+    let what = format!("{cmd:?}");
+    match cmd.status() {
+        Ok(st) if st.success() => Ok(()),
+        Ok(st) => Err(format!("{what}: {st}")),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
 /// An ext4 file system on a loop device over an image file (the image kept in `dir`, a
 /// private tmpfs), mounted on a fresh directory: a real disk that can lose what was never
 /// synced. [`LoopExt4::shut_down`] makes it fail as a detached disk does (every later call
@@ -173,22 +183,8 @@ impl LoopExt4 {
     pub fn new() -> Result<LoopExt4, String> {
         let images = std::rc::Rc::new(Tmpfs::new("160m"));
         let image = images.dir.join("disk-0.img");
-        let st = Command::new("truncate")
-            .args(["-s", "32M"])
-            .arg(&image)
-            .status()
-            .map_err(|e| format!("truncate: {e}"))?;
-        if !st.success() {
-            return Err(format!("truncate: {st}"));
-        }
-        let st = Command::new("mkfs.ext4")
-            .args(["-q", "-F"])
-            .arg(&image)
-            .status()
-            .map_err(|e| format!("mkfs.ext4: {e}"))?;
-        if !st.success() {
-            return Err(format!("mkfs.ext4: {st}"));
-        }
+        succeeds(Command::new("truncate").args(["-s", "32M"]).arg(&image))?;
+        succeeds(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
         LoopExt4::attach(images, image)
     }
 
@@ -217,14 +213,7 @@ impl LoopExt4 {
             device,
             _images: images,
         };
-        let st = Command::new("mount")
-            .arg(&d.device)
-            .arg(&d.mnt)
-            .status()
-            .map_err(|e| format!("mount: {e}"))?;
-        if !st.success() {
-            return Err(format!("mount {} {}: {st}", d.device, d.mnt.display()));
-        }
+        succeeds(Command::new("mount").arg(&d.device).arg(&d.mnt))?;
         Ok(d)
     }
 
