@@ -162,16 +162,6 @@ fn check_nothing_left(dir: &Path, name: &str, before: &[String]) {
     }
 }
 
-/// Whether LOCK comes to name a command (`child_pid`) within `limit`.
-fn names_its_command(lock: &Path, limit: Duration) -> bool {
-    support::wait_until(limit, || {
-        fs::read(lock)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| v["holder"]["child_pid"].as_i64().is_some())
-    })
-}
-
 fn run_cmd(lock: &Path, ttl: &str, extra: &[&str], cmd: &[&str]) -> Command {
     let mut c = Command::new(support::bin());
     c.arg("run")
@@ -370,10 +360,7 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
         .unwrap();
     let pgid = support::pgrp(cmd_pid).expect("the command's group");
     // The wrapper records its command in the lease (a rename): watch the record that has it.
-    assert!(
-        names_its_command(&lock, Duration::from_secs(2)),
-        "the lease never named the command (child_pid)"
-    );
+    support::wait_for_child(&lock);
     let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl / 2, read_only);
     let st = holder.wait_timeout(ttl * 4);
     let exited = Instant::now();
@@ -433,26 +420,20 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
     cs.allow_fenced();
     let lock = disk.mnt.join("job.lock");
     let mut old = Proc::spawn(
-        Command::new(support::bin())
+        support::lh()
             .args(cs.hold_args(&["--ttl", "2s"], &lock, "old"))
-            .stdin(Stdio::null())
             .stderr(Stdio::piped()),
         "old run",
     );
     cs.wait_entered("old", Duration::from_secs(10));
-    assert!(
-        names_its_command(&lock, Duration::from_secs(10)),
-        "the lease never named the command (child_pid)"
-    );
+    support::wait_for_child(&lock);
     let old_child = cs.job_pid("old").expect("the old job's pid");
 
     disk.shut_down();
     let back = disk.reattach().expect("attach what reached the disk");
     let lock_back = back.mnt.join("job.lock");
-    let on_disk: serde_json::Value = fs::read(&lock_back)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .expect("the lease reached the disk before the command started");
+    let on_disk =
+        support::lease(&lock_back).expect("the lease reached the disk before the command started");
     assert_eq!(
         on_disk["holder"]["pid"].as_i64(),
         Some(i64::from(old.pid())),
@@ -461,9 +442,8 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
 
     let t = Instant::now();
     let mut next = Proc::spawn(
-        Command::new(support::bin())
+        support::lh()
             .args(cs.run_args(&["-w", "30s"], &lock_back, "next", 1))
-            .stdin(Stdio::null())
             .stderr(Stdio::piped()),
         "next run",
     );

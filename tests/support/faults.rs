@@ -175,7 +175,7 @@ pub struct LoopExt4 {
     image: PathBuf,
     device: String,
     // Dropped last: the image lives on it.
-    _images: std::rc::Rc<Tmpfs>,
+    images: std::rc::Rc<Tmpfs>,
 }
 
 impl LoopExt4 {
@@ -211,7 +211,7 @@ impl LoopExt4 {
             mnt,
             image,
             device,
-            _images: images,
+            images,
         };
         succeeds(Command::new("mount").arg(&d.device).arg(&d.mnt))?;
         Ok(d)
@@ -236,7 +236,7 @@ impl LoopExt4 {
             self.device.rsplit('/').next().unwrap_or("x")
         ));
         fs::copy(&self.image, &copy).map_err(|e| format!("copy the disk image: {e}"))?;
-        LoopExt4::attach(self._images.clone(), copy)
+        LoopExt4::attach(self.images.clone(), copy)
     }
 }
 
