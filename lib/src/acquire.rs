@@ -357,11 +357,14 @@ fn one_shot<S: Store>(
         };
         return slotted::attempt(ctx, section, place, content, line, &mut mem, None);
     }
-    if let Some(l) = released(&content, ahead.is_none()) {
+    let unseen = holder_unseen(ctx, &section, &content);
+    if !unseen && let Some(l) = released(&content, ahead.is_none()) {
         return take(ctx, section, place, Some(l), None, None);
     }
     let mut v = judge(ctx).judge(&content, &mut Memory::default());
-    if ahead.is_none() {
+    if unseen {
+        v.holder_unseen();
+    } else if ahead.is_none() {
         if let Some(broke) = decide(ctx, &mut v, false)? {
             return take(ctx, section, place, v.lease.as_ref(), broke, None);
         }
@@ -396,12 +399,15 @@ fn queued<S: Store>(
         };
         return slotted::attempt(ctx, section, place, content, line, mem, Some(q));
     }
-    if let Some(l) = released(&content, ahead.is_none()) {
+    let unseen = holder_unseen(ctx, &section, &content);
+    if !unseen && let Some(l) = released(&content, ahead.is_none()) {
         let place = std::mem::take(&mut q.place);
         return take(ctx, section, place, Some(l), None, q.draft.take());
     }
     let mut v = judge(ctx).judge(&content, mem);
-    if ahead.is_none() {
+    if unseen {
+        v.holder_unseen();
+    } else if ahead.is_none() {
         if let Some(broke) = decide(ctx, &mut v, true)? {
             let place = std::mem::take(&mut q.place);
             return take(ctx, section, place, v.lease.as_ref(), broke, q.draft.take());
@@ -451,6 +457,19 @@ fn line_up<S: Store>(
 /// we broke to get it, if anything — after stopping what is left of a stale or hung job
 /// (verified). What may not be stopped (e.g. an old job's process that cannot be checked)
 /// makes a blocking caller wait for it to go, saying why, and a one-shot caller refuse.
+/// Inside the section: whether LOCK says the lock is free (missing, emptied, released) while a
+/// holder of this lock still holds its kernel mark — its record was removed or replaced under
+/// it (by hand, a cleanup job, another user): it notices and stops its command, and nobody may
+/// start before it has (`Store::marked`).
+fn holder_unseen<S: Store>(ctx: &Ctx<'_, S>, section: &S::Section, content: &LockContent) -> bool {
+    let from = match content {
+        LockContent::Missing | LockContent::Empty => 0,
+        LockContent::Lease(l, _) if l.state == crate::record::LeaseState::Released => l.token,
+        LockContent::Lease(..) => return false,
+    };
+    ctx.store.marked(section, from)
+}
+
 fn decide<S: Store>(
     ctx: &Ctx<'_, S>,
     v: &mut Verdict,

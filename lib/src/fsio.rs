@@ -100,8 +100,32 @@ fn with_mode(content: LockContent, mode: u32) -> LockContent {
     }
 }
 
-/// As [`open_lock`], also giving the file's stat at open.
+/// As [`open_lock`], also giving the file's stat at open. On NFS the file just opened can have
+/// been replaced by another host before its `fstat` (ESTALE): a race, so it is opened again (a
+/// bounded number of times).
 fn open_lock_len(paths: &LockPaths, write: bool) -> Result<Option<(File, Meta)>> {
+    again_if_stale(|| open_lock_len_once(paths, write))
+}
+
+/// Runs `call` again (a bounded number of times, napping between) while it fails with ESTALE:
+/// on NFS, a file handle another host has just replaced; a new call looks the name up afresh.
+fn again_if_stale<T>(mut call: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match call() {
+            Err(Error::Io { source, .. })
+                if source.raw_os_error() == Some(nix::errno::Errno::ESTALE as i32)
+                    && tries < crate::lockdir::STALE_TRIES =>
+            {
+                tries += 1;
+                crate::lockdir::stale_nap(tries);
+            }
+            other => return other,
+        }
+    }
+}
+
+fn open_lock_len_once(paths: &LockPaths, write: bool) -> Result<Option<(File, Meta)>> {
     let path = &paths.lock;
     let file = match paths.handle().open_existing(paths.lock_name(), write) {
         Ok(f) => f,
@@ -317,32 +341,20 @@ pub(crate) fn read_lock_keep(
             _ => {}
         }
     }
-    let mut tries = 0;
-    loop {
-        let r = match open_lock_len(paths, false) {
-            Ok(None) => return Ok((LockContent::Missing, None)),
-            Ok(Some((f, meta))) => read_open_sized(&f, path, Some(meta.size))
-                .map(|c| with_mode(c, meta.mode))
-                .map(|c| {
-                    let s = Seen {
-                        file: f,
-                        sig: Sig::of(&meta),
-                        last: None,
-                    }
-                    .remember(&c);
-                    (c, Some(s))
-                }),
-            Err(e) => Err(e),
-        };
-        match r {
-            Err(Error::Io { source, .. })
-                if source.raw_os_error() == Some(nix::errno::Errno::ESTALE as i32) && tries < 5 =>
-            {
-                tries += 1;
-            }
-            other => return other,
-        }
-    }
+    again_if_stale(|| match open_lock_len(paths, false)? {
+        None => Ok((LockContent::Missing, None)),
+        Some((f, meta)) => read_open_sized(&f, path, Some(meta.size))
+            .map(|c| with_mode(c, meta.mode))
+            .map(|c| {
+                let s = Seen {
+                    file: f,
+                    sig: Sig::of(&meta),
+                    last: None,
+                }
+                .remember(&c);
+                (c, Some(s))
+            }),
+    })
 }
 
 /// Writes the mutable header region of a record in place: no new blocks are needed, so this
@@ -395,7 +407,7 @@ pub(crate) fn replace_keep(
             f.sync_data()
                 .map_err(|e| Error::io(&tmp, "fsync the temp file", e))?;
         }
-        dir.rename(&name, target_name)
+        rename_ours(dir, &name, id, target_name)
             .map_err(|e| Error::io(target, "rename into place", e))?;
         if durable {
             dir.sync()?;
@@ -407,6 +419,31 @@ pub(crate) fn replace_keep(
         dir.unlink_if(&name, id);
     }
     result.map(|()| Written { id, kept: None })
+}
+
+/// Renames our temp file `name` (the inode `id`) over `target`. An NFS client can answer
+/// ENOENT for a name it had just looked up when another host, or the server's own path, has
+/// replaced a file in the directory meanwhile: while `name` still leads to our file, that is a
+/// race, and the rename is made again (a bounded number of times).
+fn rename_ours(
+    dir: &crate::lockdir::LockDir,
+    name: &std::ffi::OsStr,
+    id: (u64, u64),
+    target: &std::ffi::OsStr,
+) -> io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match dir.rename(name, target) {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && tries < 5
+                    && matches!(dir.stat(name), Ok(Some(m)) if m.id() == id) =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Creates the temp file for one atomic write, exclusively: `.NAME.leasehold-tmp` — found there

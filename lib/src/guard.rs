@@ -59,7 +59,20 @@ struct Control {
     /// Threads inside `wait_lost` (notified only when there are any).
     waiting: usize,
     last_error: Option<String>,
+    /// When a look at our record is due, after a change to it was seen (see `Kept::check_at`).
+    check_at: Option<BootInstant>,
+    /// When the last renewal or look started.
+    last_look: BootInstant,
 }
+
+/// At most one look per this long at a record that keeps changing (our own renewals change it
+/// too): a removed or replaced record is noticed within it, at the cost of one read.
+const CHECK_GAP: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A guard's first look, this long after it starts; its record is watched from then on (see
+/// `keeper::Keeper::watch`: a watch costs its process a wait at exit that a lease held for a
+/// millisecond should not pay).
+pub(crate) const WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 struct Inner<H> {
     path: PathBuf,
@@ -134,6 +147,8 @@ impl LeaseGuard {
                 stop: false,
                 waiting: 0,
                 last_error: None,
+                check_at: Some(started + WATCH_AFTER),
+                last_look: started,
             }),
             cond: Condvar::new(),
             lost: AtomicBool::new(false),
@@ -368,6 +383,12 @@ impl<H: Holding> Kept for Inner<H> {
     fn renew_turn(&self) -> bool {
         let t = self.timing;
         let started = BootInstant::now();
+        {
+            // A renewal looks at the record too.
+            let mut c = lock(&self.control);
+            c.last_look = started;
+            c.check_at = None;
+        }
         match self.renew_once() {
             Ok(()) => {
                 let done = BootInstant::now();
@@ -388,6 +409,40 @@ impl<H: Holding> Kept for Inner<H> {
                 lock(&self.control).next_renew = BootInstant::now() + t.renew_retry();
                 false
             }
+        }
+    }
+
+    fn watched(&self) -> Option<(PathBuf, std::ffi::OsString)> {
+        self.holding.watched()
+    }
+
+    fn check_at(&self) -> Option<BootInstant> {
+        let c = lock(&self.control);
+        c.check_at
+            .filter(|_| !c.stop && !self.lost.load(Ordering::Acquire))
+    }
+
+    fn request_check(&self) {
+        let mut c = lock(&self.control);
+        if c.check_at.is_none() && !c.stop {
+            c.check_at = Some(BootInstant::now().max(c.last_look + CHECK_GAP));
+        }
+    }
+
+    /// The look: with our record locked (as a renewal), so that a release, which marks the
+    /// record released itself, never races it.
+    fn check_turn(&self) {
+        let _rec = lock(&self.record);
+        {
+            let mut c = lock(&self.control);
+            c.check_at = None;
+            if c.stop {
+                return;
+            }
+            c.last_look = BootInstant::now();
+        }
+        if let Err(Renewal::Lost(reason)) = self.holding.check(&self.lease_id) {
+            self.set_lost(reason);
         }
     }
 

@@ -18,6 +18,13 @@ use nix::sys::timerfd::{
     ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
 };
 
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+
 use crate::boottime::BootInstant;
 
 /// A guard as the keeper sees it.
@@ -32,6 +39,38 @@ pub(crate) trait Kept: Send + Sync {
     fn renew_turn(&self) -> bool;
     /// Its deadline has passed: it is lost.
     fn expire(&self);
+    /// Where a change to its record shows on this host: a directory to watch and the name in
+    /// it (`Holding::watched`).
+    fn watched(&self) -> Option<(PathBuf, OsString)>;
+    /// When a look at its record is due, after a change to it was seen.
+    fn check_at(&self) -> Option<BootInstant>;
+    /// A change to its record was seen: schedule a look (soon, not necessarily now).
+    fn request_check(&self);
+    /// The look (`Holding::check`): loses the guard when its record is plainly not ours.
+    fn check_turn(&self);
+}
+
+/// What the watchdog's inotify reports on a watched directory: the record renamed, removed,
+/// created, rewritten or its attributes changed, and the directory itself moved, removed or
+/// unmounted (`IN_IGNORED`, `IN_UNMOUNT` and `IN_Q_OVERFLOW` come unasked). Not `IN_MODIFY`,
+/// nor opens and reads: a look opens and reads the record, and must not cause another look.
+fn watch_mask() -> AddWatchFlags {
+    AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR
+}
+
+/// A guard's record, watched.
+struct Watch {
+    wd: WatchDescriptor,
+    name: OsString,
+    guard: Arc<dyn Kept>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
@@ -80,16 +119,94 @@ struct Keeper {
     /// live guard: renewals move it without waking the watchdog, which therefore wakes only
     /// when a deadline is really reached.
     alarm: TimerFd,
+    /// Watches the guards' records' directories (see [`watch_mask`]); the watchdog reads it
+    /// and asks for looks, the renewer makes them. `None` if inotify cannot be had: the
+    /// renewals alone then notice a record that is gone.
+    notify: Option<Inotify>,
 }
 
 struct KeeperState {
     guards: Vec<Arc<dyn Kept>>,
+    watches: Vec<Watch>,
     renewer: Sleep,
     /// What the alarm is set to (`None`: unset, or unknown).
     armed: Option<BootInstant>,
 }
 
 impl Keeper {
+    /// Watches `g`'s record, if it has one on this host and is not watched yet (best effort:
+    /// without the watch a record that is gone is noticed at the next renewal).
+    ///
+    /// Called at a guard's first look, which its guard schedules a little after it starts
+    /// (`guard::WATCH_AFTER`), not when it starts: a process that ever added an inotify watch
+    /// waits for an RCU grace period when it closes the instance — at exit, some 10–20 ms —
+    /// which a short `leasehold run L -- true` should not pay.
+    fn watch(&self, st: &mut KeeperState, g: &Arc<dyn Kept>) {
+        if st.watches.iter().any(|w| Arc::ptr_eq(&w.guard, g)) {
+            return;
+        }
+        let (Some(notify), Some((dir, name))) = (&self.notify, g.watched()) else {
+            return;
+        };
+        if let Ok(wd) = notify.add_watch(&dir, watch_mask()) {
+            st.watches.push(Watch {
+                wd,
+                name,
+                guard: Arc::clone(g),
+            });
+        }
+    }
+
+    /// Forgets the watches of guards that are done, and removes a directory's watch when no
+    /// guard is left in it.
+    fn unwatch_done(&self, st: &mut KeeperState) {
+        let before: Vec<WatchDescriptor> = st.watches.iter().map(|w| w.wd).collect();
+        st.watches.retain(|w| !w.guard.done());
+        if let Some(notify) = &self.notify {
+            let mut gone: Vec<WatchDescriptor> = before
+                .into_iter()
+                .filter(|wd| !st.watches.iter().any(|w| w.wd == *wd))
+                .collect();
+            gone.dedup();
+            for wd in gone {
+                let _ = notify.rm_watch(wd);
+            }
+        }
+    }
+
+    /// Reads what inotify reports and asks the guards concerned for a look. True if any was
+    /// asked (the renewer is then to be woken).
+    fn seen_changes(&self, st: &KeeperState) -> bool {
+        let Some(notify) = &self.notify else {
+            return false;
+        };
+        let mut asked = false;
+        while let Ok(events) = notify.read_events() {
+            if events.is_empty() {
+                break;
+            }
+            for ev in events {
+                let all = ev.mask.intersects(
+                    AddWatchFlags::IN_Q_OVERFLOW
+                        | AddWatchFlags::IN_IGNORED
+                        | AddWatchFlags::IN_UNMOUNT
+                        | AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_MOVE_SELF,
+                );
+                let overflow = ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW);
+                for w in &st.watches {
+                    let hit =
+                        overflow || (w.wd == ev.wd && (all || ev.name.as_deref() == Some(&w.name)));
+                    if hit && !w.guard.done() {
+                        w.guard.request_check();
+                        asked = true;
+                    }
+                }
+            }
+        }
+        asked
+    }
+
     /// Sets the alarm for the earliest deadline among the live guards of `st` (the state,
     /// locked), or clears it when there is none.
     ///
@@ -155,11 +272,13 @@ fn keeper() -> std::io::Result<&'static Keeper> {
     let k: &'static Keeper = Box::leak(Box::new(Keeper {
         state: Mutex::new(KeeperState {
             guards: Vec::new(),
+            watches: Vec::new(),
             renewer: Sleep::Awake,
             armed: None,
         }),
         renew: Condvar::new(),
         alarm: TimerFd::new(TimerClock::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
+        notify: Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok(),
     }));
     for (name, body) in [
         ("leasehold-renew", renewer as fn(&'static Keeper)),
@@ -181,8 +300,11 @@ fn renewer(k: &'static Keeper) {
             let mut st = lock(&k.state);
             loop {
                 st.guards.retain(|g| !g.done());
+                if !st.watches.is_empty() {
+                    k.unwatch_done(&mut st);
+                }
                 let now = BootInstant::now();
-                let next = st.guards.iter().map(|g| g.next_renew()).min();
+                let next = st.guards.iter().map(|g| due_at(g.as_ref())).min();
                 match next {
                     Some(n) if n <= now => break,
                     Some(n) => {
@@ -203,15 +325,60 @@ fn renewer(k: &'static Keeper) {
             let now = BootInstant::now();
             st.guards
                 .iter()
-                .filter(|g| g.next_renew() <= now)
+                .filter(|g| due_at(g.as_ref()) <= now)
                 .cloned()
                 .collect()
         };
         for g in due {
-            if g.renew_turn() {
-                k.arm(&mut lock(&k.state), false);
+            let now = BootInstant::now();
+            if g.next_renew() <= now {
+                if g.renew_turn() {
+                    k.arm(&mut lock(&k.state), false);
+                }
+            } else if g.check_at().is_some_and(|c| c <= now) {
+                k.watch(&mut lock(&k.state), &g);
+                g.check_turn();
             }
         }
+    }
+}
+
+/// When the renewer next has something to do for `g`: a renewal, or a look asked for.
+fn due_at(g: &dyn Kept) -> BootInstant {
+    let renew = g.next_renew();
+    g.check_at().map_or(renew, |c| c.min(renew))
+}
+
+impl Keeper {
+    /// Sleeps until the alarm rings (true) or inotify reports a change (the guards concerned
+    /// are asked for a look and the renewer woken; false). Reading inotify is no I/O on the
+    /// storage: it cannot hang.
+    fn alarm_or_change(&self) -> bool {
+        let Some(notify) = &self.notify else {
+            return self.ring();
+        };
+        let mut fds = [
+            PollFd::new(self.alarm.as_fd(), PollFlags::POLLIN),
+            PollFd::new(notify.as_fd(), PollFlags::POLLIN),
+        ];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            return self.ring();
+        }
+        let changed = fds[1].revents().is_some_and(|r| !r.is_empty());
+        let rang = fds[0].revents().is_some_and(|r| !r.is_empty());
+        if changed && self.seen_changes(&lock(&self.state)) {
+            self.renew.notify_all();
+        }
+        rang && self.ring()
+    }
+
+    /// Reads the alarm (blocking until it rings). If it cannot be read, waits 10 ms instead
+    /// (the watchdog never stops watching).
+    fn ring(&self) -> bool {
+        if self.alarm.wait().is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 }
 
@@ -219,9 +386,8 @@ fn renewer(k: &'static Keeper) {
 /// [`Keeper::alarm`]), and wakes only when the earliest deadline is reached.
 fn watchdog(k: &'static Keeper) {
     loop {
-        if k.alarm.wait().is_err() {
-            // The alarm cannot be read: look every 10 ms instead (never stop watching).
-            std::thread::sleep(Duration::from_millis(10));
+        if !k.alarm_or_change() {
+            continue;
         }
         let st = lock(&k.state);
         let now = BootInstant::now();

@@ -49,6 +49,7 @@ mod handover;
 mod identity;
 mod judge;
 mod keeper;
+mod klock;
 mod lockdir;
 mod loss;
 mod mutex;

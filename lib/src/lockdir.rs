@@ -28,6 +28,33 @@ const GROUP_WRITE: u32 = 0o020;
 /// Write permission for others.
 const OTHER_WRITE: u32 = 0o002;
 
+/// How many times a call by name is made again when NFS answers ESTALE.
+pub(crate) const STALE_TRIES: u32 = 10;
+
+/// The nap before try `n` (from 1) of a call NFS answered ESTALE: 1 ms doubling, at most
+/// 50 ms (about a quarter of a second in all): time for the client to drop what it cached of
+/// the replaced file.
+pub(crate) fn stale_nap(n: u32) {
+    let ms = (1u64 << n.min(6)).min(50);
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
+
+/// Runs a call that names a file in the directory, again (a bounded number of times) while an
+/// NFS client answers ESTALE: the name led to a file handle that another host (or the server's
+/// own path) has just replaced, and a new call looks the name up afresh. A race, not an error.
+fn fresh<T>(mut call: impl FnMut() -> rustix::io::Result<T>) -> rustix::io::Result<T> {
+    let mut tries = 0;
+    loop {
+        match call() {
+            Err(rustix::io::Errno::STALE) if tries < STALE_TRIES => {
+                tries += 1;
+                stale_nap(tries);
+            }
+            other => return other,
+        }
+    }
+}
+
 /// What `stat` says of a file, as far as leasehold needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Meta {
@@ -191,10 +218,24 @@ impl LockDir {
     /// blocking on a FIFO, never becoming a controlling terminal; never creates it.
     pub(crate) fn open_existing(&self, name: &OsStr, write: bool) -> io::Result<File> {
         let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
+        let fd = fresh(|| {
+            rustix::fs::openat(
+                &self.fd,
+                name,
+                access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+        })?;
+        Ok(File::from(fd))
+    }
+
+    /// The directory itself opened again (read-only): a descriptor of its own, whose kernel
+    /// locks are its own (`klock::announce`).
+    pub(crate) fn reopen(&self) -> io::Result<File> {
         let fd = rustix::fs::openat(
             &self.fd,
-            name,
-            access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
         Ok(File::from(fd))
@@ -274,7 +315,7 @@ impl LockDir {
 
     /// `lstat` of `name` (never following a symlink); `None` when there is no such name.
     pub(crate) fn stat(&self, name: &OsStr) -> io::Result<Option<Meta>> {
-        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+        match fresh(|| rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)) {
             Ok(s) => Ok(Some(Meta::of_stat(&s))),
             Err(rustix::io::Errno::NOENT) => Ok(None),
             Err(e) => Err(e.into()),
@@ -283,7 +324,9 @@ impl LockDir {
 
     /// Renames `from` over `to`, both in this directory.
     pub(crate) fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
-        Ok(rustix::fs::renameat(&self.fd, from, &self.fd, to)?)
+        Ok(fresh(|| {
+            rustix::fs::renameat(&self.fd, from, &self.fd, to)
+        })?)
     }
 
     /// Renames `from` in this directory over `to` in `dest`.

@@ -2,7 +2,8 @@
 //! high-water mark kept in the same file: a durable ceiling, raised a block of tokens at a
 //! time, and the last token handed out below it (PROTOCOL.md §3).
 //!
-//! Owns: every flock call leasehold makes (std's `File::try_lock`, flock(2) on Linux), the
+//! Owns: taking and leaving the mutex (through `klock.rs`, the one home of kernel lock calls:
+//! flock(2) and an OFD byte-range lock on a local disk, the OFD lock on NFS), the
 //! inode re-check after locking, bounded waiting by polling try-lock (a blocking flock can hang
 //! for tens of seconds on NFS), and detecting a process that sits on the mutex.
 //! Must never: hand out a token above the durable ceiling; rename, replace or delete the mutex
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::OFlag;
 
 use crate::error::{Error, Result};
+use crate::klock::{self, Where};
 use crate::lockdir::{Meta, user_name};
 use crate::paths::LockPaths;
 use crate::process;
@@ -35,7 +37,8 @@ const LAST_LEN: usize = LAST_PREFIX.len() + 20 + " of ".len() + 20 + " boot ".le
 /// the process that opened it. Kept across acquisitions by a builder, and by a guard as its
 /// witness, so that taking the mutex again costs a flock and one stat, not an open.
 ///
-/// Kept descriptors are read-only on local file systems (flock needs no write access there):
+/// Kept descriptors are read-only on local file systems (flock and an OFD read lock need no
+/// write access there, see `klock.rs`):
 /// a descriptor open for writing, held for as long as a lease, would keep the file system from
 /// being remounted read-only. The high-water mark is then written through a short-lived
 /// write descriptor. NFSv4 refuses exclusive locks on read-only descriptors, so on network file
@@ -46,25 +49,65 @@ pub(crate) struct MutexFile {
     dev: u64,
     ino: u64,
     pid: u32,
-    write: bool,
+    /// How it is locked: read-write or read-only, on a network file system or not.
+    at: Where,
+    /// On a local file system: LOCK's directory, opened again for this file's sections to be
+    /// announced on (`klock::announce`), at byte `byte`.
+    dir: Option<File>,
+    byte: i64,
 }
 
 impl MutexFile {
-    /// Opens (creating if need be) the mutex file of `paths`, read-write or read-only.
-    pub(crate) fn open(paths: &LockPaths, write: bool) -> Result<MutexFile> {
-        let (file, meta) = open(paths, write)?;
+    /// Opens (creating if need be) the mutex file of `paths`, read-write or read-only as
+    /// `at.writable` says.
+    pub(crate) fn open(paths: &LockPaths, at: Where) -> Result<MutexFile> {
+        let (file, meta) = open(paths, at.writable)?;
+        // A directory lock is no lock on NFS (and the server's own path announces locally).
+        let dir = if at.network {
+            None
+        } else {
+            Some(
+                paths
+                    .handle()
+                    .reopen()
+                    .map_err(|e| Error::io(&paths.dir, "open the lock's directory", e))?,
+            )
+        };
         Ok(MutexFile {
             file,
             dev: meta.dev,
             ino: meta.ino,
             pid: std::process::id(),
-            write,
+            at,
+            dir,
+            byte: paths.section_byte(),
         })
+    }
+
+    /// Announces our section on LOCK's directory (`klock::announce`); true when nobody else
+    /// has (always on NFS, where there is no announcement). An error says yes: the mutex alone
+    /// then keeps the section, as before announcements.
+    fn announce(&self) -> bool {
+        self.dir
+            .as_ref()
+            .is_none_or(|d| klock::announce(d, self.byte).unwrap_or(true))
+    }
+
+    fn withdraw(&self) {
+        if let Some(d) = &self.dir {
+            let _ = klock::withdraw(d, self.byte);
+        }
     }
 
     /// Device and inode of the mutex file.
     pub(crate) fn id(&self) -> (u64, u64) {
         (self.dev, self.ino)
+    }
+
+    /// Lets go of the holder's mark (see [`MutexGuard::hold_mark`]), just before a release
+    /// becomes visible.
+    pub(crate) fn drop_mark(&self) {
+        let _ = klock::drop_mark(&self.file);
     }
 
     /// Whether this process opened it. A forked child shares the parent's open file
@@ -89,8 +132,13 @@ pub(crate) fn lock(
     deadline: Option<Instant>,
     stuck_after: Duration,
     policy: StuckPolicy,
+    network: bool,
 ) -> Result<MutexGuard> {
-    lock_with(None, paths, deadline, stuck_after, policy, None, true)
+    let at = Where {
+        network,
+        writable: true,
+    };
+    lock_with(None, paths, deadline, stuck_after, policy, None, at)
 }
 
 /// What a caller waiting for the mutex is told now and then.
@@ -192,7 +240,7 @@ pub(crate) fn lock_with(
     stuck_after: Duration,
     policy: StuckPolicy,
     mut waiting: Waiting<'_>,
-    write: bool,
+    at: Where,
 ) -> Result<MutexGuard> {
     let path = &paths.mutex;
     let start = Instant::now();
@@ -202,15 +250,18 @@ pub(crate) fn lock_with(
     loop {
         let mf = match reuse.take() {
             Some(mf) => mf,
-            None => MutexFile::open(paths, write)?,
+            None => MutexFile::open(paths, at)?,
         };
         loop {
-            match mf.file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) => {}
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(Error::io(path, "lock the mutex", e));
+            match klock::try_exclusive(&mf.file, mf.at) {
+                Ok(true) if mf.announce() => break,
+                // Someone is inside through another mutex file (this one was deleted under
+                // them): wait, as for a busy mutex.
+                Ok(true) => {
+                    let _ = klock::unlock(&mf.file, mf.at);
                 }
+                Ok(false) => {}
+                Err(e) => return Err(Error::io(path, "lock the mutex", e)),
             }
             let now = Instant::now();
             if let Some(d) = deadline
@@ -264,35 +315,50 @@ fn open(paths: &LockPaths, write: bool) -> Result<(File, Meta)> {
             .then(|| dir.check(name, &m, "mutex file").err())
             .flatten()
     };
-    let mut tries = 0;
-    let file = loop {
-        match dir.open_existing(name, write) {
-            Ok(f) => break f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 10 => {}
-            Err(e) => {
-                return Err(
-                    squatted(&e).unwrap_or_else(|| Error::io(path, "open the mutex file", e))
-                );
-            }
+    let (mut tries, mut gone) = (0, 0);
+    let (file, meta) = loop {
+        let file =
+            loop {
+                match dir.open_existing(name, write) {
+                    Ok(f) => break f,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 10 => {}
+                    Err(e) => {
+                        return Err(squatted(&e)
+                            .unwrap_or_else(|| Error::io(path, "open the mutex file", e)));
+                    }
+                }
+                match dir.create_new(name, dir.shared_mode(0o644)) {
+                    Ok((f, _)) if write => break f,
+                    // Created read-write; reopen read-only as asked (the kept descriptor must not be
+                    // open for writing: see [`MutexFile`]) — the very file created, not whatever its
+                    // name leads to by now (a directory writer may have removed it already: the inode
+                    // re-check after locking then sends us round again).
+                    Ok((f, _)) => {
+                        if let Ok(ro) = File::open(format!("/proc/self/fd/{}", f.as_raw_fd())) {
+                            break ro;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(squatted(&e)
+                            .unwrap_or_else(|| Error::io(path, "create the mutex file", e)));
+                    }
+                }
+                tries += 1;
+            };
+        let meta = file
+            .metadata()
+            .map(|m| Meta::of(&m))
+            .map_err(|e| Error::io(path, "stat the mutex", e))?;
+        // Removed since we opened it (a directory writer deleting it as it appears): no planted
+        // link, just gone; open or create it again.
+        if meta.nlink == 0 && gone < 200 {
+            gone += 1;
+            std::thread::sleep(Duration::from_micros(500));
+            continue;
         }
-        match dir.create_new(name, dir.shared_mode(0o644)) {
-            Ok((f, _)) if write => break f,
-            // Created read-write; reopen read-only as asked (the kept descriptor must not be
-            // open for writing: see [`MutexFile`]).
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => {
-                return Err(
-                    squatted(&e).unwrap_or_else(|| Error::io(path, "create the mutex file", e))
-                );
-            }
-        }
-        tries += 1;
+        break (file, meta);
     };
-    let meta = file
-        .metadata()
-        .map(|m| Meta::of(&m))
-        .map_err(|e| Error::io(path, "stat the mutex", e))?;
     dir.check(name, &meta, "mutex file")?;
     // Ours, in a group-shared directory, but not group-writable (made by an older leasehold, or
     // by hand): give it the group write bit so that every member can use it.
@@ -311,7 +377,23 @@ impl MutexGuard {
     /// itself fails, the file is closed instead (which releases the lock) and `None` returned.
     pub(crate) fn unlock(self) -> Option<MutexFile> {
         let MutexGuard { file, .. } = self;
-        file.file.unlock().ok().map(|()| file)
+        // The announcement goes first: a thread of this process that enters next through the
+        // same file must not have its own announcement withdrawn.
+        file.withdraw();
+        klock::unlock(&file.file, file.at).ok().map(|()| file)
+    }
+
+    /// Takes the holder's mark on the mutex file (`klock::hold_mark`), kept through this
+    /// descriptor after the section ends (it becomes the holding's witness). Best effort: a
+    /// holder without it is judged by its record, as before marks existed.
+    pub(crate) fn hold_mark(&self, token: u64) {
+        let _ = klock::hold_mark(&self.file.file, token);
+    }
+
+    /// Whether another holder's mark of token `from` or above is held on this mutex file
+    /// (`klock::mark_held`); an error says no (the record decides, as before marks existed).
+    pub(crate) fn holder_marked(&self, from: u64) -> bool {
+        klock::mark_held(&self.file.file, from).unwrap_or(false)
     }
 
     /// What the mutex file says about fencing tokens (see [`Tokens`]).
@@ -362,7 +444,7 @@ impl MutexGuard {
             (HWM_LEN as u64, last_line(t, seen.ceiling, &boot), false)
         };
         let opened;
-        let f = if self.file.write {
+        let f = if self.file.at.writable {
             &self.file.file
         } else {
             opened = OpenOptions::new()
@@ -421,6 +503,15 @@ fn parse_last(line: &[u8], ceiling: u64, boot: &str) -> Option<u64> {
     (of == ceiling && !boot.is_empty() && id == boot && last <= ceiling).then_some(last)
 }
 
+/// Whether a holder's mark (`klock::hold_mark`) is held on the mutex file of `paths`, if that
+/// file exists: a look that creates nothing.
+pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
+    paths
+        .handle()
+        .open_existing(paths.mutex_name(), false)
+        .is_ok_and(|f| klock::mark_held(&f, 0).unwrap_or(false))
+}
+
 /// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.
 pub(crate) fn holder_pid(file: &File) -> Option<i32> {
     let meta = file.metadata().ok()?;
@@ -443,7 +534,12 @@ pub(crate) fn holder_pid(file: &File) -> Option<i32> {
         let same = u64::from_str_radix(a, 16).ok() == Some(maj)
             && u64::from_str_radix(b, 16).ok() == Some(min)
             && i.parse::<u64>().ok() == Some(ino);
-        if same && let Ok(pid) = f[4].parse::<i32>() {
+        // OFD locks show pid -1 (no process owns them); a holder on this host also holds the
+        // flock, which names it. Never a pid below 1: it would name no process, or all of them.
+        if same
+            && let Ok(pid) = f[4].parse::<i32>()
+            && pid > 0
+        {
             return Some(pid);
         }
     }

@@ -136,6 +136,13 @@ impl LockPaths {
         &self.handle
     }
 
+    /// Which byte of LOCK's directory a section of this lock announces itself on
+    /// (`klock::announce`): a function of LOCK's name alone, so every process derives it.
+    pub(crate) fn section_byte(&self) -> i64 {
+        // Never byte 0, never negative: 62 bits of the name's hash, plus one.
+        ((fnv1a64(self.lock_name().as_encoded_bytes()) >> 2) + 1) as i64
+    }
+
     /// LOCK's name in its directory.
     pub(crate) fn lock_name(&self) -> &OsStr {
         last(&self.lock)

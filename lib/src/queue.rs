@@ -1,8 +1,9 @@
 //! The FIFO wait queue: one ticket file per waiter in `.NAME.leasehold-queue/`.
 //!
 //! Owns: taking a ticket (under the mutex: the next sequence number after the highest present,
-//! created exclusively and flocked by its owner for as long as it waits), finding the live
-//! tickets ahead of ours (a ticket whose flock is free belongs to a waiter that is gone; one
+//! created exclusively and locked by its owner for as long as it waits — `klock.rs`'s lock,
+//! which every host sees), finding the live
+//! tickets ahead of ours (a ticket whose lock is free belongs to a waiter that is gone; one
 //! whose heartbeat has not moved for a TTL belongs to a frozen waiter and is skipped), the
 //! ticket's in-place heartbeat, keeping the head's prepared lease with its ticket (`q-N.lease`:
 //! written and installed by `handover.rs`, removed with the ticket), and leaving the queue. Everything goes
@@ -28,6 +29,7 @@ use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::handover::{Prepared, prepared_name};
 use crate::identity::Identity;
+use crate::klock;
 use crate::lockdir::{LockDir, Meta};
 use crate::paths::LockPaths;
 use crate::verdict::Waiting;
@@ -217,19 +219,18 @@ pub(crate) fn live_ahead(
             Ok(None) => continue,
             Err(e) => return Err(Error::io(&path, "open a queue ticket", e)),
         };
-        match file.try_lock() {
-            Ok(()) => {
-                // Nobody holds it: its waiter is gone. We hold its lock while we remove it, and
-                // any lease it prepared (only a ticket's owner creates that name, and using it
-                // takes the mutex we hold).
+        match klock::held_by_other(&file, network) {
+            Ok(false) => {
+                // Nobody holds it: its waiter is gone (a ticket is created and locked under the
+                // mutex we hold, so none is between the two). We remove it, and any lease it
+                // prepared (only a ticket's owner creates that name, and using it takes the
+                // mutex we hold).
                 unlink_if_same(&q, &name, &file);
                 q.unlink_leftover(&prepared_name(&name));
                 continue;
             }
-            Err(std::fs::TryLockError::WouldBlock) => {}
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(Error::io(&path, "test a queue ticket's lock", e));
-            }
+            Ok(true) => {}
+            Err(e) => return Err(Error::io(&path, "test a queue ticket's lock", e)),
         }
         if let (Some(obs), Some(w)) = (observed.as_deref_mut(), read_info(&file)) {
             let now = Instant::now();
@@ -277,7 +278,7 @@ pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
         .filter_map(|(seq, name)| {
             let f = open_ticket(&q, &name, false).ok()??;
             // A ticket whose lock is free belongs to a waiter that is gone.
-            if f.try_lock().is_ok() {
+            if !klock::held_by_other(&f, false).unwrap_or(true) {
                 return None;
             }
             let mut w = read_info(&f)?;
@@ -287,25 +288,31 @@ pub(crate) fn snapshot(paths: &LockPaths) -> Vec<Waiting> {
         .collect()
 }
 
-/// Locks our new ticket. Only a momentary `status` look can hold it: retry try-locks for a
-/// moment rather than issue a blocking lock, which an NFS client retries with a backoff of
-/// seconds.
-fn lock_own(file: &File, path: &std::path::Path) -> Result<()> {
+/// Locks our new ticket (created read-write by us, under the mutex). Nobody else locks a
+/// ticket for more than a moment (a successor that waits for it takes it and lets go at once):
+/// retry try-locks for a moment rather than issue a blocking lock, which an NFS client retries
+/// with a backoff of seconds.
+fn lock_own(file: &File, path: &std::path::Path, network: bool) -> Result<()> {
+    let at = klock::Where {
+        network,
+        writable: true,
+    };
     let mut tries = 0;
     loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::WouldBlock) if tries < 1000 => {
+        match klock::try_exclusive(file, at) {
+            Ok(true) => return Ok(()),
+            Ok(false) if tries < 1000 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_micros(200));
             }
-            Err(e) => {
+            Ok(false) => {
                 return Err(Error::io(
                     path,
                     "lock our queue ticket",
-                    io::Error::other(e.to_string()),
+                    io::ErrorKind::WouldBlock.into(),
                 ));
             }
+            Err(e) => return Err(Error::io(path, "lock our queue ticket", e)),
         }
     }
 }
@@ -350,7 +357,7 @@ impl Ticket {
         // skipped (we just created the ticket's name): it is never used without its ticket,
         // checked under the mutex we hold.
         q.unlink_leftover(&prepared_name(&name));
-        lock_own(&file, &path)?;
+        lock_own(&file, &path, network)?;
         let info = Waiting {
             seq,
             pid: std::process::id() as i32,

@@ -350,7 +350,7 @@ pub(crate) fn nudge(lock: &LockPaths, network: bool, wait: Duration, stuck_after
         stuck_after,
         StuckPolicy::Report,
         None,
-        network,
+        crate::klock::Where::of(network),
     ) else {
         return;
     };

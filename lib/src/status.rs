@@ -69,6 +69,9 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
         judge.persist = false;
         let mut v = judge.judge(&LockContent::Missing, &mut Memory::default());
         v.reason = "does not exist (no lease yet; nothing was created)".into();
+        if crate::mutex::marked_if_present(store.paths()) {
+            v.holder_unseen();
+        }
         v.queue = store.waiting();
         return Ok(v);
     }
@@ -79,6 +82,10 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     let mut judge = store.judge(me, clock);
     judge.persist = m.is_some();
     let mut v = judge.judge(&content, &mut Memory::default());
+    let from = v.lease.as_ref().map_or(0, |l| l.token);
+    if v.state == State::Free && m.as_ref().is_some_and(|m| store.marked(m, from)) {
+        v.holder_unseen();
+    }
     if let Some(mode) = crate::slots::lock_mode(&content) {
         let look = crate::slots::Look {
             me,

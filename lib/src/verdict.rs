@@ -131,6 +131,21 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// Makes this verdict on a lock whose record says it is free (missing, emptied, released)
+    /// say what the kernel says instead: a holder of this lock is still running — its record was
+    /// removed or replaced under it, and it stops its command when it notices.
+    pub(crate) fn holder_unseen(&mut self) {
+        self.state = State::Held;
+        self.reason = format!(
+            "a holder of this lock is still running, though its lease record is gone \
+             (removed, emptied or replaced under it: {}); it stops its command as soon as it \
+             notices",
+            self.reason
+        );
+    }
+}
+
 impl fmt::Display for Verdict {
     /// One line: `held by alice@web1 pid 4242 (terraform apply), heartbeat unchanged here for 3s,
     /// held 12m, token 17`.
@@ -147,8 +162,13 @@ impl fmt::Display for Verdict {
                 return write!(f, "{}", self.reason);
             }
         }
+        let unnamed = self
+            .lease
+            .as_ref()
+            .is_none_or(|l| l.state == LeaseState::Released);
         match self.state {
             State::Free => write!(f, "free ({})", self.reason),
+            State::Held if unnamed => write!(f, "held: {}", self.reason),
             _ => {
                 write!(f, "{} by {}", self.state, self.holder())?;
                 if let Some(a) = self.heartbeat_age {

@@ -28,6 +28,7 @@ use crate::grave;
 use crate::paths::LockPaths;
 use crate::process::{self, Liveness};
 use crate::queue::Ahead;
+use crate::record::LeaseState;
 use crate::verdict::{State, Verdict};
 
 /// The state of one contender's waiting.
@@ -275,7 +276,7 @@ fn pool_put(dir: &Path, ino: Inotify) {
     }
 }
 
-/// A thread that blocks in flock on the predecessor's ticket and says when it got it (the
+/// A thread that blocks in the kernel lock (`klock.rs`) on the predecessor's ticket and says when it got it (the
 /// predecessor left or died). It opens the very inode that was judged live, through
 /// /proc/self/fd (a new open file description, so its lock is its own and goes when it lets go
 /// at once). If we stop caring, it lingers until the predecessor's lock is released, then ends.
@@ -290,7 +291,7 @@ fn flock_waiter(ticket: &std::fs::File) -> Receiver<()> {
         let spawned = std::thread::Builder::new()
             .name("leasehold-queue".into())
             .spawn(move || {
-                let _ = file.lock();
+                let _ = crate::klock::wait_free(&file);
                 let _ = tx.send(());
             });
         if spawned.is_err() {
@@ -339,11 +340,24 @@ fn pidfd((pid, start): (i32, u64)) -> Watch {
 /// rather than at its own tick, which follows the waiter's TTL and may be far longer (a waiter
 /// with the default 30 s TTL ticks every 5 s; a holder with `--ttl 2s` is stale after 2 s).
 /// Waking early costs one judgement; it never makes anything stale sooner.
+///
+/// A lock held by a holder its record no longer names (`Verdict::holder_unseen`: LOCK removed
+/// or replaced under it) frees when that holder's kernel mark goes, which raises no event:
+/// looked at again every [`UNSEEN_NAP`] (a rare state, and it lasts one fence).
 fn stale_in(seen: &Verdict) -> Duration {
     match (&seen.lease, seen.heartbeat_age) {
         (Some(l), Some(age)) if seen.state == State::Held => Duration::from_millis(l.ttl_ms)
             .saturating_sub(age)
             .saturating_add(Duration::from_millis(1)),
+        (l, _)
+            if seen.state == State::Held
+                && l.as_ref().is_none_or(|l| l.state == LeaseState::Released) =>
+        {
+            UNSEEN_NAP
+        }
         _ => Duration::MAX,
     }
 }
+
+/// See [`stale_in`].
+const UNSEEN_NAP: Duration = Duration::from_millis(50);

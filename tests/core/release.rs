@@ -112,9 +112,10 @@ fn release_never_writes_into_a_lock_rewritten_in_place() {
 }
 
 /// The released bit (`chmod +t`, what a holder sets to release in place) makes a record
-/// released for every reader, whatever its JSON says: `status` calls the lock free, a waiter
-/// takes it, and the holder (were it still running) finds its lease released at its next
-/// renewal and is lost.
+/// released for every reader, whatever its JSON says, and the holder (were it still running)
+/// finds its lease released at once and is lost. Set by someone else while the holder still
+/// runs, the lock is not free yet: its holder's kernel mark says it still runs, so `status`
+/// calls it held and a contender waits; once the holder is gone, a waiter takes it.
 #[test]
 fn the_released_bit_releases_a_record_and_its_holder_sees_it() {
     use std::os::unix::fs::PermissionsExt;
@@ -126,20 +127,26 @@ fn the_released_bit_releases_a_record_and_its_holder_sees_it() {
     assert_eq!(leasehold::status(&lock).unwrap().state, State::Held);
     let raw = std::fs::read(&lock).unwrap();
     std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o1644)).unwrap();
+    let lost = holder.line("LOST", Duration::from_secs(5));
+    assert!(lost.contains("released"), "{lost}");
     let v = leasehold::status(&lock).unwrap();
-    assert_eq!(v.state, State::Free, "{v}");
+    assert_eq!(v.state, State::Held, "{v}");
+    assert!(v.reason.contains("still running"), "{v}");
     let l = v.lease.as_ref().unwrap();
     assert_eq!(
         (l.state, l.lease_id.as_str()),
         (LeaseState::Released, lease_id.as_str())
     );
-    let lost = holder.line("LOST", Duration::from_secs(5));
-    assert!(lost.contains("released"), "{lost}");
+    assert!(
+        LeaseBuilder::new(&lock).ttl(ttl).try_acquire().is_err(),
+        "taken while its holder still runs"
+    );
     // Its bytes were never touched: the bit alone says it.
     assert_eq!(std::fs::read(&lock).unwrap(), raw);
+    holder.close_stdin();
+    holder.wait_timeout(Duration::from_secs(10));
+    assert_eq!(leasehold::status(&lock).unwrap().state, State::Free);
     let g = LeaseBuilder::new(&lock).ttl(ttl).try_acquire().unwrap();
     assert!(g.token() > token);
     g.release().unwrap();
-    holder.close_stdin();
-    holder.wait_timeout(Duration::from_secs(10));
 }

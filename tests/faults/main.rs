@@ -10,6 +10,7 @@ mod disk;
 mod etcd;
 mod freeze;
 mod fuzz_smoke;
+mod gone;
 mod hosts;
 mod kill;
 mod ns;

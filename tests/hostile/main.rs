@@ -7,6 +7,7 @@ mod support;
 mod harness;
 mod hostile_files;
 mod multiuser;
+mod mutex_deleter;
 mod output;
 mod planted_names;
 mod script_users;

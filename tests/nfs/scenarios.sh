@@ -1,15 +1,16 @@
 #!/bin/bash
 # Real-NFS scenarios for leasehold, run inside the two lab guests (see lab.sh): mutual exclusion
 # across hosts, handoff, a frozen foreign waiter, a live foreign holder never broken, takeover
-# after a host crash (outside and inside the mutex, both bounded in time), and the refusal
-# (exit 78) of host-local locks. A setup step that times out fails its scenario, never goes on.
+# after a host crash (outside and inside the mutex, both bounded in time), the refusal
+# (exit 78) of host-local locks, and jobs on the NFS server's own path racing a client's. A setup step that times out fails its scenario, never goes on.
 #
 #   bash tests/nfs/lab.sh setup
 #   LEASEHOLD_BIN=$PWD/target/release/leasehold bash tests/nfs/scenarios.sh
 #
 # Env: LEASEHOLD_BIN (required, absolute path of a host-built binary; it is copied into the export)
 #      LEASEHOLD_NFS_MODES (default "v4 v3local"), LEASEHOLD_NFS_ROUNDS (default 10 per host),
-#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f).
+#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f g),
+#      LEASEHOLD_NFS_RACE_ROUNDS (scenario g's rounds, default 100).
 # Prints every check and the measured figures; the last line is `nfs: N passed, M failed`;
 # exits non-zero when anything failed (including a lab that cannot start on this machine).
 set -uo pipefail
@@ -69,7 +70,7 @@ write_helpers() {
 d=$1; h=$(hostname); t0=$(date +%s.%N)
 if ! (set -C; : >"$d/inside") 2>/dev/null; then echo "$h token $LEASEHOLD_TOKEN at $t0" >>"$d/overlap.$h"; fi
 echo "$LEASEHOLD_TOKEN $h" >>"$d/shared.log"
-sleep 0.1
+sleep "${2:-0.1}"
 t1=$(date +%s.%N)
 rm -f "$d/inside"
 echo "$LEASEHOLD_TOKEN $t0 $t1" >>"$d/tokens.$h"
@@ -95,7 +96,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
 done
 echo "attempts=$n other=$other"
 EOF
-    # freeze.sh PID MUTEX: SIGSTOPs PID at a moment it does not hold MUTEX's flock, checked: a
+    # freeze.sh PID MUTEX: SIGSTOPs PID at a moment it does not hold MUTEX's lock, checked: a
     # process frozen inside leasehold's mutex keeps it from every host (NFS has no way to take
     # it back). A waiter loops through the mutex every poll, so a freeze at a random moment
     # lands inside it now and then (seen in CI: the other host's waiter timed out after 60 s).
@@ -114,7 +115,9 @@ while [ $try -lt 20 ]; do
     done
     i=0
     while [ $i -lt 20 ]; do
-        flock -n "$m" true 2>/dev/null && { echo "frozen outside the mutex (try $try)"; exit 0; }
+        # the mutex is the file's first byte (a holder's mark, byte 1, is no part of it)
+        python3 -I -S -c 'import fcntl, os, sys; fcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)' "$m" 2>/dev/null &&
+            { echo "frozen outside the mutex (try $try)"; exit 0; }
         i=$((i + 1)); sleep 0.05
     done
     echo "try $try: frozen inside the mutex; letting it run on"
@@ -481,6 +484,55 @@ sc_crash_in_mutex() {  # (b2) holder's host dies while holding the kernel lock o
     fi
 }
 
+sc_server_path() {  # (g) the NFS server's own path and a client race `run -n` on one free LOCK
+    local mode=$1 d=$E/g n=${LEASEHOLD_NFS_RACE_ROUNDS:-100} i delay t0=$SECONDS
+    rm -rf "$d" "$E/g.lock" "$E"/.g.lock.leasehold-*
+    mkdir -p "$d"
+    echo "-- (g) the server's own path ($E/g.lock) against hosta ($G/g.lock): $n racing rounds of run -n"
+    # A round starts hosta's run -n (~0.2 s to reach the guest) and, after a random 0-0.4 s, the
+    # server-local one; each critical section lasts 0.3 s, so most rounds meet inside the lock.
+    for i in $(seq "$n"); do
+        gx 60 hosta "$LH run -q -n --ttl 5s $G/g.lock -- sh $G/cs.sh $G/g 0.3 2>>$G/g/err.client; echo \$? >>$G/g/rc.client" >/dev/null 2>&1 &
+        local gp=$!
+        delay=$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 400 / 1000 }')
+        sleep "$delay"
+        "$LEASEHOLD_BIN" run -q -n --ttl 5s "$E/g.lock" -- sh "$E/cs.sh" "$d" 0.3 2>>"$d/err.server"
+        echo $? >>"$d/rc.server"
+        wait $gp
+    done
+    local res
+    res=$($PY - "$d" "$n" <<'EOF'
+import glob, os, sys
+from collections import Counter
+d, n = sys.argv[1], int(sys.argv[2])
+problems = []
+def codes(side):
+    p = os.path.join(d, "rc." + side)
+    return [l.strip() for l in open(p)] if os.path.exists(p) else []
+c, s = codes("client"), codes("server")
+for side, cs in (("client", c), ("server", s)):
+    if len(cs) != n: problems.append("%s finished %d of %d rounds" % (side, len(cs), n))
+    odd = Counter(x for x in cs if x not in ("0", "75"))
+    if odd: problems.append("%s exit statuses other than 0 or 75: %s" % (side, dict(odd)))
+for f in glob.glob(os.path.join(d, "overlap.*")):
+    problems.append("OVERLAP: " + open(f).read().strip().replace("\n", "; "))
+refused = c.count("75") + s.count("75")
+if refused < max(5, n // 10): problems.append("only %d refusals in %d rounds: the two sides rarely met" % (refused, n))
+if c.count("0") == 0 or s.count("0") == 0: problems.append("one side never ran its command")
+print("rounds=%d client: %d ran, %d refused; server: %d ran, %d refused" % (n, c.count("0"), c.count("75"), s.count("0"), s.count("75")))
+for p in problems: print("PROBLEM " + p)
+EOF
+)
+    echo "$res" | sed 's/^/    /'
+    [ -s "$d/err.server" ] && sort "$d/err.server" | uniq -c | sort -rn | head -5 | sed 's/^/    server stderr: /'
+    if echo "$res" | grep -q PROBLEM; then
+        bad "[$mode] (g) server's own path against a client"
+    else
+        ok "[$mode] (g) server's own path against a client: zero overlaps, every exit 0 or 75 ($(echo "$res" | head -1))"
+    fi
+    fig "[$mode] (g) $(echo "$res" | head -1) in $((SECONDS - t0)) s"
+}
+
 sc_local_lock() {  # (d) refuse host-local kernel locks by default
     local mode=$1 out rc
     echo "-- (d) local_lock=all mount: leasehold must refuse by default"
@@ -511,6 +563,7 @@ for mode in $MODES; do
             want f && sc_frozen_waiter "$mode"
             { want b || want c; } && sc_foreign_holder "$mode"
             want b && sc_crash_in_mutex "$mode"
+            want g && sc_server_path "$mode"
             ;;
         v3local)
             want d && sc_local_lock "$mode"

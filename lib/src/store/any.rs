@@ -57,6 +57,22 @@ impl Holding for AnyHolding {
         }
     }
 
+    fn check(&self, lease_id: &str) -> std::result::Result<(), Renewal> {
+        match self {
+            AnyHolding::File(h) => h.check(lease_id),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.check(lease_id),
+        }
+    }
+
+    fn watched(&self) -> Option<(std::path::PathBuf, std::ffi::OsString)> {
+        match self {
+            AnyHolding::File(h) => h.watched(),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.watched(),
+        }
+    }
+
     fn enter(&self, deadline: Instant, stuck_after: Duration) -> Result<AnySection> {
         match self {
             AnyHolding::File(h) => h.enter(deadline, stuck_after).map(AnySection::File),

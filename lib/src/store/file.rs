@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::fsinfo::Storage;
 use crate::fsio::{self, LockContent, Seen, Written};
 use crate::handover;
+use crate::klock::Where;
 use crate::loss::LossReason;
 use crate::mutex::{self, MutexFile, MutexGuard, MutexWait};
 use crate::paths::LockPaths;
@@ -171,9 +172,12 @@ impl Store for FileStore {
             }
         };
         let waiting = tell.then_some(&mut waiting as &mut dyn FnMut(MutexWait<'_>));
-        let write = self.rw_mutex || self.storage.network;
+        let at = Where {
+            network: self.storage.network,
+            writable: self.rw_mutex || self.storage.network,
+        };
         let (paths, reuse) = (&self.paths, kept.take());
-        mutex::lock_with(reuse, paths, deadline, stuck_after, policy, waiting, write)
+        mutex::lock_with(reuse, paths, deadline, stuck_after, policy, waiting, at)
     }
 
     fn leave(&self, section: MutexGuard, kept: &mut Option<MutexFile>) {
@@ -293,8 +297,10 @@ impl Store for FileStore {
             }
         };
         let (lease, bytes) = lease(token);
-        // Our holder's mark, before the lease becomes visible (see [`holder_mark`]).
+        // Our holder's marks, before the lease becomes visible (see [`holder_mark`] and
+        // `klock::hold_mark`): the second stays with the mutex descriptor we keep as witness.
         let mark = holder_mark(&self.paths);
+        m.hold_mark(token);
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = BootInstant::now();
         let prepared = ticket
@@ -311,6 +317,10 @@ impl Store for FileStore {
         drop(ticket);
         let holding = FileHolding::new(self, witness, written, replaced.map(|s| s.file), mark);
         Ok((lease, bytes, started, holding))
+    }
+
+    fn marked(&self, section: &MutexGuard, from: u64) -> bool {
+        section.holder_marked(from)
     }
 
     fn replace(&self, _: &MutexGuard, lease: &Lease) -> Result<()> {

@@ -194,6 +194,14 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// died mid-write may have left.
     fn clean_after_crash(&self);
 
+    /// Inside the section: whether a holder of this lock with token `from` or above still
+    /// holds its kernel mark, whatever the lease record says — asked when the record says the
+    /// lock is free (missing, emptied, released: `from` is the token it shows, 0 if none),
+    /// which a record removed or replaced under a running holder also says. Default: no mark.
+    fn marked(&self, _section: &Self::Section, _from: u64) -> bool {
+        false
+    }
+
     /// What wakes this contender, set up lazily (see [`Store::wait`]).
     fn waker(&self, poll: bool, ttl: std::time::Duration) -> Self::Waker;
 
@@ -234,6 +242,21 @@ pub(crate) trait Holding: Send + Sync + 'static {
     /// moved) if the store still holds our lease `lease_id`, held. `Err(Renewal::Lost)` is
     /// final; `Err(Renewal::Transient)` is retried until the deadline.
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal>;
+
+    /// A look between renewals, writing nothing: `Err(Renewal::Lost)` when the store plainly no
+    /// longer holds our lease (LOCK missing, emptied, replaced by another file, taken, revoked,
+    /// released); `Ok` otherwise, transient failures included (the renewals judge those). Made
+    /// when [`Holding::watched`] shows a change. Default: nothing to look at.
+    fn check(&self, _lease_id: &str) -> std::result::Result<(), Renewal> {
+        Ok(())
+    }
+
+    /// Where a change to our record shows on this host: a directory inotify can watch (a path
+    /// that leads to the very directory the lease was taken in) and the record's name in it.
+    /// `None` (the default): no such place.
+    fn watched(&self) -> Option<(std::path::PathBuf, std::ffi::OsString)> {
+        None
+    }
 
     /// A held section, for [`Holding::rewrite`].
     type Section;

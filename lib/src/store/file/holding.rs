@@ -7,6 +7,7 @@
 //! link (every open goes through LOCK's directory descriptor).
 
 use super::*;
+use std::os::unix::fs::MetadataExt;
 
 /// The holder's mark: an `O_PATH` descriptor on the lock's mutex file, kept for exactly as
 /// long as this process holds the lease (closed on exec, and after release has written our
@@ -55,7 +56,8 @@ impl FileHolding {
         mark: Option<OwnedFd>,
     ) -> FileHolding {
         let paths = &store.paths;
-        let witness = witness.or_else(|| MutexFile::open(paths, store.storage.network).ok());
+        let witness =
+            witness.or_else(|| MutexFile::open(paths, Where::of(store.storage.network)).ok());
         FileHolding {
             paths: paths.clone(),
             storage: store.storage,
@@ -68,23 +70,39 @@ impl FileHolding {
         }
     }
 
-    /// Opens LOCK afresh, read-write, for a renewal, and checks that LOCK's directory is still
-    /// the one everyone else reaches by its path.
-    fn open_for_renewal(&self) -> std::result::Result<(File, u32), Renewal> {
+    /// Opens LOCK afresh (read-write for a renewal, read-only for a look), and checks that it
+    /// is the very file we last put in place and that LOCK's directory is still the one
+    /// everyone else reaches by its path.
+    ///
+    /// Lost at once, never transient: LOCK missing, not a lease, another file than ours (a
+    /// copy of our lease renamed over it is not ours: nobody reads what we would write into
+    /// the old one), or no longer writable by us (permission denied: it was replaced by another
+    /// user's file, or its permissions were taken from us; credentials that expired on NFS say
+    /// the same). Each means our heartbeat no longer reaches anyone, so the lease is lost now
+    /// rather than at the renew deadline.
+    fn open_for_renewal(&self, write: bool) -> std::result::Result<(File, u32), Renewal> {
         let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
-        let (file, mode) = match fsio::open_lock(&self.paths, true) {
+        let shown = self.paths.lock.display();
+        let (file, mode) = match fsio::open_lock(&self.paths, write) {
             Ok(Some(f)) => f,
-            Ok(None) => {
-                return vanished(format!("{} no longer exists", self.paths.lock.display()));
-            }
+            Ok(None) => return vanished(format!("{shown} no longer exists")),
             Err(
                 e @ (Error::NotALease { .. }
                 | Error::NewerFormat { .. }
                 | Error::Squatted { .. }
                 | Error::Untrusted { .. }),
             ) => return vanished(e.to_string()),
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                return vanished(format!(
+                    "{shown} can no longer be written by us ({source}): replaced by another \
+                     user's file, or its permissions changed"
+                ));
+            }
             Err(e) => return Err(Renewal::Transient(e)),
         };
+
         // Everyone else reaches LOCK through its directory's path: if that path no longer leads
         // to the directory we renew in, no contender sees our heartbeat any more.
         match self.paths.dir_moved() {
@@ -98,6 +116,24 @@ impl FileHolding {
                 vanished(format!("{} no longer exists", self.paths.dir.display()))
             }
             Err(e) => Err(Renewal::Transient(Error::io(&self.paths.dir, "stat", e))),
+        }
+    }
+
+    /// Lost when `file` (LOCK, holding our lease) is not the very file our lease was written
+    /// to: a copy of our lease renamed over it. Checked after its content, so that a record
+    /// that is not ours at all (taken, revoked) is reported as such.
+    fn same_file(&self, file: &File) -> std::result::Result<(), Renewal> {
+        match (lock(&self.written).as_ref(), file.metadata()) {
+            (Some(w), Ok(m)) if (m.dev(), m.ino()) != w.id => {
+                Err(Renewal::Lost(LossReason::Vanished {
+                    what: format!(
+                        "{} was replaced by another file holding a copy of our lease (not the \
+                         one our lease was written to)",
+                        self.paths.lock.display()
+                    ),
+                }))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -140,7 +176,7 @@ impl FileHolding {
             r.stuck_after,
             StuckPolicy::Report,
             None,
-            self.storage.network,
+            Where::of(self.storage.network),
         )?;
         if let Some(by) = self.ensure_ours(r.mine, true)?
             && let Some(e) = released.ended.as_mut()
@@ -203,11 +239,11 @@ impl Holding for FileHolding {
 
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
         let path = &self.paths.lock;
-        let (file, mode) = self.open_for_renewal()?;
+        let (file, mode) = self.open_for_renewal(true)?;
         let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
         let taken = |by: String| Err(Renewal::Lost(LossReason::Taken { by }));
         match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
-            Ok(Ours::Held) => {}
+            Ok(Ours::Held) => self.same_file(&file)?,
             Ok(Ours::Revoked(by)) => {
                 let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
                 return taken(format!("holds our lease revoked{by}"));
@@ -229,12 +265,46 @@ impl Holding for FileHolding {
         Ok(())
     }
 
+    fn check(&self, lease_id: &str) -> std::result::Result<(), Renewal> {
+        let (file, mode) = match self.open_for_renewal(false) {
+            Err(Renewal::Transient(_)) => return Ok(()),
+            other => other?,
+        };
+        let path = &self.paths.lock;
+        let lost = |reason| Err(Renewal::Lost(reason));
+        match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
+            Ok(Ours::Held) => self.same_file(&file),
+            Err(_) => Ok(()),
+            Ok(Ours::Revoked(by)) => {
+                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
+                lost(LossReason::Taken {
+                    by: format!("holds our lease revoked{by}"),
+                })
+            }
+            Ok(Ours::Released) => lost(LossReason::Taken {
+                by: "holds our lease marked released (broken)".into(),
+            }),
+            Ok(Ours::Taken(by, token)) => lost(LossReason::Taken {
+                by: format!("held by {by} (token {token})"),
+            }),
+            Ok(Ours::Empty | Ours::Missing) => lost(LossReason::Vanished {
+                what: "LOCK is empty".into(),
+            }),
+        }
+    }
+
+    fn watched(&self) -> Option<(std::path::PathBuf, std::ffi::OsString)> {
+        let dir = self.paths.handle();
+        Some((dir.proc_path(), self.paths.lock_name().to_os_string()))
+    }
+
     fn enter(&self, deadline: Instant, stuck_after: Duration) -> Result<MutexGuard> {
         mutex::lock(
             &self.paths,
             Some(deadline),
             stuck_after,
             StuckPolicy::KillStopped,
+            self.storage.network,
         )
     }
 
@@ -258,6 +328,11 @@ impl FileHolding {
     /// Releases our lease in the file we hold it in (see [`Holding::release`]).
     fn release_here(&self, r: Release<'_>) -> Result<()> {
         let witness = lock(&self.witness).take();
+        // Our kernel mark goes before anything says the lock is free (a contender that finds
+        // it free while the mark is held waits for a holder it cannot see).
+        if let Some(w) = &witness {
+            w.drop_mark();
+        }
         let written = lock(&self.written).take();
         // Closed when this returns, after the handover: freeing old files is off its path.
         let replaced = lock(&self.replaced).take();

@@ -1,0 +1,367 @@
+//! The kernel locks leasehold takes on its own helper files (the mutex and queue tickets), in
+//! the form that every host reaching the file excludes: through an NFS client, on the NFS
+//! server's own path, and on a local disk (PROTOCOL.md §3, "Kernel locks").
+//!
+//! Owns: the choice of lock calls — on a local file system `flock(2)` *and* an open file
+//! description (OFD) byte-range lock on the file's first byte; on a network file system the OFD lock
+//! alone —, the test "does anyone else hold it?" (`F_OFD_GETLK`), the holders' marks, and a
+//! section's announcement on LOCK's directory ([`announce`]).
+//! Must never: block (except [`wait_free`], which a caller runs on its own thread); leave one of
+//! the two locks held when taking the other failed.
+//!
+//! Why two locks on a local disk: an NFS server keeps the locks its clients take as byte-range
+//! locks on the backing file (nfs-ganesha as OFD locks, knfsd as POSIX locks), and on Linux a
+//! local `flock(2)` never conflicts with a byte-range lock. A job on the file server locking the
+//! export's own path with `flock(2)` alone ran beside a job on a client. The OFD lock conflicts
+//! with the server's byte-range locks; the `flock(2)` keeps `/proc/locks` naming the holder's
+//! pid (OFD locks show pid -1 there), which the stuck-mutex judgement and the "blocked by" line
+//! rely on. On an NFS client `flock(2)` is itself sent to the server as a whole-file byte-range
+//! lock, so the OFD lock alone is the same lock there, without a second round trip.
+//!
+//! Why a *read* OFD lock on a local disk when the descriptor is read-only: an OFD write lock
+//! needs a descriptor open for writing, and the mutex's kept descriptor is read-only on a local
+//! disk (see `mutex::MutexFile`). Local holders exclude each other through `flock(2)`; the read
+//! lock is there to conflict with the write locks the NFS server holds for its clients, which it
+//! does. (Two server-local holders' read locks never meet: each holds the flock first.)
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::libc;
+
+/// Whether the lock is to be taken as on a network file system (the OFD lock alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Where {
+    pub network: bool,
+    /// The descriptor is open for writing (an OFD write lock is possible).
+    pub writable: bool,
+}
+
+impl Where {
+    /// Read-write on a network file system (NFSv4 refuses exclusive locks on read-only
+    /// descriptors), read-only elsewhere (see `mutex::MutexFile`).
+    pub(crate) fn of(network: bool) -> Where {
+        Where {
+            network,
+            writable: network,
+        }
+    }
+}
+
+/// The byte the exclusive lock covers (the mutex, a ticket).
+const LOCK_BYTE: i64 = 0;
+/// Where the holders' marks start: a holder of token `t` keeps byte `MARKS + t` of the mutex
+/// file read-locked for as long as it holds (see [`hold_mark`]) — apart from [`LOCK_BYTE`], so
+/// that holding never blocks the mutex.
+const MARKS: i64 = 1;
+
+fn range(kind: libc::c_short, byte: i64) -> libc::flock {
+    span(kind, byte, 1)
+}
+
+/// `len` bytes from `byte` (0: to the end of every possible file).
+fn span(kind: libc::c_short, byte: i64, len: i64) -> libc::flock {
+    // SAFETY: `flock` is a plain C struct; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = byte;
+    fl.l_len = len;
+    fl
+}
+
+/// The byte of the mark of token `token`.
+fn mark_byte(token: u64) -> i64 {
+    MARKS.saturating_add(i64::try_from(token).unwrap_or(i64::MAX - MARKS))
+}
+
+fn ofd(file: &File, kind: libc::c_short, wait: bool) -> io::Result<bool> {
+    ofd_at(file, kind, wait, LOCK_BYTE)
+}
+
+fn ofd_at(file: &File, kind: libc::c_short, wait: bool, byte: i64) -> io::Result<bool> {
+    let fl = range(kind, byte);
+    let arg = if wait {
+        FcntlArg::F_OFD_SETLKW(&fl)
+    } else {
+        FcntlArg::F_OFD_SETLK(&fl)
+    };
+    match fcntl(file.as_fd(), arg) {
+        Ok(_) => Ok(true),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) if !wait => Ok(false),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+fn flock(file: &File, op: libc::c_int) -> io::Result<bool> {
+    // SAFETY: flock(2) on a descriptor we own; a bad one is reported as EBADF.
+    match unsafe { libc::flock(file.as_raw_fd(), op) } {
+        0 => Ok(true),
+        _ => {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Tries to take the exclusive lock on `file` without waiting: `Ok(false)` when someone else
+/// holds it (on this host, or through the NFS server, or the server's local path).
+pub(crate) fn try_exclusive(file: &File, at: Where) -> io::Result<bool> {
+    let kind = if at.writable || at.network {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    } as libc::c_short;
+    if at.network {
+        return ofd(file, kind, false);
+    }
+    if !flock(file, libc::LOCK_EX | libc::LOCK_NB)? {
+        return Ok(false);
+    }
+    match ofd(file, kind, false) {
+        Ok(true) => Ok(true),
+        other => {
+            let _ = flock(file, libc::LOCK_UN);
+            other
+        }
+    }
+}
+
+/// Lets go of what [`try_exclusive`] took.
+pub(crate) fn unlock(file: &File, at: Where) -> io::Result<()> {
+    let r = ofd(file, libc::F_UNLCK as libc::c_short, false).map(drop);
+    if !at.network {
+        flock(file, libc::LOCK_UN)?;
+    }
+    r
+}
+
+/// Whether anyone else holds `file`'s lock (any host): an OFD or byte-range lock on its first
+/// byte (`F_OFD_GETLK`, which takes nothing and works on a read-only descriptor), or — on a
+/// local file system — a flock, as [`try_exclusive`] takes with it and as another program
+/// (flock(1), an older leasehold) may take alone: tested by taking it for a moment.
+pub(crate) fn held_by_other(file: &File, network: bool) -> io::Result<bool> {
+    if held_at(file, LOCK_BYTE)? {
+        return Ok(true);
+    }
+    if network {
+        return Ok(false);
+    }
+    if flock(file, libc::LOCK_EX | libc::LOCK_NB)? {
+        flock(file, libc::LOCK_UN)?;
+        Ok(false)
+    } else {
+        Ok(true)
+    }
+}
+
+fn held_at(file: &File, byte: i64) -> io::Result<bool> {
+    held_in(file, byte, 1)
+}
+
+fn held_in(file: &File, byte: i64, len: i64) -> io::Result<bool> {
+    let mut fl = span(libc::F_WRLCK as libc::c_short, byte, len);
+    fcntl(file.as_fd(), FcntlArg::F_OFD_GETLK(&mut fl)).map_err(io::Error::from)?;
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// The holder's mark in the kernel: a read lock on the mutex file's byte [`MARKS`] + `token`,
+/// taken under the mutex before the lease becomes visible and kept (through the holder's
+/// descriptor on the mutex file) until just before its release becomes visible, or until the
+/// holder's process is gone. Any number of holders may hold marks (shared leases); every host
+/// sees them, like the mutex. A contender that finds LOCK missing, emptied or released while
+/// someone holds a mark at or above the token LOCK shows knows a holder of this very lock that
+/// no later lease superseded still runs ([`mark_held`]). (A frozen holder whose job was stopped
+/// and whose lease was taken over keeps its mark below every later token: it never blocks.)
+pub(crate) fn hold_mark(file: &File, token: u64) -> io::Result<()> {
+    ofd_at(
+        file,
+        libc::F_RDLCK as libc::c_short,
+        false,
+        mark_byte(token),
+    )
+    .and_then(|got| {
+        if got {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+    })
+}
+
+/// Lets go of [`hold_mark`]'s lock (every mark this descriptor holds).
+pub(crate) fn drop_mark(file: &File) -> io::Result<()> {
+    let fl = span(libc::F_UNLCK as libc::c_short, MARKS, 0);
+    fcntl(file.as_fd(), FcntlArg::F_OFD_SETLK(&fl))
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Whether another open file description (any process, any host) holds a holder's mark of
+/// token `from` or above on this mutex file.
+pub(crate) fn mark_held(file: &File, from: u64) -> io::Result<bool> {
+    held_in(file, mark_byte(from), 0)
+}
+
+/// Blocks until nobody else holds `file`'s lock (a queue ticket's owner left), through a
+/// descriptor open for writing; takes the lock for a moment and lets it go.
+pub(crate) fn wait_free(file: &File) -> io::Result<()> {
+    ofd(file, libc::F_WRLCK as libc::c_short, true)?;
+    ofd(file, libc::F_UNLCK as libc::c_short, false).map(drop)
+}
+
+/// Announces a section of one lock on its directory (`dir`, a descriptor of its own on LOCK's
+/// directory, read-only) at `byte` (`LockPaths::section_byte`), and checks that nobody else
+/// has: a read lock, then a test for anyone else's. `Ok(false)`, with nothing left held, when
+/// someone else has announced — a section of the same lock entered through another mutex file,
+/// which exists only when the mutex file was deleted while someone was inside.
+///
+/// Why this closes that gap on one host: the mutex file is a name anyone who may write the
+/// directory can unlink, but nobody who may only write the directory can remove the directory
+/// itself, or its locks. Two processes that each announce, then check, then read LOCK and only
+/// then write it cannot both pass: if A's check found nothing, B announced after it, so B's
+/// check finds A — unless A had left already, and then A's write came before B's read of LOCK,
+/// which shows A's lease. Read locks, because a directory cannot be opened for writing; a write
+/// lock is only ever tested for (`F_OFD_GETLK`), never taken.
+pub(crate) fn announce(dir: &File, byte: i64) -> io::Result<bool> {
+    if !ofd_at(dir, libc::F_RDLCK as libc::c_short, false, byte)? {
+        return Ok(false);
+    }
+    match held_at(dir, byte) {
+        Ok(false) => Ok(true),
+        other => {
+            let _ = withdraw(dir, byte);
+            other.map(|_| false)
+        }
+    }
+}
+
+/// Lets go of [`announce`]'s lock.
+pub(crate) fn withdraw(dir: &File, byte: i64) -> io::Result<()> {
+    ofd_at(dir, libc::F_UNLCK as libc::c_short, false, byte).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::OpenOptions;
+
+    fn open(path: &std::path::Path, write: bool) -> File {
+        OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(path)
+            .unwrap()
+    }
+
+    /// An empty file in a new directory, and how a local read-only holder locks it.
+    fn fixture() -> (tempfile::TempDir, std::path::PathBuf, Where) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m");
+        std::fs::write(&p, b"").unwrap();
+        let local = Where {
+            network: false,
+            writable: false,
+        };
+        (dir, p, local)
+    }
+
+    /// A read-only holder's lock excludes a second holder (flock), is seen by a tester through
+    /// `F_OFD_GETLK`, and excludes a byte-range write lock — the form an NFS server keeps its
+    /// clients' locks in — while it is held; all three go with `unlock`.
+    /// A holder's mark neither blocks the mutex nor is blocked by it, is seen by others
+    /// through `mark_held` until it is dropped (or its descriptor closed), and is never seen by
+    /// its own descriptor.
+    #[test]
+    fn a_holders_mark_is_apart_from_the_mutex_and_shows_until_dropped() {
+        let (_dir, p, local) = fixture();
+        let holder = open(&p, false);
+        let other = open(&p, false);
+        assert!(!mark_held(&other, 0).unwrap());
+        assert!(try_exclusive(&holder, local).unwrap());
+        hold_mark(&holder, 7).unwrap();
+        unlock(&holder, local).unwrap();
+        assert!(
+            mark_held(&other, 7).unwrap(),
+            "the mark outlives the mutex section"
+        );
+        assert!(mark_held(&other, 0).unwrap());
+        assert!(
+            !mark_held(&other, 8).unwrap(),
+            "a later token supersedes it"
+        );
+        assert!(
+            !mark_held(&holder, 0).unwrap(),
+            "our own mark is not another's"
+        );
+        assert!(
+            try_exclusive(&other, local).unwrap(),
+            "the mark never blocks the mutex"
+        );
+        unlock(&other, local).unwrap();
+        drop_mark(&holder).unwrap();
+        assert!(!mark_held(&other, 0).unwrap());
+        hold_mark(&holder, u64::MAX).unwrap();
+        assert!(
+            mark_held(&other, u64::MAX).unwrap(),
+            "the largest token has a byte"
+        );
+        drop(holder);
+        assert!(
+            !mark_held(&other, 0).unwrap(),
+            "closing the descriptor drops the mark"
+        );
+    }
+
+    /// Two sections of one lock announced on its directory through two descriptors: the
+    /// second is refused (and holds nothing after), until the first withdraws; another lock's
+    /// byte is another section.
+    #[test]
+    fn only_one_section_of_a_lock_is_announced_on_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = File::open(dir.path()).unwrap();
+        let b = File::open(dir.path()).unwrap();
+        assert!(announce(&a, 42).unwrap());
+        assert!(!announce(&b, 42).unwrap());
+        assert!(announce(&b, 43).unwrap(), "another lock");
+        assert!(
+            !held_at(&a, 42).unwrap(),
+            "a refused announcement leaves nothing held"
+        );
+        withdraw(&a, 42).unwrap();
+        assert!(announce(&b, 42).unwrap());
+        assert!(!announce(&a, 42).unwrap());
+    }
+
+    #[test]
+    fn a_local_holder_excludes_flock_byte_range_locks_and_shows_to_testers() {
+        let (_dir, p, local) = fixture();
+        let a = open(&p, false);
+        assert!(try_exclusive(&a, local).unwrap());
+        let b = open(&p, false);
+        assert!(!try_exclusive(&b, local).unwrap(), "flock excludes");
+        assert!(held_by_other(&b, false).unwrap());
+        let server = open(&p, true);
+        assert!(
+            !ofd(&server, libc::F_WRLCK as libc::c_short, false).unwrap(),
+            "a byte-range write lock (an NFS client's, as the server keeps it) is refused"
+        );
+        unlock(&a, local).unwrap();
+        assert!(!held_by_other(&b, false).unwrap());
+        assert!(ofd(&server, libc::F_WRLCK as libc::c_short, false).unwrap());
+        assert!(
+            !try_exclusive(&b, local).unwrap(),
+            "a byte-range lock held for a client keeps local contenders out"
+        );
+        assert!(
+            flock(&b, libc::LOCK_EX | libc::LOCK_NB).unwrap(),
+            "and leaves no flock behind when it fails"
+        );
+    }
+}
