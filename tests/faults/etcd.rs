@@ -579,6 +579,48 @@ fn etcd_unreachable_cluster_waits_out_w_then_75_and_n_exits_69_naming_each_endpo
 }
 
 #[test]
+fn etcd_nested_names_are_independent_locks_for_run_status_and_break() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let (a, ab) = (cl.url("nest"), cl.url("nest/b"));
+    let state = |url: &str| {
+        let (rc, out, err) = lh_out(&["status", "--json", url]);
+        assert_eq!(rc, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["state"].as_str().unwrap_or("").to_string()
+    };
+    // `nest/b` held: `nest` is free, runs, and has nothing to break.
+    let mut h = held(&ab, &["--ttl", "30"], &dir, "ab");
+    assert_eq!(state(&ab), "held");
+    assert_eq!(state(&a), "free", "nest shows nest/b's holder");
+    // nest/b's key lies under an escaped prefix, not under nest/.
+    assert_eq!(cl.keys("nest%2Fb/").len(), 1);
+    assert!(cl.keys("nest/").is_empty(), "{:?}", cl.keys("nest/"));
+    let (rc, _, err) = lh_out(&["run", "-n", &a, "--", "true"]);
+    assert_eq!(rc, 0, "nest is held by nest/b's holder: {err}");
+    let (rc, _, err) = lh_out(&["break", "--force", &a]);
+    assert_eq!(rc, 75, "break --force of a free nest: {err}");
+    assert!(err.contains("nothing to break"), "{err}");
+    let_go(&dir, "ab");
+    assert_eq!(
+        code(h.wait_timeout(Duration::from_secs(10))),
+        0,
+        "nest/b's holder was fenced"
+    );
+    // And the other way round: `nest` held leaves `nest/b` free.
+    let mut h = held(&a, &["--ttl", "30"], &dir, "a");
+    // A name without `/` keeps etcd's layout, NAME/<lease>, as `etcdctl lock NAME` has it.
+    assert_eq!(cl.keys("nest/").len(), 1);
+    assert_eq!(state(&ab), "free", "nest/b shows nest's holder");
+    let (rc, _, err) = lh_out(&["run", "-n", &ab, "--", "true"]);
+    assert_eq!(rc, 0, "{err}");
+    let (rc, _, err) = lh_out(&["run", "-n", &a, "--", "true"]);
+    assert_eq!(rc, 75, "{err}");
+    let_go(&dir, "a");
+    assert_eq!(code(h.wait_timeout(Duration::from_secs(10))), 0);
+}
+
+#[test]
 fn etcd_status_json_and_break_of_a_live_and_a_dead_holder() {
     let Some(cl) = Cluster::start() else { return };
     let dir = cl.path();

@@ -1,8 +1,8 @@
 //! Taking a lease on etcd: etcd's own lock recipe, with leasehold's record as the key's value.
 //!
 //! Owns: one acquisition — grant an etcd lease (TTL rounded up to whole seconds), put our key
-//! `NAME/<lease id in hex>` with it (our holder record as its value), and wait until no key
-//! under `NAME/` has a lower create revision: watching only the key just before ours (so the
+//! `<prefix><lease id in hex>` with it (`NAME/<id>` for a name without `/` or `%`; our holder
+//! record as its value), and wait until no key under the prefix has a lower create revision: watching only the key just before ours (so the
 //! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
 //! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
 //! which deletes their key. The guard starts from the start of the last keepalive answered

@@ -1,6 +1,7 @@
 //! The etcd store: leases on an etcd cluster, for `etcd://HOST:PORT[,HOST:PORT...]/NAME` locks.
 //!
-//! Owns: naming an etcd lock (its URL, endpoints and key prefix, [`EtcdLock`]), the connection
+//! Owns: naming an etcd lock (its URL, endpoints and key prefix — `/` and `%` in the name
+//! escaped, so that no lock's keys lie under another's prefix — [`EtcdLock`]), the connection
 //! to the cluster with TLS and a user from the `ETCDCTL_*` environment ([`Conn`]: a client per
 //! endpoint on a small current-thread runtime owned by the connection, built only for an etcd
 //! lock), failing every call over from an endpoint that cannot serve it to the next, and the
@@ -111,14 +112,18 @@ impl EtcdLock {
         self.endpoints.iter().all(|e| e.starts_with("https://"))
     }
 
-    /// The prefix every contender's key lives under: `NAME/`.
+    /// The prefix every contender's key lives under: the name with `%` and `/` escaped (`%25`,
+    /// `%2F`), and `/`. A name without either is its own prefix, `NAME/`, as `etcdctl lock NAME`
+    /// has it; escaping `/` keeps one lock's keys from lying under another's prefix (`a/b`'s
+    /// keys under `a%2Fb/`, not under `a/`), and escaping `%` keeps the mapping one-to-one.
     pub(crate) fn prefix(&self) -> String {
-        format!("{}/", self.name)
+        format!("{}/", self.name.replace('%', "%25").replace('/', "%2F"))
     }
 
-    /// The key of the contender holding etcd lease `lease` (etcd's recipe: the lease id in hex).
+    /// The key of the contender holding etcd lease `lease` (etcd's recipe: the prefix and the
+    /// lease id in hex).
     pub(crate) fn key(&self, lease: i64) -> String {
-        format!("{}/{lease:x}", self.name)
+        format!("{}{lease:x}", self.prefix())
     }
 
     /// The prefix of the lock's job records: `leasehold:jobs:`, the name with `%`, `/` and `:`
@@ -548,9 +553,35 @@ mod tests {
         assert_eq!(l.name, "jobs/nightly");
         assert!(l.endpoints[0].ends_with("://10.0.0.1:2379"));
         assert!(l.endpoints[1].ends_with("://h:2379"));
-        assert_eq!(l.prefix(), "jobs/nightly/");
+        // `/` in a name is escaped, so that no lock's keys lie under another's prefix.
+        assert_eq!(l.prefix(), "jobs%2Fnightly/");
         // etcd's concurrency.Mutex: fmt.Sprintf("%s%x", pfx, leaseID).
-        assert_eq!(l.key(0x694d_7d1f), "jobs/nightly/694d7d1f");
+        assert_eq!(l.key(0x694d_7d1f), "jobs%2Fnightly/694d7d1f");
+        let plain = EtcdLock::parse(Path::new("etcd://h:2379/nightly")).unwrap();
+        assert_eq!(plain.key(0x1f), "nightly/1f", "etcdctl lock nightly's keys");
+    }
+
+    #[test]
+    fn no_locks_keys_lie_under_another_locks_prefix() {
+        let names = ["a", "a/b", "a%2Fb", "a%b", "a/b/c", "a%", "b"];
+        let locks: Vec<EtcdLock> = names
+            .iter()
+            .map(|n| EtcdLock::parse(Path::new(&format!("etcd://h:1/{n}"))).unwrap())
+            .collect();
+        for x in &locks {
+            for y in &locks {
+                if x.name != y.name {
+                    assert!(
+                        !x.key(0x1f).starts_with(&y.prefix()),
+                        "{}'s key {} lies under {}'s prefix {}",
+                        x.name,
+                        x.key(0x1f),
+                        y.name,
+                        y.prefix()
+                    );
+                }
+            }
+        }
     }
 
     fn parse(url: &str, env: Option<&str>, tls: bool) -> Result<EtcdLock> {
