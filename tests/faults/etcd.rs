@@ -130,7 +130,9 @@ fn etcd_exclusion_fifo_and_tokens_over_many_acquisitions_with_random_sigkills() 
     let killed = killed.into_inner().unwrap();
     let unfinished = cs.unfinished();
     let landed = killed.iter().filter(|id| unfinished.contains(id)).count();
-    let least = (killed.len() * 9 / 10).max(per / 10);
+    // About 2% of the runs are killed: at full scale (1000 runs) some 20, of which at least 5
+    // must land (fewer than 5 kills in all happens about once in 50 000 runs).
+    let least = (killed.len() * 9 / 10).max(if t.len() >= 400 { 5 } else { 0 });
     assert!(
         landed >= least,
         "only {landed} of {} kills landed inside the critical section (at least {least} needed): \
