@@ -559,6 +559,19 @@ fn etcd_unreachable_cluster_waits_out_w_then_75_and_n_exits_69_naming_each_endpo
         line.contains("gave up after 3") && line.contains("connection refused"),
         "{line}"
     );
+    // A member that takes connections and never answers (a listener nobody serves): -w is kept.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let hung = format!("etcd://127.0.0.1:{port}/x");
+    let (rc, err, took_hung) = lh_timed(&["run", "-w", "2", &hung, "--", "true"]);
+    assert_eq!(rc, 75, "-w 2 on a member that never answers: {err}");
+    assert!(
+        took_hung < Duration::from_millis(3500),
+        "-w 2 took {took_hung:?}: {err}"
+    );
+    let line = one_line_message(&err);
+    assert!(line.contains("deadline exceeded"), "{line}");
+    drop(silent);
     // Without -w it waits for ever, and its wait line says so.
     let mut c = lh();
     c.args(["run", &url, "--", "true"]);

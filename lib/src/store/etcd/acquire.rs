@@ -103,7 +103,7 @@ pub(crate) fn acquire(
             }
         };
         loop {
-            let (ahead, owner, n, at) = match look(&conn, &c) {
+            let (ahead, owner, n, at) = match look(&conn, &c, call_limit(deadline)) {
                 Ok(Look::First(dead)) => {
                     match stop_remnants(s, &conn, &mut c, dead, deadline, one_shot) {
                         Ok(true) => {
@@ -212,7 +212,7 @@ fn join(
     let mut said = false;
     let mut backoff = Backoff::new();
     loop {
-        let e = match join_once(s, conn, me, timing) {
+        let e = match join_once(s, conn, me, timing, call_limit(deadline)) {
             Err(e) if tries < 2 && e.to_string().contains("requested lease not found") => {
                 tries += 1;
                 continue;
@@ -229,6 +229,15 @@ fn join(
         }
         backoff.pause(deadline);
     }
+}
+
+/// How long one call on the way to the lock may take: [`CALL_TIMEOUT`], and no longer than the
+/// caller's deadline leaves (at least 100 ms), so that `-w` is kept with a member that hangs.
+fn call_limit(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(CALL_TIMEOUT, |d| {
+        let left = d.saturating_duration_since(Instant::now());
+        CALL_TIMEOUT.min(left).max(Duration::from_millis(100))
+    })
 }
 
 /// The pause between two tries at a cluster that cannot serve us: 100 ms, doubling up to 1 s,
@@ -286,10 +295,17 @@ fn say_unavailable(
 }
 
 /// One [`join`]: a lease granted, our key put with it.
-fn join_once(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result<Contender> {
+/// Each call at most `within`.
+fn join_once(
+    s: &LeaseBuilder,
+    conn: &Conn,
+    me: &Identity,
+    timing: &Timing,
+    within: Duration,
+) -> Result<Contender> {
     let secs = timing.ttl.as_secs_f64().ceil().max(1.0) as i64;
     let sent = BootInstant::now();
-    let g = conn.run("grant a lease", |mut c| async move {
+    let g = conn.call("grant a lease", within, |mut c| async move {
         c.lease_grant(secs, None).await
     })?;
     let id = g.id();
@@ -318,9 +334,9 @@ fn join_once(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> R
             .or_else([TxnOp::get(key.clone(), None)])
     };
     let job = lease.holder.pgid.is_some() && conn.keeps_jobs();
-    let r = match conn.txn("put our key", CALL_TIMEOUT, put(job)) {
+    let r = match conn.txn("put our key", within, put(job)) {
         // A user allowed only the lock's prefix: in line without a job record.
-        Err(e) if job && conn.jobs_denied(&e) => conn.txn("put our key", CALL_TIMEOUT, put(false)),
+        Err(e) if job && conn.jobs_denied(&e) => conn.txn("put our key", within, put(false)),
         r => r,
     }
     .inspect_err(|_| {
@@ -358,7 +374,7 @@ fn got(ops: &[TxnOpResponse], i: usize) -> Option<KeyValue> {
 
 /// Where we stand: one read of our key, the key just ahead, the owner, every key in line (keys
 /// only) and the job records.
-fn look(conn: &Conn, c: &Contender) -> Result<Look> {
+fn look(conn: &Conn, c: &Contender, within: Duration) -> Result<Look> {
     let prefix = conn.lock.prefix();
     let txn = |jobs: bool| {
         let mut ops = vec![
@@ -386,9 +402,9 @@ fn look(conn: &Conn, c: &Contender) -> Result<Look> {
         Txn::new().and_then(ops)
     };
     let jobs = conn.keeps_jobs();
-    let r = match conn.txn("look at the line", CALL_TIMEOUT, txn(jobs)) {
+    let r = match conn.txn("look at the line", within, txn(jobs)) {
         Err(e) if jobs && conn.jobs_denied(&e) => {
-            conn.txn("look at the line", CALL_TIMEOUT, txn(false))?
+            conn.txn("look at the line", within, txn(false))?
         }
         r => r?,
     };
@@ -549,7 +565,7 @@ fn stop_remnants(
         if !keep_alive(conn, c)? {
             return Ok(false);
         }
-        dead = match look(conn, c)? {
+        dead = match look(conn, c, CALL_TIMEOUT)? {
             Look::First(d) => d,
             _ => return Ok(false),
         };
