@@ -162,6 +162,18 @@ pub enum Error {
         /// Whose it is and what to do.
         why: String,
     },
+    /// No member of the lock's store could serve a request: each endpoint tried refused the
+    /// connection, had no leader, or did not answer in time (an etcd cluster down or without a
+    /// quorum). `why` names each endpoint tried and its cause, in words.
+    #[error("{path}: cannot {op}: no etcd member could serve it: {why}")]
+    Unavailable {
+        /// The lock's URL.
+        path: PathBuf,
+        /// What leasehold was doing, e.g. "grant a lease".
+        op: &'static str,
+        /// Each endpoint tried and why it failed, e.g. `http://h:2379: connection refused`.
+        why: String,
+    },
     /// Our own lease was no longer ours when we came to change it.
     #[error("{path}: lease {lease_id} is no longer ours: {why}")]
     Lost {

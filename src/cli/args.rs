@@ -24,6 +24,8 @@ macro_rules! run_exit_codes {
   65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO),
            or something not leasehold's own sits at a helper name (.LOCK.leasehold-*)
   66       cannot open LOCK or its directory
+  69       an etcd:// LOCK's cluster could not serve us (no endpoint reachable, or no leader);
+           a waiting run asks again until --wait runs out, then exits 75
   70       internal error
   73       cannot create a file, or no space
   77       permission denied (leasehold needs write access to LOCK's directory), or a helper

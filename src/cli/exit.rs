@@ -15,6 +15,9 @@ pub const USAGE: i32 = 64;
 pub const DATAERR: i32 = 65;
 /// Cannot open LOCK or its directory.
 pub const NOINPUT: i32 = 66;
+/// The lock's store could not be reached or could not serve us (an etcd cluster down, or
+/// without a quorum): nothing was decided about the lock (EX_UNAVAILABLE).
+pub const UNAVAILABLE: i32 = 69;
 /// Internal error.
 pub const SOFTWARE: i32 = 70;
 /// Cannot create a file, or no space.
@@ -46,6 +49,7 @@ pub fn exit_code(e: &Error) -> i32 {
         Error::Mismatch { .. } => USAGE,
         Error::BadPath { .. } => NOINPUT,
         Error::Lost { .. } => IOERR_FENCED,
+        Error::Unavailable { .. } => UNAVAILABLE,
     }
 }
 
@@ -81,5 +85,11 @@ mod tests {
         assert_eq!(exit_code(&io(Errno::EACCES)), NOPERM);
         assert_eq!(exit_code(&io(Errno::ENOENT)), NOINPUT);
         assert_eq!(exit_code(&io(Errno::EIO)), SOFTWARE);
+        let down = Error::Unavailable {
+            path: "etcd://h:1/x".into(),
+            op: "grant a lease",
+            why: "http://h:1: connection refused".into(),
+        };
+        assert_eq!(exit_code(&down), UNAVAILABLE);
     }
 }

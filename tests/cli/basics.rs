@@ -13,7 +13,9 @@ fn help_lists_every_exit_status() {
     for args in [vec!["--help"], vec!["run", "--help"]] {
         let out = lh_assert().args(&args).assert().success();
         let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
-        for code in ["128+N", "75", "74", "64", "65", "66", "70", "73", "77"] {
+        for code in [
+            "128+N", "75", "74", "64", "65", "66", "69", "70", "73", "77",
+        ] {
             assert!(
                 text.contains(code),
                 "{args:?} help lacks exit status {code}:\n{text}"

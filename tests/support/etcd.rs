@@ -7,6 +7,8 @@
 //! authentication on: `root:rootpw`, and `lh:secret`, who may read and write only under `tls/`.
 //! [`Cluster::start_mtls`] makes one that serves clients over TLS and demands a client
 //! certificate signed by the same CA (`--client-cert-auth`; `client.pem`, `client.key`).
+//! A member killed ([`Cluster::kill_member`]) starts again on its data directory with
+//! [`Cluster::restart_member`]; [`free_port`] gives a loopback port nothing listens on.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -25,6 +27,8 @@ pub struct Member {
     pub name: String,
     pub client: u16,
     pub proc: Option<Proc>,
+    /// Its command line, to start it again on its data directory ([`Cluster::restart_member`]).
+    pub args: Vec<std::ffi::OsString>,
 }
 
 pub struct Cluster {
@@ -130,8 +134,9 @@ fn sign(dir: &std::path::Path, name: &str, ext: &str) {
     );
 }
 
-/// A free loopback port (bound, then released for the member to take).
-fn free_port() -> u16 {
+/// A free loopback port (bound, then released for a member to take; or, left alone, a port
+/// where connecting is refused).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -247,10 +252,12 @@ impl Cluster {
                 &token,
                 (tls, mtls),
             );
+            let args = cmd.get_args().map(ToOwned::to_owned).collect();
             members.push(Member {
                 name,
                 client: *c,
                 proc: Some(Proc::spawn(cmd, "etcd member")),
+                args,
             });
         }
         let cluster = Cluster {
@@ -345,6 +352,16 @@ impl Cluster {
         format!("etcd://{}/{name}", self.endpoints())
     }
 
+    /// The URL of lock `name` with member `first`'s endpoint first (the one a client talks to
+    /// while it answers), the others after it in order.
+    pub fn url_first(&self, first: usize, name: &str) -> String {
+        let n = self.members.len();
+        let eps: Vec<String> = (0..n)
+            .map(|k| format!("127.0.0.1:{}", self.members[(first + k) % n].client))
+            .collect();
+        format!("etcd://{}/{name}", eps.join(","))
+    }
+
     /// `etcdctl` on every member (as root, on a TLS cluster with users).
     pub fn etcdctl(&self) -> Command {
         self.etcdctl_as((self.tls && !self.mtls).then_some("root:rootpw"))
@@ -420,6 +437,27 @@ impl Cluster {
     /// SIGKILLs member `i` (reaped by its `Proc`'s drop).
     pub fn kill_member(&mut self, i: usize) {
         drop(self.members[i].proc.take());
+    }
+
+    /// Starts member `i` again (killed by [`Cluster::kill_member`]) on its data directory, and
+    /// waits until the whole cluster is healthy.
+    #[track_caller]
+    pub fn restart_member(&mut self, i: usize) {
+        let mut cmd = Command::new("etcd");
+        cmd.args(&self.members[i].args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.members[i].proc = Some(Proc::spawn(cmd, "etcd member (restarted)"));
+        let healthy = wait_until(Duration::from_secs(30), || {
+            self.etcdctl_as(None)
+                .args(["endpoint", "health"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        assert!(healthy, "member {i} did not rejoin within 30 s");
     }
 
     pub fn path(&self) -> PathBuf {

@@ -1,8 +1,8 @@
 //! Taking a lease on etcd: etcd's own lock recipe, with leasehold's record as the key's value.
 //!
 //! Owns: one acquisition — grant an etcd lease (TTL rounded up to whole seconds), put our key
-//! `NAME/<lease id in hex>` with it (our holder record as its value), and wait until no key
-//! under `NAME/` has a lower create revision: watching only the key just before ours (so the
+//! `<prefix><lease id in hex>` with it (`NAME/<id>` for a name without `/` or `%`; our holder
+//! record as its value), and wait until no key under the prefix has a lower create revision: watching only the key just before ours (so the
 //! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
 //! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
 //! which deletes their key. The guard starts from the start of the last keepalive answered
@@ -11,7 +11,9 @@
 //! the line, without a lease); once first, and before the guard starts, what a dead or frozen
 //! same-host contender's job left in its process group is stopped (verified) and its job record
 //! forgotten, as the file store does at a takeover — all read in the same look that finds us
-//! first, so a hand-over costs one read after the wake-up.
+//! first, so a hand-over costs one read after the wake-up. A cluster no endpoint of which can
+//! serve us is asked again with backoff until the deadline (then: the lock could not be had),
+//! and refused at once for the one-shot caller (store unavailable).
 //! Must never: start a guard on a key that is not first; start it on a lease whose last
 //! keepalive was not answered with a live TTL; leave a key behind when giving up (it would
 //! hold up everyone behind it until its TTL).
@@ -25,7 +27,7 @@ use etcd_client::{SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterT
 
 use super::holding::EtcdHolding;
 use super::look::{DeadJob, dead_job, dead_jobs, first, verdict};
-use super::{Conn, EtcdLock};
+use super::{CALL_TIMEOUT, Conn, EtcdLock};
 use crate::boottime::BootInstant;
 use crate::builder::LeaseBuilder;
 use crate::clock::format_rfc3339;
@@ -86,18 +88,29 @@ pub(crate) fn acquire(
     let started = Instant::now();
     let mut reported: Option<i64> = None;
     let mut said_unavailable = false;
+    let mut backoff = Backoff::new();
     loop {
-        let mut c = join(s, &conn, &me, &timing, deadline, one_shot)?;
+        let mut c = match join(s, &conn, &me, &timing, deadline, one_shot) {
+            Ok(c) => c,
+            // The wait ran out with the cluster unable to serve us: the lock could not be had.
+            Err(e) => {
+                return Err(match super::unavailable(&e) {
+                    Some(why) if !one_shot => {
+                        timeout(&conn, started, cluster_verdict(s, &conn, &me, why))
+                    }
+                    _ => e,
+                });
+            }
+        };
         loop {
-            let (ahead, owner, n, at) = match look(&conn, &c) {
+            let (ahead, owner, n, at) = match look(&conn, &c, call_limit(deadline)) {
                 Ok(Look::First(dead)) => {
                     match stop_remnants(s, &conn, &mut c, dead, deadline, one_shot) {
                         Ok(true) => {
                             let id = c.id;
                             return hold(s, Arc::clone(&conn), c, timing, &me).inspect_err(|_| {
                                 // Never leave our key holding up the line behind us.
-                                let mut cl = conn.client();
-                                let _ = conn.run("revoke our lease", cl.lease_revoke(id));
+                                let _ = conn.revoke("revoke our lease", CALL_TIMEOUT, id);
                             });
                         }
                         Ok(false) => break,
@@ -116,19 +129,25 @@ pub(crate) fn acquire(
                         && super::unavailable(&e).is_some()
                         && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
-                    if !said_unavailable && let Some(state) = super::unavailable(&e) {
-                        say_unavailable(s, &conn, &me, state);
+                    if !said_unavailable && let Some(why) = super::unavailable(&e) {
+                        say_unavailable(s, &conn, &me, why, deadline);
                         said_unavailable = true;
                     }
-                    std::thread::sleep(Duration::from_millis(100));
+                    backoff.pause(deadline);
                     continue;
                 }
                 Err(e) => {
                     // Never leave our key holding up the line behind us.
                     give_up(&conn, &c);
-                    return Err(e);
+                    return Err(match super::unavailable(&e) {
+                        Some(why) if !one_shot => {
+                            timeout(&conn, started, cluster_verdict(s, &conn, &me, why))
+                        }
+                        _ => e,
+                    });
                 }
             };
+            backoff = Backoff::new();
             let mut v = verdict(&conn.lock, owner.as_deref(), &me, s.clock.as_ref());
             v.queue_ahead = n;
             if n > 0 {
@@ -177,9 +196,10 @@ fn timeout(conn: &Conn, started: Instant, v: Verdict) -> Error {
 /// Grants our etcd lease and puts our key, with our record, in line. A lease that expired
 /// before our key could be put with it (a cluster too slow to answer within its TTL, or a
 /// leader that lost it) is granted again, twice at most. A cluster that cannot serve us for now
-/// (no leader: an election, a cluster just resumed; no answer in time) refuses or drops every
-/// write: unless we may not wait (`one_shot`), we say so once and try again every 100 ms until
-/// `deadline`, as a contender queued behind a holder would wait.
+/// (no member reachable; no leader: an election, a cluster just resumed or without a quorum; no
+/// answer in time) refuses or drops every write: unless we may not wait (`one_shot`), we say so
+/// once and try again, with backoff, until `deadline`, as a contender queued behind a holder
+/// would wait; the error after it is still [`super::unavailable`].
 fn join(
     s: &LeaseBuilder,
     conn: &Conn,
@@ -190,8 +210,9 @@ fn join(
 ) -> Result<Contender> {
     let mut tries = 0;
     let mut said = false;
+    let mut backoff = Backoff::new();
     loop {
-        let e = match join_once(s, conn, me, timing) {
+        let e = match join_once(s, conn, me, timing, call_limit(deadline)) {
             Err(e) if tries < 2 && e.to_string().contains("requested lease not found") => {
                 tries += 1;
                 continue;
@@ -199,40 +220,94 @@ fn join(
             Err(e) if !one_shot && deadline.is_none_or(|d| Instant::now() < d) => e,
             r => return r,
         };
-        let Some(state) = super::unavailable(&e) else {
+        let Some(why) = super::unavailable(&e) else {
             return Err(e);
         };
         if !said {
-            say_unavailable(s, conn, me, state);
+            say_unavailable(s, conn, me, why, deadline);
             said = true;
         }
-        let pause = Duration::from_millis(100);
-        std::thread::sleep(deadline.map_or(pause, |d| {
-            pause.min(d.saturating_duration_since(Instant::now()))
-        }));
+        backoff.pause(deadline);
     }
 }
 
-/// Tells the waiting caller that we wait for the cluster itself, which `state` (see
-/// [`super::unavailable`]).
-fn say_unavailable(s: &LeaseBuilder, conn: &Conn, me: &Identity, state: &str) {
+/// How long one call on the way to the lock may take: [`CALL_TIMEOUT`], and no longer than the
+/// caller's deadline leaves (at least 100 ms), so that `-w` is kept with a member that hangs.
+fn call_limit(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(CALL_TIMEOUT, |d| {
+        let left = d.saturating_duration_since(Instant::now());
+        CALL_TIMEOUT.min(left).max(Duration::from_millis(100))
+    })
+}
+
+/// The pause between two tries at a cluster that cannot serve us: 100 ms, doubling up to 1 s,
+/// never past the caller's deadline.
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MOST: Duration = Duration::from_secs(1);
+
+    fn new() -> Backoff {
+        Backoff(Backoff::FIRST)
+    }
+
+    fn pause(&mut self, deadline: Option<Instant>) {
+        let left = deadline.map_or(self.0, |d| d.saturating_duration_since(Instant::now()));
+        std::thread::sleep(self.0.min(left));
+        self.0 = (self.0 * 2).min(Backoff::MOST);
+    }
+}
+
+/// The verdict of a contender waiting for the cluster itself: nothing about the lease could be
+/// read (no reason, no lease); `why` names each endpoint tried and its cause.
+fn cluster_verdict(s: &LeaseBuilder, conn: &Conn, me: &Identity, why: &str) -> Verdict {
+    let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
+    v.reason.clear();
+    v.behind = Some(format!("the etcd cluster, which cannot serve us ({why})"));
+    v
+}
+
+/// Tells the waiting caller that we wait for the cluster itself (see [`cluster_verdict`]),
+/// until when, and how often we ask.
+fn say_unavailable(
+    s: &LeaseBuilder,
+    conn: &Conn,
+    me: &Identity,
+    why: &str,
+    deadline: Option<Instant>,
+) {
     if let Some(cb) = &s.on_wait {
-        // Nothing about the lease could be read: no reason, no lease.
-        let mut v = verdict(&conn.lock, None, me, s.clock.as_ref());
-        v.reason.clear();
-        v.behind = Some(format!(
-            "the etcd cluster, which {state} (asking again every 100ms)"
-        ));
+        let mut v = cluster_verdict(s, conn, me, why);
+        let until = match deadline {
+            Some(_) => "until the wait runs out",
+            None => "for ever: no --wait limit",
+        };
+        if let Some(b) = v.behind.as_mut() {
+            b.push_str(&format!(
+                ", asking again with backoff ({:?} up to {:?}) {until}",
+                Backoff::FIRST,
+                Backoff::MOST
+            ));
+        }
         (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
     }
 }
 
 /// One [`join`]: a lease granted, our key put with it.
-fn join_once(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> Result<Contender> {
-    let mut cl = conn.client();
+/// Each call at most `within`.
+fn join_once(
+    s: &LeaseBuilder,
+    conn: &Conn,
+    me: &Identity,
+    timing: &Timing,
+    within: Duration,
+) -> Result<Contender> {
     let secs = timing.ttl.as_secs_f64().ceil().max(1.0) as i64;
     let sent = BootInstant::now();
-    let g = conn.run("grant a lease", cl.lease_grant(secs, None))?;
+    let g = conn.call("grant a lease", within, |mut c| async move {
+        c.lease_grant(secs, None).await
+    })?;
     let id = g.id();
     let key = conn.lock.key(id);
     let now = format_rfc3339(s.clock.wall());
@@ -259,9 +334,9 @@ fn join_once(s: &LeaseBuilder, conn: &Conn, me: &Identity, timing: &Timing) -> R
             .or_else([TxnOp::get(key.clone(), None)])
     };
     let job = lease.holder.pgid.is_some() && conn.keeps_jobs();
-    let r = match conn.run("put our key", cl.txn(put(job))) {
+    let r = match conn.txn("put our key", within, put(job)) {
         // A user allowed only the lock's prefix: in line without a job record.
-        Err(e) if job && conn.jobs_denied(&e) => conn.run("put our key", cl.txn(put(false))),
+        Err(e) if job && conn.jobs_denied(&e) => conn.txn("put our key", within, put(false)),
         r => r,
     }
     .inspect_err(|_| {
@@ -299,7 +374,7 @@ fn got(ops: &[TxnOpResponse], i: usize) -> Option<KeyValue> {
 
 /// Where we stand: one read of our key, the key just ahead, the owner, every key in line (keys
 /// only) and the job records.
-fn look(conn: &Conn, c: &Contender) -> Result<Look> {
+fn look(conn: &Conn, c: &Contender, within: Duration) -> Result<Look> {
     let prefix = conn.lock.prefix();
     let txn = |jobs: bool| {
         let mut ops = vec![
@@ -326,11 +401,10 @@ fn look(conn: &Conn, c: &Contender) -> Result<Look> {
         }
         Txn::new().and_then(ops)
     };
-    let mut cl = conn.client();
     let jobs = conn.keeps_jobs();
-    let r = match conn.run("look at the line", cl.txn(txn(jobs))) {
+    let r = match conn.txn("look at the line", within, txn(jobs)) {
         Err(e) if jobs && conn.jobs_denied(&e) => {
-            conn.run("look at the line", cl.txn(txn(false)))?
+            conn.txn("look at the line", within, txn(false))?
         }
         r => r?,
     };
@@ -367,12 +441,10 @@ fn wait(
     every: Duration,
     deadline: Option<Instant>,
 ) -> Woken {
-    let client = conn.client();
     let ahead = ahead.to_vec();
     let id = c.id;
     let last_ok = &mut c.last_ok;
     conn.block_on(async move {
-        let mut wc = client.watch_client();
         let opts = WatchOptions::new()
             .with_start_revision(at + 1)
             .with_filters([WatchFilterType::NoPut]);
@@ -383,13 +455,19 @@ fn wait(
             }
         };
         tokio::pin!(until);
-        let Ok(Ok(mut ws)) = tokio::time::timeout(every, wc.watch(ahead, Some(opts))).await else {
+        // Both streams on whichever member answers (the look before failed over already).
+        let watch = conn.failover("watch the key ahead", every, |c| {
+            let (ahead, opts) = (ahead.clone(), opts.clone());
+            async move { c.watch_client().watch(ahead, Some(opts)).await }
+        });
+        let Ok(mut ws) = watch.await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             return Woken::Look;
         };
-        let mut lc = client.lease_client();
-        let Ok(Ok((mut keeper, mut kas))) = tokio::time::timeout(every, lc.keep_alive(id)).await
-        else {
+        let kept = conn.failover("renew our lease", every, |c| async move {
+            c.lease_client().keep_alive(id).await
+        });
+        let Ok((mut keeper, mut kas)) = kept.await else {
             return Woken::Look;
         };
         let mut tick = tokio::time::interval_at((Instant::now() + every).into(), every);
@@ -487,7 +565,7 @@ fn stop_remnants(
         if !keep_alive(conn, c)? {
             return Ok(false);
         }
-        dead = match look(conn, c)? {
+        dead = match look(conn, c, CALL_TIMEOUT)? {
             Look::First(d) => d,
             _ => return Ok(false),
         };
@@ -504,19 +582,17 @@ fn forget(conn: &Conn, d: &DeadJob) {
             d.mod_rev,
         )])
         .and_then([TxnOp::delete(d.key.clone(), None)]);
-    let mut cl = conn.client();
-    let _ = conn.run("forget a gone contender's job record", cl.txn(txn));
+    let _ = conn.txn("forget a gone contender's job record", CALL_TIMEOUT, txn);
 }
 
 /// One keepalive of our lease: `true` when answered with a live TTL (and then the guard counts
 /// from when it was sent), `false` when our lease is gone.
 fn keep_alive(conn: &Conn, c: &mut Contender) -> Result<bool> {
     let sent = BootInstant::now();
-    let mut lc = conn.client().lease_client();
     let id = c.id;
     // Opening a keepalive stream sends one keepalive and fails if it is answered with TTL 0.
-    let live = conn.run("renew our lease", async move {
-        match lc.keep_alive(id).await {
+    let live = conn.run("renew our lease", |c| async move {
+        match c.lease_client().keep_alive(id).await {
             Ok(_) => Ok(true),
             Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
             Err(e) => Err(e),
@@ -533,15 +609,14 @@ fn keep_alive(conn: &Conn, c: &mut Contender) -> Result<bool> {
 /// otherwise the key goes when the lease expires, and the record is forgotten by the next
 /// owner).
 fn give_up(conn: &Conn, c: &Contender) {
-    let mut cl = conn.client();
     if conn.keeps_jobs() {
         let txn = Txn::new().and_then([
             TxnOp::delete(c.key.clone(), None),
             TxnOp::delete(conn.lock.job_key(c.id), None),
         ]);
-        let _ = conn.run("leave the line", cl.txn(txn));
+        let _ = conn.txn("leave the line", CALL_TIMEOUT, txn);
     }
-    let _ = conn.run("revoke our lease", cl.lease_revoke(c.id));
+    let _ = conn.revoke("revoke our lease", CALL_TIMEOUT, c.id);
 }
 
 /// First in line: the lease is ours. The guard counts from the last keepalive answered.

@@ -1,6 +1,7 @@
 //! A lease held on etcd: what the guard renews, checks and releases through.
 //!
-//! Owns: the renewal (one keepalive of our etcd lease, answered with a TTL above zero, then a
+//! Owns: the renewal (one keepalive of our etcd lease, answered with a TTL above zero — on the
+//! open stream, or on one opened at once on another member when that stream broke — then a
 //! read of our key: still there, still ours by its create revision, not marked revoked), the
 //! record's rewrite (only over the record we last wrote, compared by mod revision, with our
 //! job record `EtcdLock::job_key` beside it) and the release (deleting our key and our job
@@ -17,8 +18,8 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, KeyValue, LeaseKeepAliveStream, LeaseKeeper};
 use etcd_client::{PutOptions, Txn, TxnOp, TxnResponse};
 
-use super::Conn;
 use super::look::record;
+use super::{CALL_TIMEOUT, Conn};
 use crate::error::{Error, Result};
 use crate::loss::LossReason;
 use crate::record::{Lease, LeaseState};
@@ -61,10 +62,11 @@ impl EtcdHolding {
 
     /// Our key as the store holds it now.
     fn read(&self, timeout: Duration) -> Result<Option<KeyValue>> {
-        let mut c = self.conn.client();
-        let mut r = self
-            .conn
-            .call("read our key", timeout, c.get(self.key.clone(), None))?;
+        let key = self.key.clone();
+        let mut r = self.conn.call("read our key", timeout, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })?;
         Ok(r.take_kvs().into_iter().next())
     }
 
@@ -83,36 +85,43 @@ impl EtcdHolding {
         }
     }
 
-    /// One keepalive, answered: the TTL the server gives our lease now (0: it is gone).
-    fn keepalive(&self) -> std::result::Result<i64, Renewal> {
+    /// One keepalive, answered: whether the server still keeps our lease (a TTL above zero).
+    /// On the open stream first; a stream that broke or does not answer within half our time
+    /// (its member killed, cut off, without a leader) is replaced at once by one opened on
+    /// whichever member answers, within the same renewal.
+    fn keepalive(&self) -> std::result::Result<bool, Renewal> {
         let mut slot = lock(&self.ka);
-        let mut pair = match slot.take() {
-            Some(p) => p,
-            None => {
-                let mut lc = self.conn.client().lease_client();
-                self.conn
-                    .call("renew the lease", self.timeout, lc.keep_alive(self.id))
-                    .map_err(Renewal::Transient)?
-            }
-        };
-        let (keeper, stream) = (&mut pair.0, &mut pair.1);
-        let answer = self
-            .conn
-            .call("renew the lease", self.timeout, async {
-                keeper.keep_alive().await?;
-                stream.message().await
-            })
-            .map_err(Renewal::Transient)?;
-        match answer {
-            Some(r) => {
+        let started = std::time::Instant::now();
+        if let Some(mut pair) = slot.take() {
+            let (keeper, stream) = (&mut pair.0, &mut pair.1);
+            let answer = self.conn.block_on(async {
+                let renewed = async {
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                };
+                tokio::time::timeout(self.timeout / 2, renewed).await
+            });
+            if let Ok(Ok(Some(r))) = answer {
                 *slot = Some(pair);
-                Ok(r.ttl())
+                return Ok(r.ttl() > 0);
             }
-            None => Err(Renewal::Transient(
-                self.conn
-                    .lock
-                    .error("renew the lease", "the keepalive stream ended"),
-            )),
+        }
+        // Opening a stream sends one keepalive and reads its answer: a TTL of 0 is an error.
+        let left = self.timeout.saturating_sub(started.elapsed());
+        let id = self.id;
+        let opened = self.conn.call("renew the lease", left, |c| async move {
+            match c.lease_client().keep_alive(id).await {
+                Ok(pair) => Ok(Some(pair)),
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        match opened.map_err(Renewal::Transient)? {
+            Some(pair) => {
+                *slot = Some(pair);
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 }
@@ -142,8 +151,7 @@ impl EtcdHolding {
                 last,
             )])
             .and_then(ops);
-        let mut c = self.conn.client();
-        self.conn.run("record the command", c.txn(txn))
+        self.conn.txn("record the command", CALL_TIMEOUT, txn)
     }
 }
 
@@ -157,7 +165,7 @@ impl Holding for EtcdHolding {
     fn renew(&self, _lease_id: &str, _bytes: &[u8]) -> std::result::Result<(), Renewal> {
         let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
         let taken = |by: String| Err(Renewal::Lost(LossReason::Taken { by }));
-        if self.keepalive()? <= 0 {
+        if !self.keepalive()? {
             return vanished(format!(
                 "etcd lease {:x} expired or was revoked on the cluster",
                 self.id
@@ -207,7 +215,6 @@ impl Holding for EtcdHolding {
         // Short: a cluster that does not answer lets the lease expire on its own.
         let wait = r.wait.min(Duration::from_millis(500));
         let started = std::time::Instant::now();
-        let mut c = self.conn.client();
         // Our command is over. One transaction deletes our key, while it is still ours, and our
         // job record: the contender watching our key wakes at once, and never finds the record
         // of a holder that let go.
@@ -228,7 +235,7 @@ impl Holding for EtcdHolding {
             .or_else(otherwise);
         let deleted = self
             .conn
-            .call("let go of our key", wait, c.txn(txn))
+            .txn("let go of our key", wait, txn)
             .is_ok_and(|r| r.succeeded());
         if deleted && !r.lost {
             // Our key and record are gone: the lease, holding nothing, expires on its own within
@@ -241,11 +248,8 @@ impl Holding for EtcdHolding {
         let left = wait
             .saturating_sub(started.elapsed())
             .max(Duration::from_millis(100));
-        match self
-            .conn
-            .call("revoke the lease", left, c.lease_revoke(self.id))
-        {
-            Ok(_) => Ok(()),
+        match self.conn.revoke("revoke the lease", left, self.id) {
+            Ok(()) => Ok(()),
             Err(e) if e.to_string().contains("requested lease not found") => Ok(()),
             // Our key is gone already: the lease, holding nothing, expires on its own.
             Err(_) if deleted => Ok(()),

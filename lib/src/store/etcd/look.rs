@@ -17,7 +17,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget};
 use etcd_client::{Txn, TxnOp};
 
-use super::{Conn, EtcdLock};
+use super::{CALL_TIMEOUT, Conn, EtcdLock};
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::identity::Identity;
@@ -256,12 +256,14 @@ fn waiting(kvs: &[KeyValue]) -> Vec<Waiting> {
 
 /// Every key under the lock's prefix, in line order.
 fn line(conn: &Conn) -> Result<Vec<KeyValue>> {
-    let mut c = conn.client();
     let opts = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
     let prefix = conn.lock.prefix();
-    let mut r = conn.run("read the lock's keys", c.get(prefix, Some(opts)))?;
+    let mut r = conn.run("read the lock's keys", |mut c| {
+        let (prefix, opts) = (prefix.clone(), opts.clone());
+        async move { c.get(prefix, Some(opts)).await }
+    })?;
     Ok(r.take_kvs())
 }
 
@@ -274,11 +276,10 @@ pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Ve
     if let Some(kv) = kvs.first() {
         // How long the cluster keeps the owner's key without another keepalive: its word, in
         // place of a heartbeat this host would have to watch move.
-        let mut c = conn.client();
-        let t = conn.run(
-            "read the owner's lease",
-            c.lease_time_to_live(kv.lease(), None),
-        )?;
+        let id = kv.lease();
+        let t = conn.run("read the owner's lease", |mut c| async move {
+            c.lease_time_to_live(id, None).await
+        })?;
         v.etcd_ttl = Some(EtcdTtl {
             lease: kv.lease(),
             remaining_s: t.ttl(),
@@ -315,13 +316,12 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
         already_revoked: lease.state == LeaseState::Revoked,
         more: Vec::new(),
     };
-    let mut c = conn.client();
     if v.state == State::Stale {
         // Its holder is verifiably gone: stop what is left of its job (verified by the
         // environment leasehold gave it), then free the key at once.
         out.stopped = takeover::stop_old_job(&v, &conn.lock)
             .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
-        conn.run("revoke the lease", c.lease_revoke(kv.lease()))?;
+        conn.revoke("revoke the lease", CALL_TIMEOUT, kv.lease())?;
         return Ok(out);
     }
     out.written = LeaseState::Revoked;
@@ -413,9 +413,8 @@ fn mark_revoked(
             rec.to_bytes(),
             Some(PutOptions::new().with_ignore_lease()),
         )]);
-    let mut c = conn.client();
     let r = conn
-        .run("mark the lease revoked", c.txn(txn))
+        .txn("mark the lease revoked", CALL_TIMEOUT, txn)
         .map_err(Some)?;
     if !r.succeeded() {
         return Err(None);

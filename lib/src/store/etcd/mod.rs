@@ -1,9 +1,12 @@
 //! The etcd store: leases on an etcd cluster, for `etcd://HOST:PORT[,HOST:PORT...]/NAME` locks.
 //!
-//! Owns: naming an etcd lock (its URL, endpoints and key prefix, [`EtcdLock`]), the connection
-//! to the cluster with TLS and a user from the `ETCDCTL_*` environment ([`Conn`]: a client on a
-//! small current-thread runtime owned by the connection, built only for an etcd lock), and the
-//! typed errors that name the endpoints and the cause. The lock recipe itself (etcd's own, so
+//! Owns: naming an etcd lock (its URL, endpoints and key prefix — `/` and `%` in the name
+//! escaped, so that no lock's keys lie under another's prefix — [`EtcdLock`]), the connection
+//! to the cluster with TLS and a user from the `ETCDCTL_*` environment ([`Conn`]: a client per
+//! endpoint on a small current-thread runtime owned by the connection, built only for an etcd
+//! lock), failing every call over from an endpoint that cannot serve it to the next, and the
+//! typed errors that name the endpoints and the cause in words (`Error::Unavailable` when no
+//! endpoint could serve). The lock recipe itself (etcd's own, so
 //! that `etcdctl lock NAME` and leasehold exclude each other) is in `acquire.rs`, the held
 //! lease in `holding.rs`, `status` and `break` in `look.rs`; PROTOCOL.md §14 states the layout
 //! and the safety argument.
@@ -12,10 +15,11 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
 
 use crate::error::{Error, Result};
 use crate::paths::LockPaths;
@@ -30,8 +34,8 @@ pub(crate) mod look;
 /// The URL scheme of an etcd lock.
 pub(crate) const SCHEME: &str = "etcd://";
 
-/// How long connecting (and any one request outside a wait) may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting (and any one request outside a wait) may take, all endpoints tried.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An etcd lock, as its URL names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,14 +112,18 @@ impl EtcdLock {
         self.endpoints.iter().all(|e| e.starts_with("https://"))
     }
 
-    /// The prefix every contender's key lives under: `NAME/`.
+    /// The prefix every contender's key lives under: the name with `%` and `/` escaped (`%25`,
+    /// `%2F`), and `/`. A name without either is its own prefix, `NAME/`, as `etcdctl lock NAME`
+    /// has it; escaping `/` keeps one lock's keys from lying under another's prefix (`a/b`'s
+    /// keys under `a%2Fb/`, not under `a/`), and escaping `%` keeps the mapping one-to-one.
     pub(crate) fn prefix(&self) -> String {
-        format!("{}/", self.name)
+        format!("{}/", self.name.replace('%', "%25").replace('/', "%2F"))
     }
 
-    /// The key of the contender holding etcd lease `lease` (etcd's recipe: the lease id in hex).
+    /// The key of the contender holding etcd lease `lease` (etcd's recipe: the prefix and the
+    /// lease id in hex).
     pub(crate) fn key(&self, lease: i64) -> String {
-        format!("{}/{lease:x}", self.name)
+        format!("{}{lease:x}", self.prefix())
     }
 
     /// The prefix of the lock's job records: `leasehold:jobs:`, the name with `%`, `/` and `:`
@@ -140,12 +148,17 @@ impl EtcdLock {
         format!("{}{lease:x}", self.jobs_prefix())
     }
 
-    /// An error talking to the cluster while doing `op`: names the endpoints and the cause.
-    pub(crate) fn error(&self, op: &'static str, cause: impl std::fmt::Display) -> Error {
+    /// An answer from endpoint(s) `at` refusing `op`: names them and the cause.
+    pub(crate) fn error_at(
+        &self,
+        op: &'static str,
+        at: &str,
+        cause: impl std::fmt::Display,
+    ) -> Error {
         Error::io(
             &self.url,
             op,
-            std::io::Error::other(format!("etcd at {}: {cause}", self.endpoints.join(","))),
+            std::io::Error::other(format!("etcd at {at}: {cause}")),
         )
     }
 }
@@ -215,12 +228,22 @@ impl Binding for EtcdLock {
     }
 }
 
-/// A connection to the cluster: the client and the runtime it runs on (current-thread: it runs
-/// only while one of our calls waits on it).
+/// A connection to the cluster: a client per endpoint, each connected when first used, and the
+/// runtime they run on (current-thread: it runs only while one of our calls waits on it).
+///
+/// Every call goes to the endpoint that last answered; an endpoint that cannot serve it (the
+/// connection refused or broken, no leader, no answer within its share of the call's time)
+/// hands it to the next, in the URL's order, until one answers or each was tried once
+/// ([`Conn::failover`]). etcd-client's own balanced channel, given several endpoints, sends a
+/// request to a dead one and returns its error; it is therefore given one endpoint at a time.
 pub(crate) struct Conn {
     pub lock: EtcdLock,
     rt: tokio::runtime::Runtime,
-    client: Client,
+    opts: ConnectOptions,
+    /// One client per endpoint, in the URL's order, made when first used.
+    clients: Mutex<Vec<Option<Client>>>,
+    /// The endpoint that answered last: where the next call goes first.
+    current: AtomicUsize,
     /// Whether job records are kept and read (false once the cluster said our user may not
     /// touch `leasehold:jobs:`; the remnant rule at takeover then cannot apply, PROTOCOL §14).
     jobs: AtomicBool,
@@ -233,25 +256,21 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
-    /// Connects to the lock's endpoints, with TLS and a user as the `ETCDCTL_*` environment
-    /// says.
+    /// A connection to the lock's endpoints, with TLS and a user as the `ETCDCTL_*` environment
+    /// says. Nothing is sent yet: the first call connects, failing over as every call does.
     pub(crate) fn connect(lock: EtcdLock) -> Result<Conn> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| Error::io(&lock.url, "start the etcd client's runtime", e))?;
         let opts = options(&lock)?;
-        let eps = lock.endpoints.clone();
-        let client = rt
-            .block_on(async {
-                tokio::time::timeout(CALL_TIMEOUT, Client::connect(eps, Some(opts))).await
-            })
-            .map_err(|_| lock.error("connect", "timed out"))?
-            .map_err(|e| lock.error("connect", e))?;
+        let clients = Mutex::new(vec![None; lock.endpoints.len()]);
         Ok(Conn {
             lock,
             rt,
-            client,
+            opts,
+            clients,
+            current: AtomicUsize::new(0),
             jobs: AtomicBool::new(true),
         })
     }
@@ -271,46 +290,104 @@ impl Conn {
         denied
     }
 
-    /// A fresh handle on the client (cheap: it shares the connection).
-    pub(crate) fn client(&self) -> Client {
-        self.client.clone()
+    /// The client of endpoint `i`, connected (and authenticated, with a user) when first asked.
+    async fn client(&self, i: usize) -> std::result::Result<Client, etcd_client::Error> {
+        let cached = lock(&self.clients)[i].clone();
+        if let Some(c) = cached {
+            return Ok(c);
+        }
+        let ep = [self.lock.endpoints[i].as_str()];
+        let c = Client::connect(ep, Some(self.opts.clone())).await?;
+        lock(&self.clients)[i] = Some(c.clone());
+        Ok(c)
     }
 
-    /// Runs `f` on the runtime, at most `timeout`; errors name the endpoints, `op` and cause.
-    pub(crate) fn call<T>(
+    /// Runs `f` with a client, at most `timeout` in all, failing over: starting with the
+    /// endpoint that answered last, an endpoint that cannot serve (see [`moves_on`]) or does
+    /// not answer within its share of the time left hands the call to the next. Errors name
+    /// the endpoint, `op` and the cause in words; [`Error::Unavailable`] when none could serve.
+    /// `f` may run once per endpoint: what it sends must be safe to send again (etcd's
+    /// transactions here compare before they write).
+    pub(crate) async fn failover<T, F, Fut>(
         &self,
         op: &'static str,
         timeout: Duration,
-        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        // The timer is made inside the runtime (outside, tokio has no timer to give it).
-        match self
-            .rt
-            .block_on(async { tokio::time::timeout(timeout, f).await })
-        {
-            Ok(Ok(t)) => Ok(t),
-            Ok(Err(e)) => Err(self.lock.error(op, e)),
-            Err(_) => Err(Error::io(
-                &self.lock.url,
-                op,
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "etcd at {}: no answer within {timeout:?}",
-                        self.lock.endpoints.join(",")
-                    ),
-                ),
-            )),
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let end = tokio::time::Instant::now() + timeout;
+        let n = self.lock.endpoints.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut tried = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let left = end.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // An endpoint that hangs may use its share of the time left, not all of it.
+            let share = left / u32::try_from(n - k).unwrap_or(1);
+            let attempt = async {
+                let c = self.client(i).await?;
+                f(c).await
+            };
+            let ep = &self.lock.endpoints[i];
+            match tokio::time::timeout(share, attempt).await {
+                Ok(Ok(t)) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(t);
+                }
+                Ok(Err(e)) if moves_on(&e) => tried.push(format!("{ep}: {}", words(&e))),
+                Ok(Err(e)) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Err(self.lock.error_at(op, ep, words(&e)));
+                }
+                Err(_) => tried.push(format!("{ep}: deadline exceeded ({share:.0?})")),
+            }
+            // The next call starts where this one goes next.
+            self.current.store((i + 1) % n, Ordering::Relaxed);
         }
+        Err(Error::Unavailable {
+            path: self.lock.url.clone(),
+            op,
+            why: tried.join("; "),
+        })
+    }
+
+    /// [`Conn::failover`] on the runtime, at most `timeout`.
+    pub(crate) fn call<T, F, Fut>(&self, op: &'static str, timeout: Duration, f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.rt.block_on(self.failover(op, timeout, f))
     }
 
     /// [`Conn::call`] with the default timeout.
-    pub(crate) fn run<T>(
-        &self,
-        op: &'static str,
-        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
+    pub(crate) fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         self.call(op, CALL_TIMEOUT, f)
+    }
+
+    /// Transaction `t`, at most `timeout` (failing over: `t` must compare before it writes).
+    pub(crate) fn txn(&self, op: &'static str, timeout: Duration, t: Txn) -> Result<TxnResponse> {
+        self.call(op, timeout, |mut c| {
+            let t = t.clone();
+            async move { c.txn(t).await }
+        })
+    }
+
+    /// Revokes etcd lease `id`, at most `timeout`.
+    pub(crate) fn revoke(&self, op: &'static str, timeout: Duration, id: i64) -> Result<()> {
+        self.call(op, timeout, |mut c| async move {
+            c.lease_revoke(id).await.map(drop)
+        })
     }
 
     /// Runs `f` on the runtime (for waits that keep their own deadline).
@@ -319,21 +396,90 @@ impl Conn {
     }
 }
 
-/// When `e` says the cluster cannot serve us for now (no leader: an election, a cluster just
-/// resumed; a request dropped by a change of leader; no answer in time), how to say so after
-/// "the etcd cluster, which ..."; `None` for every other error. The one home of this check.
-pub(crate) fn unavailable(e: &Error) -> Option<&'static str> {
-    let io = e.io_error()?;
-    if io.kind() == std::io::ErrorKind::TimedOut {
-        return Some("did not answer in time");
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// gRPC status codes (google.golang.org/grpc/codes), as numbers: tonic is not ours to name.
+const GRPC_CANCELLED: i32 = 1;
+const GRPC_UNKNOWN: i32 = 2;
+const GRPC_DEADLINE_EXCEEDED: i32 = 4;
+const GRPC_UNAVAILABLE: i32 = 14;
+
+/// Whether `e`, from one endpoint, says that endpoint cannot serve us now, so that another may:
+/// the connection refused, broken or timed out, or gRPC's UNAVAILABLE (which is also how etcd
+/// says "no leader", "leader changed" and "request timed out"). Never an answer about our
+/// request itself (permission denied, lease not found, a compare that failed).
+pub(crate) fn moves_on(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            i32::from(s.code()),
+            GRPC_CANCELLED | GRPC_UNKNOWN | GRPC_DEADLINE_EXCEEDED | GRPC_UNAVAILABLE
+        ),
+        // A stream the member closed before its first answer.
+        etcd_client::Error::WatchError(m) => m.starts_with("failed to create"),
+        _ => false,
     }
-    let m = io.to_string();
-    if m.contains("no leader") {
-        Some("has no leader yet")
-    } else if m.contains("leader changed") || m.contains("request timed out") {
-        Some("is changing its leader")
-    } else {
+}
+
+/// `e` in words, on one line: etcd's own message without its `etcdserver: ` prefix, or for a
+/// connection that failed, what the system said (`connection refused`), never the client's
+/// debug dump of nested errors.
+pub(crate) fn words(e: &etcd_client::Error) -> String {
+    let io = |mut src: Option<&(dyn std::error::Error + 'static)>| {
+        while let Some(s) = src {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind as K;
+                return Some(match io.kind() {
+                    k @ (K::ConnectionRefused
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::NotConnected
+                    | K::BrokenPipe
+                    | K::HostUnreachable
+                    | K::NetworkUnreachable
+                    | K::AddrNotAvailable) => k.to_string(),
+                    K::TimedOut => "deadline exceeded".into(),
+                    _ => io.to_string(),
+                });
+            }
+            src = s.source();
+        }
         None
+    };
+    let one_line = |m: &str| m.split_whitespace().collect::<Vec<_>>().join(" ");
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            let m = s.message().trim_start_matches("etcdserver: ");
+            let m = if m.is_empty() {
+                s.code().description()
+            } else {
+                m
+            };
+            match io(std::error::Error::source(s)) {
+                // The connection failed: what the system said is the whole story.
+                Some(cause) => cause,
+                None if i32::from(s.code()) == GRPC_DEADLINE_EXCEEDED => "deadline exceeded".into(),
+                None => one_line(m),
+            }
+        }
+        etcd_client::Error::TransportError(t) => {
+            io(Some(t)).unwrap_or_else(|| one_line(&t.to_string()))
+        }
+        etcd_client::Error::IoError(i) => io(Some(i)).unwrap_or_else(|| i.to_string()),
+        other => one_line(&other.to_string()),
+    }
+}
+
+/// When `e` says the cluster cannot serve us for now (no member reachable, no leader: an
+/// election, a cluster just resumed or without a quorum; no answer in time), each endpoint
+/// tried and why, to say after "the etcd cluster"; `None` for every other error. The one home
+/// of this check.
+pub(crate) fn unavailable(e: &Error) -> Option<&str> {
+    match e {
+        Error::Unavailable { why, .. } => Some(why),
+        _ => None,
     }
 }
 
@@ -407,9 +553,35 @@ mod tests {
         assert_eq!(l.name, "jobs/nightly");
         assert!(l.endpoints[0].ends_with("://10.0.0.1:2379"));
         assert!(l.endpoints[1].ends_with("://h:2379"));
-        assert_eq!(l.prefix(), "jobs/nightly/");
+        // `/` in a name is escaped, so that no lock's keys lie under another's prefix.
+        assert_eq!(l.prefix(), "jobs%2Fnightly/");
         // etcd's concurrency.Mutex: fmt.Sprintf("%s%x", pfx, leaseID).
-        assert_eq!(l.key(0x694d_7d1f), "jobs/nightly/694d7d1f");
+        assert_eq!(l.key(0x694d_7d1f), "jobs%2Fnightly/694d7d1f");
+        let plain = EtcdLock::parse(Path::new("etcd://h:2379/nightly")).unwrap();
+        assert_eq!(plain.key(0x1f), "nightly/1f", "etcdctl lock nightly's keys");
+    }
+
+    #[test]
+    fn no_locks_keys_lie_under_another_locks_prefix() {
+        let names = ["a", "a/b", "a%2Fb", "a%b", "a/b/c", "a%", "b"];
+        let locks: Vec<EtcdLock> = names
+            .iter()
+            .map(|n| EtcdLock::parse(Path::new(&format!("etcd://h:1/{n}"))).unwrap())
+            .collect();
+        for x in &locks {
+            for y in &locks {
+                if x.name != y.name {
+                    assert!(
+                        !x.key(0x1f).starts_with(&y.prefix()),
+                        "{}'s key {} lies under {}'s prefix {}",
+                        x.name,
+                        x.key(0x1f),
+                        y.name,
+                        y.prefix()
+                    );
+                }
+            }
+        }
     }
 
     fn parse(url: &str, env: Option<&str>, tls: bool) -> Result<EtcdLock> {
