@@ -295,3 +295,40 @@ fn a_clean_end_dismisses_the_guardian_and_keeps_what_was_left_outside_the_group(
     let err = w.stderr();
     assert!(!err.contains("guardian"), "{err}");
 }
+
+/// Script mode (`leasehold lock`): the keeper lives in a session of its own, so a group kill of
+/// the script's job does not reach it; it sees the script die (its pidfd) and releases at once,
+/// what the script started in its group being dead with it. No hole to close there: the lease
+/// never lapses under a running job, and a contender runs at once after the cancel.
+#[test]
+fn group_kill_of_a_script_holding_the_lock_releases_it_at_once() {
+    let s = Scene::new();
+    let bg = s.work.join("bg");
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("eval \"$(\"$0\" lock \"$1\")\" || exit 1; sleep 300 & echo $! > \"$2\"; wait")
+        .arg(support::bin())
+        .arg(&s.lock)
+        .arg(&bg)
+        .env_remove("LEASEHOLD_LOCK")
+        .env_remove("LEASEHOLD_LEASE_ID")
+        .env_remove("LEASEHOLD_TOKEN")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut sh = Proc::spawn(c, "script");
+    support::ensure_within("the script's job to start", Duration::from_secs(10), || {
+        fs::read_to_string(&bg).is_ok_and(|t| t.ends_with('\n'))
+    });
+    let bg: i32 = fs::read_to_string(&bg).unwrap().trim().parse().unwrap();
+    let tree = [(bg, support::start_time(bg).unwrap())];
+    let t0 = Instant::now();
+    killpg(Pid::from_raw(sh.pid()), Signal::SIGKILL).unwrap();
+    sh.wait_timeout(Duration::from_secs(5));
+    tree_gone(&tree, t0);
+    support::ensure_within("the keeper to release", GRACE + SLACK, || {
+        support::lease(&s.lock).is_some_and(|l| l["state"] == "released")
+    });
+    support::lh_run(&["-n"], &s.lock, &["--", "true"]).success();
+}
