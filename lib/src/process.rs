@@ -1,9 +1,10 @@
 //! Processes on this host, as /proc tells them: is a recorded holder still the process it was,
 //! who is left in its process group, and stopping a verified group.
 //!
-//! Owns: reading /proc/PID/stat (state, process group, start time), scanning for group members,
-//! the evidence that a process belongs to one lock's job (belongs / does not / cannot tell), and
-//! the one place that sends SIGKILL to another job's processes. Must never: signal a process
+//! Owns: reading /proc/PID/stat (state, process group, start time), scanning for group members
+//! and for the processes carrying a job's environment anywhere, the evidence that a process
+//! belongs to one lock's job (belongs / does not / cannot tell), and the one place that signals
+//! another job's processes (SIGKILL; SIGTERM and SIGCONT for the guardian's grace). Must never: signal a process
 //! that has not been verified against this host's /proc (PID, start time, owner, and kernel-held
 //! evidence bound to this very lock that it belongs to the job: see [`JobEvidence`]) — never on
 //! the word of a lease file alone; signal this process, its ancestors or its own process group;
@@ -255,10 +256,10 @@ impl JobEvidence {
         JobEvidence::with_mutex(lease_id, uid, paths.lock.clone(), id)
     }
 
-    /// Evidence for the lease `lease_id`/`uid` of a lock that has no mutex file (an etcd lock,
-    /// named by its URL): only the environment binds a process to its job.
-    #[cfg(feature = "etcd")]
-    pub(crate) fn by_environment(lease_id: &str, uid: u32, lock: &Path) -> JobEvidence {
+    /// Evidence for the lease `lease_id`/`uid` of a lock whose mutex file is not consulted (an
+    /// etcd lock, named by its URL; `leasehold run`'s guardian, which stops only the job's
+    /// processes): only the environment binds a process to its job.
+    pub fn by_environment(lease_id: &str, uid: u32, lock: &Path) -> JobEvidence {
         JobEvidence::with_mutex(lease_id, uid, lock.to_path_buf(), None)
     }
 
@@ -555,6 +556,35 @@ fn still_there(m: &ProcStat) -> bool {
     matches!(stat(m.pid), Ok(Some(s)) if s.start == m.start && !s.is_dead())
 }
 
+/// The live processes anywhere on this host, in any process group, that carry the job's
+/// environment ([`JobEvidence::carried_by`]: this lock's path and this lease id) and were
+/// started at or after `since` (the recorded command's start time: its descendants cannot be
+/// older), run under the lease's uid, and may be signalled by us (not this process, an ancestor
+/// or our own process group). What a command left running outside its group (`setsid`, a
+/// daemon) is found here; only the environment counts, never a holder's mark, which any holder
+/// of the lock (not only this lease's) keeps.
+pub fn job_carriers(ev: &JobEvidence, since: u64) -> Vec<ProcStat> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(Some(s)) = stat(pid) else { continue };
+        // Cheap filters first: the environment is read only for the lease's uid's processes
+        // younger than the command.
+        if s.is_dead() || s.start < since || s.uid != ev.uid || Some(s.pgrp) == ev.own_group {
+            continue;
+        }
+        if ev.carried_by(pid) && ev.check(&s) == Evidence::Belongs {
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// The live members of process group `pgid` that provably belong to the job.
 pub fn job_members(pgid: i32, ev: &JobEvidence) -> Vec<ProcStat> {
     judge_group(pgid, ev).belongs
@@ -564,7 +594,7 @@ mod kill;
 mod script;
 
 pub(crate) use kill::kill_checked;
-pub use kill::{kill_group_verified, kill_verified};
+pub use kill::{kill_carriers_verified, kill_group_verified, kill_verified, signal_carriers};
 pub use script::{cmdline, controlling_tty, descends_from, terminal_path};
 
 #[cfg(test)]

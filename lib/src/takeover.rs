@@ -2,7 +2,8 @@
 //!
 //! Owns: what is done to the processes of a stale or hung same-host lease before anyone else
 //! may have it — the command's process group of a hung holder, the leftovers a dead holder's job
-//! left in its group — for both the acquirer (`builder.rs`) and the operator's break
+//! left in its group, and the processes of the job that left its group but carry its
+//! environment — for both the acquirer (`builder.rs`) and the operator's break
 //! (`status.rs`).
 //! Must never: signal a process without the evidence checks of `process.rs` (bound to this lock
 //! and this lease, re-verified just before the signal); signal anything of a foreign or free
@@ -33,10 +34,28 @@ pub(crate) fn stop_old_job(
         (State::Stale, _) if v.same_host && v.unchecked.is_some() => {
             Err(v.unchecked.clone().unwrap_or_default())
         }
-        (State::Stale, Some(pg)) if v.same_host && !v.remnants.is_empty() => {
-            process::kill_group_verified(pg, &binding.evidence(l), Duration::from_secs(2))
+        (State::Stale, Some(pg)) if v.same_host => {
+            let ev = binding.evidence(l);
+            let mut n = 0;
+            if !v.remnants.is_empty() {
+                n = process::kill_group_verified(pg, &ev, Duration::from_secs(2))?;
+            }
+            Ok(n + stop_escaped(l, &ev)?)
         }
         _ => Ok(0),
+    }
+}
+
+/// Stops what the old job left running outside its process group (a `setsid` daemon, a
+/// descendant that made its own group): every process carrying this lock's path and the old
+/// lease id in its environment, started no earlier than the recorded command, verified just
+/// before the SIGKILL. A cancelled job (its wrapper SIGKILLed with its caller's group) is
+/// stopped by its guardian within the grace; a same-host contender must not start beside what
+/// the guardian has not stopped yet.
+fn stop_escaped(l: &Lease, ev: &process::JobEvidence) -> std::result::Result<usize, String> {
+    match l.holder.child_start {
+        Some(since) => process::kill_carriers_verified(ev, since, Duration::from_secs(2)),
+        None => Ok(0),
     }
 }
 
@@ -79,7 +98,8 @@ pub(crate) fn stop_hung(l: &Lease, binding: &dyn Binding) -> std::result::Result
                 }
             }
             // Only verified members are signalled; others in a reused group are not this job.
-            process::kill_group_verified(pg, &ev, wait)
+            let n = process::kill_group_verified(pg, &ev, wait)?;
+            Ok(n + stop_escaped(l, &ev)?)
         }
         None => process::kill_verified(h.pid, h.pid_start, &ev, wait).map(|_| 1),
     }

@@ -55,6 +55,13 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    // A guardian re-executed by a multi-threaded wrapper (`supervise/guardian.rs`).
+    if argv
+        .get(1)
+        .is_some_and(|a| a == crate::supervise::guardian::ARG)
+    {
+        return crate::supervise::guardian::main();
+    }
     // Called as `flock` (e.g. `ln -s leasehold flock`), or `leasehold flock ARGS...`: flock(1)'s
     // command line, not clap's.
     let name = argv.first().map(std::path::Path::new);

@@ -310,6 +310,26 @@ pub fn leftovers_line(cmd: &str, left: usize, lock: &Path) -> String {
     )
 }
 
+/// The `leasehold run` wrapper (pid `wrapper`) died without ending its job (SIGKILL: a CI
+/// cancel), and its guardian stopped what was left of the job: `stopped` processes carrying the
+/// lease's environment, `killed` of them only by SIGKILL after the grace; `stuck` still alive.
+pub fn guardian_line(
+    lock: &Path,
+    wrapper: i32,
+    stopped: usize,
+    killed: usize,
+    stuck: Option<&str>,
+) -> String {
+    let mut s = format!(
+        "leasehold: the wrapper holding {} (pid {wrapper}) is gone; its guardian stopped the command's {stopped} process(es) ({killed} by SIGKILL after the grace)",
+        escape_path(lock)
+    );
+    if let Some(why) = stuck {
+        let _ = write!(s, "; {}", scrub(why));
+    }
+    s
+}
+
 /// The lease was lost just as the command ended. `cmd` is the shell-quoted command.
 pub fn lost_at_end_line(lock: &Path, reason: &str, cmd: &str) -> String {
     format!(

@@ -75,7 +75,8 @@ impl Supervisor {
     ///
     /// Leasehold is a child subreaper (`PR_SET_CHILD_SUBREAPER`, set by [`Supervisor::new`]):
     /// every orphan among the command's descendants is re-parented to it, so when its only
-    /// child is the ended command, no descendant of the command lives. A process that is no
+    /// children are the ended command and the guardian (`guardian.rs`, forked before the
+    /// command: no descendant of it), no descendant of the command lives. A process that is no
     /// descendant can be in the group only by having moved itself (or its child) in with
     /// `setpgid` from the same session: nothing the command left running. False (the caller
     /// scans /proc, as it always did) whenever there is any other child — an orphan left
@@ -87,6 +88,7 @@ impl Supervisor {
         }
         let me = nix::unistd::getpid();
         let tid = nix::unistd::gettid();
+        let guardian = self.guardian.as_ref().map(|g| g.pid().as_raw().to_string());
         // Orphans go to the first live thread (the main one); the command is a child of the
         // thread that forked it (this one).
         let threads = if tid == me { vec![me] } else { vec![me, tid] };
@@ -94,7 +96,7 @@ impl Supervisor {
             match std::fs::read_to_string(format!("/proc/self/task/{t}/children")) {
                 Ok(text) => text
                     .split_ascii_whitespace()
-                    .all(|p| p == child.as_raw().to_string()),
+                    .all(|p| p == child.as_raw().to_string() || Some(p) == guardian.as_deref()),
                 Err(_) => false,
             }
         })

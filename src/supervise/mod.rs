@@ -3,7 +3,8 @@
 //! Owns: starting the command (fork from the main thread, own process group, `PR_SET_PDEATHSIG`
 //! = SIGKILL, held at a gate until the lease names it), the terminal hand-over, forwarding
 //! INT/TERM/HUP/QUIT, noticing that the guard was lost, fencing (SIGTERM the command's process
-//! group, wait the grace, SIGKILL it, wait until no member lives), and turning how the command
+//! group, wait the grace, SIGKILL it, wait until no member lives), the guardian that stops the
+//! job if this process dies without ending it (`guardian.rs`), and turning how the command
 //! ended into an exit status (its own, or 128+N for signal N, or 74 when fenced).
 //! Must never: let the command run a single instruction of its own before the lease records its
 //! pid, start time and process group; release or report a lease before the command (and its
@@ -11,7 +12,9 @@
 //!
 //! This file holds the [`Supervisor`] and its public surface ([`Job`], [`Outcome`]) and the
 //! supervising loop; `spawn` starts the command, `signals` holds the process-global signal state
-//! and forwarding, `terminal` the foreground hand-over, and `fence` the fencing.
+//! and forwarding, `terminal` the foreground hand-over, `fence` the fencing, and `guardian` the
+//! guardian (forked before the command, armed before its gate opens, dismissed once the job
+//! ended through us; PROTOCOL.md §7).
 //!
 //! # How the command is started
 //!
@@ -67,6 +70,7 @@
 //! forced break) also counts as fenced.
 
 pub(crate) mod fence;
+pub mod guardian;
 mod signals;
 mod spawn;
 mod terminal;
@@ -89,6 +93,7 @@ use leasehold::{Error, Result};
 use leasehold::{LeaseGuard, LossReason};
 
 use fence::loss_text;
+use guardian::Guardian;
 pub use signals::FORWARDED;
 use signals::{CREATED, LOST, WAKE_FD, install, wake};
 use spawn::{Held, Started};
@@ -280,6 +285,8 @@ pub struct Supervisor {
     subreaper: bool,
     /// The command forked by [`Supervisor::prepare`], held at its gate.
     held: Option<Held>,
+    /// The guardian that stops the job if this process dies without ending it (`guardian.rs`).
+    guardian: Option<Guardian>,
 }
 
 impl Supervisor {
@@ -308,6 +315,7 @@ impl Supervisor {
             leftovers: std::cell::Cell::new(0),
             subreaper,
             held: None,
+            guardian: None,
         })
     }
 
@@ -328,6 +336,7 @@ impl Supervisor {
         if let Some(h) = self.held.take() {
             h.abandon();
         }
+        self.start_guardian(lock)?;
         let h = Held::fork(lock, job, &self.forwarded)?;
         let named = (h.child.as_raw(), h.start);
         self.held = Some(h);
@@ -340,6 +349,18 @@ impl Supervisor {
         if let Some(h) = self.held.take() {
             h.abandon();
         }
+        if let Some(g) = self.guardian.take() {
+            g.dismiss();
+        }
+    }
+
+    /// Starts the guardian (`guardian.rs`) unless it runs already: before the command is
+    /// forked, so that it never holds the command's gate.
+    fn start_guardian(&mut self, lock: &Path) -> Result<()> {
+        if self.guardian.is_none() {
+            self.guardian = Some(Guardian::start(lock)?);
+        }
+        Ok(())
     }
 
     /// Runs `job` while `guard` holds the lease and returns how it ended. Call it from the main
@@ -366,6 +387,10 @@ impl Supervisor {
         };
         if let Some(t) = &self.tty {
             t.give(t.home);
+        }
+        // The job has ended through us (its group is empty, or fenced): the guardian goes.
+        if let Some(g) = self.guardian.take() {
+            g.dismiss();
         }
         Ok(outcome)
     }

@@ -91,7 +91,10 @@ impl Supervisor {
         let lock = guard.path();
         let held = match self.held.take() {
             Some(h) => h,
-            None => Held::fork(lock, job, &self.forwarded)?,
+            None => {
+                self.start_guardian(lock)?;
+                Held::fork(lock, job, &self.forwarded)?
+            }
         };
         let child = held.child;
         let abort = |why: Error| -> Result<Started> {
@@ -111,6 +114,12 @@ impl Supervisor {
         }
         if guard.is_lost() || LOST.load(Ordering::Acquire) {
             return Ok(Started::Done(fence_unstarted(child, loss_text(guard))));
+        }
+        // The guardian stops the job if we die without ending it: armed before the gate opens.
+        if let Some(g) = &self.guardian
+            && let Err(e) = g.arm(guard, held.start)
+        {
+            return abort(e);
         }
         if let Some(t) = &self.tty
             && !t.give(child)

@@ -386,16 +386,19 @@ fn a_waiting_runs_held_child_runs_nothing_and_dies_with_its_wrapper() {
         "waiter",
     );
     let (_, _err) = blocked_line(&mut w);
-    let held = children_of(w.pid());
-    assert_eq!(held.len(), 1, "the waiter's children: {held:?}");
+    // Its children: the held command and its guardian (not armed yet: it exits on EOF).
+    let kids = children_of(w.pid());
+    let guardian = guardian_of(w.pid()).expect("the waiter's guardian");
+    let held: Vec<i32> = kids.iter().copied().filter(|&p| p != guardian).collect();
+    assert_eq!(held.len(), 1, "the waiter's children: {kids:?}");
     let held = held[0];
     assert!(alive(held), "the held child {held}");
     assert!(!marker.exists());
     w.kill();
     ensure_within(
-        "the held child to die with its wrapper",
+        "the held child and the guardian to die with their wrapper",
         Duration::from_secs(10),
-        || !alive(held),
+        || !alive(held) && !alive(guardian),
     );
     assert!(h.finish().success());
     // The lock is free again and was never used by the killed waiter's command.

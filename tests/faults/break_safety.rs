@@ -358,15 +358,19 @@ fn a_remnant_of_another_users_job_is_refused_unchecked_and_stopped_by_root() {
         "old job as nobody",
     );
     let (_, child, pgid) = wait_for_child(&lock);
+    let wrapper = job.pid(); // setpriv execs leasehold
     assert!(support::wait_until(Duration::from_secs(10), || {
         fs::read_to_string(&pidfile).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
     }));
+    // Its guardian goes first (as under the OOM killer), or it would stop the remnant itself.
+    support::kill_guardian(wrapper);
     let remnant: i32 = fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    // The wrapper dies; its command dies with it (PDEATHSIG); the grandchild stays behind.
+    // The wrapper dies; its command dies with it (PDEATHSIG); the grandchild stays behind, its
+    // guardian gone.
     job.kill();
     assert!(support::wait_until(Duration::from_secs(5), || {
         !support::alive(child)

@@ -769,6 +769,8 @@ fn etcd_over_tls_with_a_password_user_and_errors_that_name_the_endpoint() {
 /// Returns the grandchild's pid once it runs (the holder already SIGKILLed).
 fn holder_leaving_a_grandchild(url: &str, dir: &Path, name: &str) -> i32 {
     let (h, pid) = holder_with_a_grandchild(url, dir, name);
+    // Its guardian goes first (as under the OOM killer), or it would stop the grandchild itself.
+    support::kill_guardian(h.pid());
     sigkill(h.pid());
     pid
 }
@@ -1044,6 +1046,8 @@ fn etcd_takeover_waits_while_a_dead_holders_leftover_cannot_be_checked() {
     });
     let old: i32 = fs::read_to_string(&pidf).unwrap().trim().parse().unwrap();
     let _reap = KillOnDrop(old);
+    // Its guardian goes first (as under the OOM killer), or it would stop the grandchild itself.
+    support::kill_guardian(h.pid());
     sigkill(h.pid());
     ensure_within(
         "the dead holder's key to expire",

@@ -1,10 +1,11 @@
-//! Fault injection: SIGKILLed and SIGSTOPped holders and waiters, full and vanishing disks,
+//! Fault injection: SIGKILLed and SIGSTOPped holders and waiters, cancelled jobs, full and vanishing disks,
 //! other hosts (PID namespaces), clock skew, safe breaking, and a fuzz smoke test of the parser.
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod break_safety;
+mod cancel;
 mod disk;
 #[cfg(feature = "etcd")]
 mod etcd;

@@ -78,6 +78,32 @@ pub fn kill_wrapper(wrapper: &mut Proc, child: i32) {
     );
 }
 
+/// The guardian of the `leasehold run` wrapper `wrapper`: its child named `lh-guardian`.
+pub fn guardian_of(wrapper: i32) -> Option<i32> {
+    fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .find(|p| {
+            fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "lh-guardian")
+        })
+}
+
+/// SIGKILLs the guardian of the wrapper `wrapper` and waits until it is dead: for tests of what
+/// a dead holder leaves behind when nothing stops it (its guardian gone too, as under the OOM
+/// killer).
+#[track_caller]
+pub fn kill_guardian(wrapper: i32) {
+    let g = guardian_of(wrapper).expect("the wrapper's guardian");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(g),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    ensure_within("the guardian to die", Duration::from_secs(5), || {
+        !super::alive(g)
+    });
+}
+
 /// Assertions on captured stderr.
 pub trait StderrHas {
     /// Asserts that stderr contains `needle`.

@@ -1,5 +1,7 @@
 //! Sending SIGKILL to another job's processes: the verified group kill, the verified holder
-//! kill, and the checked single kill under both.
+//! kill, the checked single kill under both, and the verified signals to every process carrying
+//! a job's environment (`leasehold run`'s guardian, and a takeover's stop of what a dead
+//! holder's job left outside its group).
 //!
 //! Owns: the signal itself and the wait for the process (or group) to be gone. Must never:
 //! signal a process not verified by [`JobEvidence`] (re-read just before the signal), this
@@ -10,7 +12,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use super::{Evidence, JobEvidence, Liveness, is_self_or_ancestor, judge_group, liveness, stat};
+use super::{
+    Evidence, JobEvidence, Liveness, ProcStat, is_self_or_ancestor, job_carriers, judge_group,
+    liveness, stat,
+};
 
 /// SIGKILLs, one by one, every live member of process group `pgid` that provably belongs to the
 /// job (see [`JobEvidence`]), until none is left or `wait` passes. Members that do not belong
@@ -107,4 +112,62 @@ pub(crate) fn kill_checked(pid: i32, start: u64, wait: Duration) -> Result<(), S
         std::thread::sleep(Duration::from_millis(1));
     }
     Ok(())
+}
+
+/// Sends `sig` once to every process carrying the job's environment, started at or after
+/// `since` ([`job_carriers`]), each re-read just before the signal (same pid, same start time,
+/// still alive). Returns the processes signalled.
+pub fn signal_carriers(ev: &JobEvidence, since: u64, sig: Signal) -> Vec<ProcStat> {
+    let mut sent = Vec::new();
+    for p in job_carriers(ev, since) {
+        if signal_same(&p, sig) {
+            sent.push(p);
+        }
+    }
+    sent
+}
+
+/// SIGKILLs every process carrying the job's environment, started at or after `since`
+/// ([`job_carriers`]), until none is left or `wait` passes. Returns how many were stopped.
+pub fn kill_carriers_verified(
+    ev: &JobEvidence,
+    since: u64,
+    wait: Duration,
+) -> Result<usize, String> {
+    let deadline = Instant::now() + wait;
+    let mut killed = std::collections::HashSet::new();
+    loop {
+        let left = job_carriers(ev, since);
+        if left.is_empty() {
+            return Ok(killed.len());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} process(es) carrying this lease's environment still alive {} after SIGKILL (pid {} first)",
+                left.len(),
+                crate::clock::human_duration(wait),
+                left[0].pid
+            ));
+        }
+        for p in &left {
+            if signal_same(p, Signal::SIGKILL) {
+                killed.insert((p.pid, p.start));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Sends `sig` to `p` if it is still the live process it was when verified (same start time),
+/// and never to this process or an ancestor. True when it was sent (or the process was gone).
+fn signal_same(p: &ProcStat, sig: Signal) -> bool {
+    match stat(p.pid) {
+        Ok(Some(now)) if now.start == p.start && !now.is_dead() && !is_self_or_ancestor(p.pid) => {
+            matches!(
+                kill(Pid::from_raw(p.pid), sig),
+                Ok(()) | Err(nix::errno::Errno::ESRCH)
+            )
+        }
+        _ => false,
+    }
 }

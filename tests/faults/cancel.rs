@@ -1,0 +1,334 @@
+//! A cancelled job: the `leasehold run` wrapper SIGKILLed with its caller's whole process group
+//! (what a CI runner's cancel does: `kill -KILL -- -PGID`), or alone. Its guardian must stop
+//! every process of the command's tree within the grace — processes in the command's group,
+//! one that ignores SIGTERM, one that left the group with `setsid` but carries the lease's
+//! environment —, and a same-host contender (`run -n`, `run -w`) must not start its command
+//! before they are gone (the shared checker, `support::cs`, with the old job's section held by
+//! the process that left the group). A command that ends by itself dismisses its guardian, which
+//! signals nothing: what the command deliberately left running outside its group keeps running.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use crate::support::{self, Cs, Proc};
+
+/// The grace the jobs run with (`--grace`), and what the tests allow beyond it.
+const GRACE: Duration = Duration::from_secs(1);
+const SLACK: Duration = Duration::from_secs(1);
+
+/// A lock directory and a checker on tmpfs.
+struct Scene {
+    _base: tempfile::TempDir,
+    lock: PathBuf,
+    work: PathBuf,
+    cs: Cs,
+}
+
+impl Scene {
+    fn new() -> Scene {
+        let base = support::tempdir();
+        let work = base.path().join("work");
+        fs::create_dir_all(base.path().join("locks")).unwrap();
+        fs::create_dir_all(&work).unwrap();
+        let cs = Cs::new(&work, "cs");
+        Scene {
+            lock: base.path().join("locks/job.lock"),
+            work,
+            cs,
+            _base: base,
+        }
+    }
+
+    fn pids_file(&self) -> PathBuf {
+        self.work.join("pids")
+    }
+
+    /// The old job's script: the checker's section `old` held by a process in the command's
+    /// group (`escaped` false) or by one that left it with `setsid` and ignores SIGTERM (true),
+    /// a process in the group that ignores SIGTERM, and a `setsid` sleeper; every pid written
+    /// to the pids file.
+    fn old_job(&self, escaped: bool) -> String {
+        // Creates the section's FIFO; the command line is built here.
+        let _ = self.cs.hold_args(&[], &self.lock, "old");
+        let job = self.cs.job("old", 0, "0").join(" ");
+        let p = self.pids_file();
+        let p = p.display();
+        let section = if escaped {
+            // It ignores SIGTERM: alive for the whole grace, as a job that cleans up slowly.
+            format!("setsid sh -c 'trap \"\" TERM; echo $$ >> {p}; exec {job}' &")
+        } else {
+            format!("{job} & echo $! >> {p}")
+        };
+        format!(
+            "echo $$ >> {p}; {section}
+             sh -c 'trap \"\" TERM; echo $$ >> {p}; exec sleep 300' &
+             setsid sh -c 'echo $$ >> {p}; exec sleep 301' &
+             wait"
+        )
+    }
+
+    /// The old job's processes with their start times, once all four have written their pid
+    /// and the section is entered.
+    fn tree(&self) -> Vec<(i32, u64)> {
+        let mut out = Vec::new();
+        support::ensure_within("the old job to start", Duration::from_secs(10), || {
+            let Ok(text) = fs::read_to_string(self.pids_file()) else {
+                return false;
+            };
+            out = text
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .filter_map(|p| support::start_time(p).map(|s| (p, s)))
+                .collect();
+            out.len() == 4 && self.cs.entered("old")
+        });
+        out
+    }
+}
+
+/// `sh -c '"$0" run --grace 1s LOCK -c SCRIPT; echo after'` in a process group of its own: a CI
+/// job's shell, with leasehold (and not `exec`) in it.
+fn caller(s: &Scene, script: &str) -> Proc {
+    caller_of(
+        s,
+        "\"$0\" run --grace 1s \"$1\" -c \"$2\"; echo after",
+        script,
+    )
+}
+
+/// The same shell around the flock(1) drop-in: `"$0" flock LOCK -c SCRIPT`, with a TTL of 4 s
+/// (so a grace of 1 s).
+fn flock_caller(s: &Scene, script: &str) -> Proc {
+    let line = "LEASEHOLD_FLOCK_TTL=4s \"$0\" flock \"$1\" -c \"$2\"; echo after";
+    caller_of(s, line, script)
+}
+
+fn caller_of(s: &Scene, line: &str, script: &str) -> Proc {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(line)
+        .arg(support::bin())
+        .arg(&s.lock)
+        .arg(script)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: default_signals only calls signal(2), which is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            support::default_signals();
+            Ok(())
+        });
+    }
+    Proc::spawn(c, "caller")
+}
+
+/// Asserts that every process of `tree` is dead (gone or a zombie) within the grace and the
+/// slack after `t0`; names the survivors otherwise.
+#[track_caller]
+fn tree_gone(tree: &[(i32, u64)], t0: Instant) {
+    let limit = (GRACE + SLACK).saturating_sub(t0.elapsed());
+    let gone = support::wait_until(limit, || {
+        tree.iter().all(|&(p, st)| !support::proc_alive(p, st))
+    });
+    let left: Vec<_> = tree
+        .iter()
+        .filter(|&&(p, st)| support::proc_alive(p, st))
+        .collect();
+    for &&(p, _) in &left {
+        let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "processes of the command's tree still alive {:?} after the cancel (grace {GRACE:?}): {left:?}",
+        t0.elapsed()
+    );
+}
+
+/// SIGKILLs the group of `sh` (a caller whose job's tree has started), then checks that every
+/// process of the tree is gone within grace + 1 s and the guardian said so on the caller's
+/// stderr.
+fn group_kill_stops_the_tree(s: &Scene, mut sh: Proc) {
+    let tree = s.tree();
+    let t0 = Instant::now();
+    killpg(Pid::from_raw(sh.pid()), Signal::SIGKILL).unwrap();
+    sh.wait_timeout(Duration::from_secs(5));
+    tree_gone(&tree, t0);
+    let said = sh.wait_line(Duration::from_secs(5), |l| {
+        l.contains("its guardian stopped")
+    });
+    assert!(
+        said.is_some(),
+        "no guardian line on the caller's stderr:\n{}",
+        sh.stderr_so_far()
+    );
+}
+
+/// The caller's group SIGKILLed: every process of the tree is gone within grace + 1 s.
+#[test]
+fn group_kill_of_the_caller_stops_the_whole_tree_within_the_grace() {
+    let s = Scene::new();
+    let sh = caller(&s, &s.old_job(false));
+    group_kill_stops_the_tree(&s, sh);
+}
+
+/// The flock(1) drop-in's wrapper, SIGKILLed with its caller's group: the same (its guardian is
+/// re-executed, the drop-in's wrapper having its keeper's threads when it starts the command).
+#[test]
+fn group_kill_of_a_drop_in_caller_stops_the_whole_tree_within_the_grace() {
+    let s = Scene::new();
+    let sh = flock_caller(&s, &s.old_job(true));
+    group_kill_stops_the_tree(&s, sh);
+}
+
+/// The wrapper alone SIGKILLed (its caller lives on): the same.
+#[test]
+fn wrapper_killed_alone_stops_the_whole_tree_within_the_grace() {
+    let s = Scene::new();
+    let mut sh = caller(&s, &s.old_job(true));
+    let tree = s.tree();
+    let (wrapper, _, _) = support::wait_for_child(&s.lock);
+    let t0 = Instant::now();
+    nix::sys::signal::kill(Pid::from_raw(wrapper), Signal::SIGKILL).unwrap();
+    tree_gone(&tree, t0);
+    // The caller's shell goes on with its next step, as after any failed command.
+    let st = sh.wait_timeout(Duration::from_secs(5));
+    assert_eq!(support::code(st), 0);
+}
+
+/// Same-host contenders started right after the cancel, at once (`-n`) and waiting (`-w`), never
+/// run their command while a process of the old job lives — the old job's section is held by
+/// a process that left the command's group.
+#[test]
+fn a_contender_does_not_start_beside_a_cancelled_job() {
+    for flags in [["-n", "--grace=1s"], ["-w", "10s"]] {
+        let s = Scene::new();
+        let mut sh = caller(&s, &s.old_job(true));
+        let tree = s.tree();
+        s.cs.declare_killed("old");
+        let t0 = Instant::now();
+        killpg(Pid::from_raw(sh.pid()), Signal::SIGKILL).unwrap();
+        let new = s.cs.run_args(&flags, &s.lock, "new", 1);
+        let mut c = Proc::spawn(
+            support::lh()
+                .args(&new)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "contender",
+        );
+        let code = support::code(c.wait_timeout(Duration::from_secs(20)));
+        sh.wait_timeout(Duration::from_secs(5));
+        tree_gone(&tree, t0);
+        let ok = if flags[0] == "-n" { [0, 75] } else { [0, 0] };
+        assert!(
+            ok.contains(&code),
+            "{flags:?}: contender exited {code}: {}",
+            c.stderr()
+        );
+        let v = s.cs.violations();
+        assert!(v.is_empty(), "{flags:?}: overlaps:\n{}", v.join("\n"));
+        let overlaps = support::cs::overlaps(&s.cs.intervals());
+        assert!(overlaps.is_empty(), "{flags:?}: {}", overlaps.join("\n"));
+    }
+}
+
+/// A command that ends by itself: its guardian goes without signalling anything and leaves no
+/// process behind; a daemon the command deliberately left outside its group (with `setsid`)
+/// keeps running, as it always did (leftovers in the group are stopped before the release, as
+/// before).
+#[test]
+fn a_clean_end_dismisses_the_guardian_and_keeps_what_was_left_outside_the_group() {
+    let s = Scene::new();
+    let daemon = s.work.join("daemon");
+    let release = s.work.join("release");
+    let script = format!(
+        "setsid sh -c 'echo $$ > {d}; exec sleep 300' &
+         while [ ! -e {r} ]; do sleep 0.02; done",
+        d = daemon.display(),
+        r = release.display()
+    );
+    let mut w = Proc::spawn(
+        support::lh()
+            .args(["run", "--grace", "1s"])
+            .arg(&s.lock)
+            .arg("-c")
+            .arg(&script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+        "wrapper",
+    );
+    let (wrapper, child, _) = support::wait_for_child(&s.lock);
+    let mut guardian = None;
+    support::ensure_within("the guardian to be seen", Duration::from_secs(5), || {
+        guardian = support::guardian_of(wrapper);
+        guardian.is_some_and(|g| g != child)
+    });
+    let guardian = guardian.unwrap();
+    support::ensure_within("the daemon to start", Duration::from_secs(5), || {
+        fs::read_to_string(&daemon).is_ok_and(|t| t.ends_with('\n'))
+    });
+    let d: i32 = fs::read_to_string(&daemon).unwrap().trim().parse().unwrap();
+    let d_start = support::start_time(d).unwrap();
+    fs::write(&release, "").unwrap();
+    let st = w.wait_timeout(Duration::from_secs(10));
+    assert_eq!(support::code(st), 0, "{}", w.stderr());
+    let t0 = Instant::now();
+    assert!(
+        support::wait_until(SLACK, || support::is_dead(guardian)),
+        "the guardian (pid {guardian}) still alive after the wrapper's clean exit"
+    );
+    // Nothing may signal the daemon: it still runs after the grace and the slack.
+    let died = support::wait_until(GRACE + SLACK, || !support::proc_alive(d, d_start));
+    let _ = nix::sys::signal::kill(Pid::from_raw(d), Signal::SIGKILL);
+    assert!(
+        !died,
+        "the daemon left outside the group died {:?} after a clean exit",
+        t0.elapsed()
+    );
+    let err = w.stderr();
+    assert!(!err.contains("guardian"), "{err}");
+}
+
+/// Script mode (`leasehold lock`): the keeper lives in a session of its own, so a group kill of
+/// the script's job does not reach it; it sees the script die (its pidfd) and releases at once,
+/// what the script started in its group being dead with it. No hole to close there: the lease
+/// never lapses under a running job, and a contender runs at once after the cancel.
+#[test]
+fn group_kill_of_a_script_holding_the_lock_releases_it_at_once() {
+    let s = Scene::new();
+    let bg = s.work.join("bg");
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("eval \"$(\"$0\" lock \"$1\")\" || exit 1; sleep 300 & echo $! > \"$2\"; wait")
+        .arg(support::bin())
+        .arg(&s.lock)
+        .arg(&bg)
+        .env_remove("LEASEHOLD_LOCK")
+        .env_remove("LEASEHOLD_LEASE_ID")
+        .env_remove("LEASEHOLD_TOKEN")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut sh = Proc::spawn(c, "script");
+    support::ensure_within("the script's job to start", Duration::from_secs(10), || {
+        fs::read_to_string(&bg).is_ok_and(|t| t.ends_with('\n'))
+    });
+    let bg: i32 = fs::read_to_string(&bg).unwrap().trim().parse().unwrap();
+    let tree = [(bg, support::start_time(bg).unwrap())];
+    let t0 = Instant::now();
+    killpg(Pid::from_raw(sh.pid()), Signal::SIGKILL).unwrap();
+    sh.wait_timeout(Duration::from_secs(5));
+    tree_gone(&tree, t0);
+    support::ensure_within("the keeper to release", GRACE + SLACK, || {
+        support::lease(&s.lock).is_some_and(|l| l["state"] == "released")
+    });
+    support::lh_run(&["-n"], &s.lock, &["--", "true"]).success();
+}
