@@ -9,6 +9,7 @@ mod hostile_files;
 mod multiuser;
 mod output;
 mod planted_names;
+mod round_two;
 mod script_users;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary

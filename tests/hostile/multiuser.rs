@@ -59,12 +59,12 @@ impl Rng {
     }
 }
 
-fn s(p: &Path) -> &str {
+pub(super) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
 /// `leasehold run PRE LOCK -- true`.
-fn run_true<'a>(pre: &[&'a str], lock: &'a Path) -> Vec<&'a str> {
+pub(super) fn run_true<'a>(pre: &[&'a str], lock: &'a Path) -> Vec<&'a str> {
     let mut v = vec!["run"];
     v.extend(pre);
     v.extend([s(lock), "--", "true"]);
@@ -735,7 +735,7 @@ fn symlinks_at_helper_names_and_queue_directory_are_never_followed() {
 // 5. Forged observation file
 // ---------------------------------------------------------------------------------------------
 
-fn read_lease(lock: &Path) -> serde_json::Value {
+pub(super) fn read_lease(lock: &Path) -> serde_json::Value {
     let bytes = fs::read(lock).unwrap();
     serde_json::from_slice(&bytes).unwrap_or_else(|e| {
         panic!(
