@@ -73,6 +73,22 @@ fn root(sc: &Scene, args: &[&str]) -> Outcome {
     sc.run_within(Who::Root, 0o022, args, Duration::from_secs(30))
 }
 
+/// A record forged by hand naming member A's live `wrapper` as holder on this host, with the
+/// lease id of A's real lease `real` and a TTL of `ttl`.
+fn forged_as_a(
+    sc: &Scene,
+    wrapper: i32,
+    real: &serde_json::Value,
+    ttl: Duration,
+) -> leasehold::Lease {
+    let mut who = leasehold::Identity::current();
+    (who.uid, who.user) = (sc.w.a.uid, sc.w.a.name.clone());
+    let start = harness::start_time(wrapper).expect("A's wrapper runs");
+    let mut lease = crate::support::crafted(wrapper, start, &who, ttl, 1);
+    lease.lease_id = real["lease_id"].as_str().unwrap().into();
+    lease
+}
+
 /// Root's routine `run -n LOCK -- true`, repeated while it waits (75) until it judges LOCK's
 /// holder hung, or `wrapper` or `job` dies, or 10 s pass (the forged record's TTL must run out
 /// as root watches it); returns the last outcome.
@@ -170,11 +186,7 @@ fn another_locks_mutex_renamed_here_never_gets_its_holder_killed() {
     let wrapper = holder.pid();
     let real = read_lease(&m_lock);
     assert_eq!(real["holder"]["pid"].as_i64(), Some(i64::from(wrapper)));
-    let mut who = leasehold::Identity::current();
-    (who.uid, who.user) = (sc.w.a.uid, sc.w.a.name.clone());
-    let start = harness::start_time(wrapper).expect("A's wrapper runs");
-    let mut lease = crate::support::crafted(wrapper, start, &who, Duration::from_millis(300), 1);
-    lease.lease_id = real["lease_id"].as_str().unwrap().into();
+    let lease = forged_as_a(&sc, wrapper, &real, Duration::from_millis(300));
     let forged = sc.cs.dir.join("forged-lease");
     fs::write(&forged, lease.to_bytes()).unwrap();
     harness::chmod(&forged, 0o644);
@@ -277,6 +289,77 @@ fn a_lock_named_like_shortened_helper_names_is_refused() {
         )
     });
     end_bystander(&sc, holder, "long", "A's job on the long lock");
+    sc.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A replayed observation file
+// ---------------------------------------------------------------------------------------------
+
+/// Member A holds `job.lock` (healthy, TTL 2 s). Member B writes a decoy lock `decoy.lock` whose
+/// record carries A's lease id with a heartbeat sequence A will reach in about 3 s; root's
+/// `status decoy.lock` writes root's observation of it; B renames that file (root's own, 0644)
+/// onto root's observation file of job.lock. When A's heartbeat reaches that sequence, root's
+/// routine `run -n job.lock` must judge A's holder healthy (75), not "hung since the decoy was
+/// seen", and A's holder and job must run on.
+#[test]
+fn an_observation_file_renamed_from_another_lock_is_not_believed() {
+    let test = "an_observation_file_renamed_from_another_lock_is_not_believed";
+    let Some((_p, sc, lock)) = attack_scene(test) else {
+        return;
+    };
+    let dir = lock.parent().unwrap();
+    let (holder, job) = bystander_job(&sc, sc.a(), &["--ttl", "2s"], &lock, "a");
+    let wrapper = holder.pid();
+    let real = read_lease(&lock);
+    let target = real["heartbeat_seq"].as_u64().unwrap() + 5;
+    let mut decoy = forged_as_a(&sc, wrapper, &real, Duration::from_secs(2));
+    decoy.heartbeat_seq = target;
+    let src = sc.cs.dir.join("decoy-lease");
+    fs::write(&src, decoy.to_bytes()).unwrap();
+    harness::chmod(&src, 0o644);
+    let decoy_lock = dir.join("decoy.lock");
+    sc.w.sh(
+        sc.b(),
+        0o002,
+        "cp \"$1\" \"$2\"",
+        &[s(&src), s(&decoy_lock)],
+    );
+    let o = root(&sc, &["status", s(&decoy_lock)]);
+    sc.expect(o.code != 70, &o, "root's status of the decoy");
+    let (d_seen, l_seen) = (helper(&decoy_lock, "seen-0"), helper(&lock, "seen-0"));
+    let ino = fs::metadata(&d_seen)
+        .expect("root's observation of the decoy")
+        .ino();
+    sc.w.sh(
+        sc.b(),
+        0o002,
+        "mv -f \"$1\" \"$2\"",
+        &[s(&d_seen), s(&l_seen)],
+    );
+    // In place: root's observation of the decoy at root's observation name for job.lock.
+    let m = fs::metadata(&l_seen).unwrap();
+    assert!(m.ino() == ino && m.uid() == 0 && !d_seen.exists());
+    assert!(
+        harness::wait_until(Duration::from_secs(20), || {
+            read_lease(&lock)["heartbeat_seq"].as_u64() == Some(target)
+        }),
+        "A's heartbeat never reached sequence {target}"
+    );
+    let o = root(&sc, &run_true(&["-n"], &lock));
+    eprintln!("{test}: root's run -n: {}", harness::first_line(&o));
+    sc.expect(
+        o.code == 75,
+        &o,
+        "root's run -n job.lock at the replayed sequence",
+    );
+    sc.check(!harness::is_dead(wrapper) && !harness::is_dead(job), || {
+        format!(
+            "root's run -n killed A's healthy holder or job: {}",
+            describe(&o)
+        )
+    });
+    end_bystander(&sc, holder, "a", "A's job on job.lock");
     sc.finish();
 }
 
