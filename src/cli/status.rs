@@ -47,10 +47,7 @@ pub(super) fn status(a: &StatusArgs) -> i32 {
         } else {
             Value::Array(json_out)
         };
-        out!(
-            "{}\n",
-            serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into())
-        );
+        out!("{}\n", json::to_text(&v));
     }
     code
 }
