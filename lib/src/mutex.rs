@@ -440,7 +440,7 @@ fn write_through(file: &File, write: bool, path: &std::path::Path) -> Result<Opt
 
 /// The identity line of the mutex file of `paths`' lock.
 fn identity_line(paths: &LockPaths) -> Vec<u8> {
-    identity_line_of(paths.lock_name())
+    identity_line_of(paths.mutex_of())
 }
 
 fn identity_line_of(lock_name: &std::ffi::OsStr) -> Vec<u8> {
@@ -521,7 +521,7 @@ fn identify_patiently(paths: &LockPaths, file: &File, meta: Meta) -> Result<(Ide
     let start = Instant::now();
     let mut meta = meta;
     loop {
-        let id = identify(file, &meta, paths.lock_name())
+        let id = identify(file, &meta, paths.mutex_of())
             .map_err(|e| Error::io(path, "read the mutex file", e))?;
         if meta.size != 0 || start.elapsed() >= EMPTY_PATIENCE {
             return Ok((id, meta));
@@ -542,7 +542,7 @@ pub(crate) fn bound_id(paths: &LockPaths) -> Option<(u64, u64)> {
         .handle()
         .open_existing(paths.mutex_name(), false)
         .ok()?;
-    bound_file_id(&f, paths.lock_name())
+    bound_file_id(&f, paths.mutex_of())
 }
 
 /// As [`bound_id`], for a mutex file already open, of the lock named `lock_name`.

@@ -59,6 +59,9 @@ pub struct LockPaths {
     pub queue: PathBuf,
     /// LOCK's directory, open.
     handle: Arc<LockDir>,
+    /// The file name of the LOCK whose mutex file `mutex` is (LOCK's own: a holder file of a
+    /// shared lock uses LOCK's mutex), as its identity line names it.
+    mutex_of: OsString,
 }
 
 impl PartialEq for LockPaths {
@@ -126,6 +129,7 @@ impl LockPaths {
             queue: helper(".leasehold-queue"),
             dir,
             handle,
+            mutex_of: name,
         })
     }
 
@@ -145,6 +149,11 @@ impl LockPaths {
     /// LOCK's name in its directory.
     pub(crate) fn lock_name(&self) -> &OsStr {
         last(&self.lock)
+    }
+
+    /// The file name of the LOCK the mutex file belongs to (its identity line names it).
+    pub(crate) fn mutex_of(&self) -> &OsStr {
+        &self.mutex_of
     }
 
     /// The mutex file's name.
