@@ -363,6 +363,55 @@ fn an_observation_file_renamed_from_another_lock_is_not_believed() {
     sc.finish();
 }
 
+// ---------------------------------------------------------------------------------------------
+// 6. A decoy flock lease beside an ordinary lock
+// ---------------------------------------------------------------------------------------------
+
+/// Member A holds the ordinary lock `job.lock`; member B plants an empty decoy
+/// `.job.lock.leasehold-flock` beside it (where the `flock` front end keeps a file's lease).
+/// Root's `status --json job.lock` reports A's lease held, not the decoy's "free"; root's
+/// `break --force job.lock` revokes A's lease (A's holder then fences its job, as a forced break
+/// asks), not the decoy, which stays as planted.
+#[test]
+fn a_decoy_flock_lease_beside_an_ordinary_lock_is_not_consulted() {
+    let test = "a_decoy_flock_lease_beside_an_ordinary_lock_is_not_consulted";
+    let Some((_p, sc, lock)) = attack_scene(test) else {
+        return;
+    };
+    let (mut holder, job) = bystander_job(&sc, sc.a(), &["--ttl", "2s"], &lock, "a");
+    sc.cs.allow_fenced();
+    let lease_id = read_lease(&lock)["lease_id"].clone();
+    let decoy = helper(&lock, "flock");
+    sc.w.sh(sc.b(), 0o002, ": > \"$1\"", &[s(&decoy)]);
+    // In place: B's empty file at the flock lease's name, A's job running.
+    let m = fs::metadata(&decoy).unwrap();
+    assert!(m.len() == 0 && m.uid() == sc.w.b.uid && !harness::is_dead(job));
+    let before = Snapshot::of(&decoy);
+    let st = root(&sc, &["status", "--json", s(&lock)]);
+    let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap_or_default();
+    sc.expect(
+        v["state"] == "held" && v["lease_id"] == lease_id,
+        &st,
+        "root's status of job.lock with a decoy flock lease beside it",
+    );
+    let o = root(&sc, &["break", "--force", s(&lock)]);
+    sc.expect(
+        o.code == 0 && read_lease(&lock)["state"] == "revoked",
+        &o,
+        "root's break --force of job.lock: A's lease revoked",
+    );
+    sc.check(Snapshot::of(&decoy) == before, || {
+        "the decoy was changed".into()
+    });
+    sc.cs.declare_killed("a");
+    let o = holder.finish(LONG);
+    eprintln!(
+        "{test}: A's holder after the forced break: {}",
+        harness::first_line(&o)
+    );
+    sc.finish();
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
