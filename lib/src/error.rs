@@ -128,6 +128,19 @@ pub enum Error {
         /// The longest file name allowed, in bytes.
         max: usize,
     },
+    /// LOCK's own file name has the shape of a shortened helper name (`PREFIX~` and 16 hex
+    /// digits): its helper files could be another lock's.
+    #[error(
+        "{path}: the file name ends in '~' and 16 hex digits after {prefix} bytes, the shape \
+         leasehold gives the helper files of a lock whose name is too long to use as it is; a \
+         lock of this name could share another lock's helper files: choose another name"
+    )]
+    ReservedName {
+        /// The lock path as given.
+        path: PathBuf,
+        /// How many bytes come before the `~`.
+        prefix: usize,
+    },
     /// LOCK's file system cannot make the lock safe (an NFS mount whose locks are host-local).
     #[error("{path}: {why}")]
     UnsafeFileSystem {

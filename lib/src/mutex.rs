@@ -5,14 +5,17 @@
 //! Owns: taking and leaving the mutex (through `klock.rs`, the one home of kernel lock calls:
 //! flock(2) and an OFD byte-range lock on a local disk, the OFD lock on NFS), the
 //! inode re-check after locking, bounded waiting by polling try-lock (a blocking flock can hang
-//! for tens of seconds on NFS), and detecting a process that sits on the mutex.
+//! for tens of seconds on NFS), detecting a process that sits on the mutex, and the mutex
+//! file's lock-identity line (which LOCK it belongs to: PROTOCOL.md §1).
 //! Must never: hand out a token above the durable ceiling; rename, replace or delete the mutex
-//! file; hold the mutex while a job runs; wait
+//! file; write to or chmod a file at the mutex name before its identity line names this LOCK
+//! (or shows an older leasehold's file); hold the mutex while a job runs; wait
 //! past the caller's deadline.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -32,6 +35,18 @@ const LAST_PREFIX: &str = "last ";
 /// Room for a boot id (a UUID: 36 characters).
 const BOOT_ROOM: usize = 36;
 const LAST_LEN: usize = LAST_PREFIX.len() + 20 + " of ".len() + 20 + " boot ".len() + BOOT_ROOM + 1;
+
+/// Where the lock-identity line starts: after the two token lines, which every version writes
+/// at their fixed offsets and never past, so the line survives an older leasehold's writes.
+const IDENTITY_AT: u64 = (HWM_LEN + LAST_LEN) as u64;
+/// The lock-identity line: `lock ` and LOCK's file name in lowercase hex (a name may hold any
+/// byte but `/` and NUL), then a newline. Written once, when the file is created.
+const IDENTITY_PREFIX: &str = "lock ";
+/// The longest identity line: a 255-byte name.
+const IDENTITY_MAX: u64 = (IDENTITY_PREFIX.len() + 2 * crate::paths::NAME_MAX + 1) as u64;
+/// How long a contender that finds an empty mutex file waits for its creator to write the
+/// identity line (written right after the exclusive create) before refusing it.
+const EMPTY_PATIENCE: Duration = Duration::from_millis(200);
 
 /// The mutex file, open (not necessarily locked), with the identity of the inode it names and
 /// the process that opened it. Kept across acquisitions by a builder, and by a guard as its
@@ -328,12 +343,22 @@ fn open(paths: &LockPaths, write: bool) -> Result<(File, Meta)> {
                     }
                 }
                 match dir.create_new(name, dir.shared_mode(0o644)) {
-                    Ok((f, _)) if write => break f,
-                    // Created read-write; reopen read-only as asked (the kept descriptor must not be
-                    // open for writing: see [`MutexFile`]) — the very file created, not whatever its
-                    // name leads to by now (a directory writer may have removed it already: the inode
-                    // re-check after locking then sends us round again).
-                    Ok((f, _)) => {
+                    Ok((f, id)) => {
+                        // Ours from the start: the identity line goes in before any other use (a
+                        // contender that opens it meanwhile waits for it: see [`identify`]). A
+                        // file that could not get it (a full disk) is removed: empty, it would be
+                        // refused.
+                        if let Err(e) = f.write_all_at(&identity_line(paths), IDENTITY_AT) {
+                            dir.unlink_if(name, id);
+                            return Err(Error::io(path, "write the mutex file's lock identity", e));
+                        }
+                        if write {
+                            break f;
+                        }
+                        // Created read-write; reopen read-only as asked (the kept descriptor must
+                        // not be open for writing: see [`MutexFile`]) — the very file created, not
+                        // whatever its name leads to by now (a directory writer may have removed
+                        // it already: the inode re-check after locking then sends us round again).
                         if let Ok(ro) = File::open(format!("/proc/self/fd/{}", f.as_raw_fd())) {
                             break ro;
                         }
@@ -360,6 +385,32 @@ fn open(paths: &LockPaths, write: bool) -> Result<(File, Meta)> {
         break (file, meta);
     };
     dir.check(name, &meta, "mutex file")?;
+    // Never written or chmodded unless it is this lock's mutex file (a file renamed to its name
+    // is someone else's, whoever owns it).
+    let meta = match identify_patiently(paths, &file, meta)? {
+        (Identity::Ours, meta) => meta,
+        (Identity::Legacy, meta) => {
+            // An older leasehold's mutex file of this name: from now on it says whose it is
+            // (best effort: a read-only file system or descriptor leaves it as it is).
+            if let Ok(opened) = write_through(&file, write, path) {
+                let f = opened.as_ref().unwrap_or(&file);
+                let _ = f.write_all_at(&identity_line(paths), IDENTITY_AT);
+            }
+            meta
+        }
+        (Identity::Foreign(what), meta) => {
+            return Err(Error::Squatted {
+                path: path.clone(),
+                why: format!(
+                    "{what} (owner {}, {} bytes) has the name of this lock's mutex file; \
+                     leasehold writes only the mutex file it created for this lock, and left \
+                     this one untouched: remove it (or rename it back) if it is not in use",
+                    user_name(meta.uid),
+                    meta.size
+                ),
+            });
+        }
+    };
     // Ours, in a group-shared directory, but not group-writable (made by an older leasehold, or
     // by hand): give it the group write bit so that every member can use it.
     let shared = dir.shared_mode(0o644);
@@ -443,17 +494,8 @@ impl MutexGuard {
         } else {
             (HWM_LEN as u64, last_line(t, seen.ceiling, &boot), false)
         };
-        let opened;
-        let f = if self.file.at.writable {
-            &self.file.file
-        } else {
-            opened = OpenOptions::new()
-                .write(true)
-                .custom_flags(OFlag::O_CLOEXEC.bits())
-                .open(format!("/proc/self/fd/{}", self.file.file.as_raw_fd()))
-                .map_err(|e| Error::io(&self.path, "open the mutex file for writing", e))?;
-            &opened
-        };
+        let opened = write_through(&self.file.file, self.file.at.writable, &self.path)?;
+        let f = opened.as_ref().unwrap_or(&self.file.file);
         f.write_all_at(text.as_bytes(), at)
             .map_err(|e| Error::io(&self.path, "write the token high-water mark", e))?;
         if sync {
@@ -462,6 +504,136 @@ impl MutexGuard {
         }
         Ok(())
     }
+}
+
+/// `None` when `file` is open for writing (use it), else a short-lived write descriptor on the
+/// very same inode (through /proc/self/fd, so no name is looked up again).
+fn write_through(file: &File, write: bool, path: &std::path::Path) -> Result<Option<File>> {
+    if write {
+        return Ok(None);
+    }
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(OFlag::O_CLOEXEC.bits())
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map(Some)
+        .map_err(|e| Error::io(path, "open the mutex file for writing", e))
+}
+
+/// The identity line of the mutex file of `paths`' lock.
+fn identity_line(paths: &LockPaths) -> Vec<u8> {
+    identity_line_of(paths.mutex_of())
+}
+
+fn identity_line_of(lock_name: &std::ffi::OsStr) -> Vec<u8> {
+    use std::fmt::Write;
+    let mut line = String::from(IDENTITY_PREFIX);
+    for b in lock_name.as_encoded_bytes() {
+        let _ = write!(line, "{b:02x}");
+    }
+    line.push('\n');
+    line.into_bytes()
+}
+
+/// Whose a file at a mutex file's name is.
+#[derive(Debug, PartialEq, Eq)]
+enum Identity {
+    /// This lock's: its identity line names LOCK.
+    Ours,
+    /// An older leasehold's mutex file (the two token lines and nothing after them): adopted.
+    Legacy,
+    /// Not this lock's mutex file, in words: another lock's, or not leasehold's at all.
+    Foreign(String),
+}
+
+/// Reads what the file (of `meta`'s size) says about whose mutex file it is. An empty file is
+/// foreign here ([`identify_patiently`] gives its creator time first).
+fn identify(file: &File, meta: &Meta, lock_name: &std::ffi::OsStr) -> io::Result<Identity> {
+    let not_ours = || Identity::Foreign("a file that is not a leasehold mutex file".into());
+    if meta.size == 0 {
+        return Ok(Identity::Foreign("an empty file".into()));
+    }
+    if meta.size < IDENTITY_AT || meta.size > IDENTITY_AT + IDENTITY_MAX {
+        return Ok(not_ours());
+    }
+    let mut buf = vec![0u8; meta.size as usize];
+    file.read_exact_at(&mut buf, 0)?;
+    let (tokens, ident) = buf.split_at(IDENTITY_AT as usize);
+    if ident.is_empty() {
+        // The token lines alone: an older leasehold's file, if its first line is one.
+        let first = std::str::from_utf8(&tokens[..HWM_LEN]).ok();
+        let digits = first
+            .and_then(|s| s.strip_prefix(HWM_PREFIX))
+            .and_then(|s| s.strip_suffix('\n'));
+        return Ok(match digits {
+            Some(d) if d.len() == 20 && d.bytes().all(|b| b.is_ascii_digit()) => Identity::Legacy,
+            _ => not_ours(),
+        });
+    }
+    if ident == identity_line_of(lock_name).as_slice() {
+        return Ok(Identity::Ours);
+    }
+    let named = ident
+        .strip_prefix(IDENTITY_PREFIX.as_bytes())
+        .and_then(|h| h.strip_suffix(b"\n"))
+        .and_then(unhex);
+    Ok(match named {
+        Some(other) => Identity::Foreign(format!(
+            "the mutex file of another lock ({})",
+            crate::text::escape_os(std::ffi::OsStr::from_bytes(&other))
+        )),
+        None => not_ours(),
+    })
+}
+
+/// Lowercase hex back to bytes; `None` if it is not that.
+fn unhex(h: &[u8]) -> Option<Vec<u8>> {
+    if !h.len().is_multiple_of(2) {
+        return None;
+    }
+    h.chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
+        .collect()
+}
+
+/// As [`identify`], waiting up to [`EMPTY_PATIENCE`] while the file is empty (its creator
+/// writes the identity line right after creating it exclusively). Returns the file's last stat.
+fn identify_patiently(paths: &LockPaths, file: &File, meta: Meta) -> Result<(Identity, Meta)> {
+    let path = &paths.mutex;
+    let start = Instant::now();
+    let mut meta = meta;
+    loop {
+        let id = identify(file, &meta, paths.mutex_of())
+            .map_err(|e| Error::io(path, "read the mutex file", e))?;
+        if meta.size != 0 || start.elapsed() >= EMPTY_PATIENCE {
+            return Ok((id, meta));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        meta = file
+            .metadata()
+            .map(|m| Meta::of(&m))
+            .map_err(|e| Error::io(path, "stat the mutex", e))?;
+    }
+}
+
+/// Device and inode of `paths`' mutex file if it is this lock's (a regular file with one link
+/// whose identity line names LOCK: see [`Identity`]), else `None`. A file renamed to the name
+/// from another lock, or a legacy file not yet marked, is not evidence for this lock.
+pub(crate) fn bound_id(paths: &LockPaths) -> Option<(u64, u64)> {
+    let f = paths
+        .handle()
+        .open_existing(paths.mutex_name(), false)
+        .ok()?;
+    bound_file_id(&f, paths.mutex_of())
+}
+
+/// As [`bound_id`], for a mutex file already open, of the lock named `lock_name`.
+pub(crate) fn bound_file_id(f: &File, lock_name: &std::ffi::OsStr) -> Option<(u64, u64)> {
+    let meta = Meta::of(&f.metadata().ok()?);
+    if !meta.is_file() || meta.nlink != 1 {
+        return None;
+    }
+    (identify(f, &meta, lock_name).ok()? == Identity::Ours).then_some(meta.id())
 }
 
 /// The fencing-token state of a mutex file (PROTOCOL.md §3).
@@ -577,5 +749,49 @@ fn judge_stuck(file: &File, policy: StuckPolicy) {
     if matches!(s.state, 'T' | 't') && s.uid == ours && pid != std::process::id() as i32 {
         // The kernel's word (/proc/locks) that it holds our mutex is the evidence here.
         let _ = process::kill_checked(pid, s.start, Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    /// A new mutex file names its lock; an older leasehold's file (two token lines) is adopted
+    /// and then names it too; another lock's mutex file and any other file are refused with 65,
+    /// their bytes and mode unchanged.
+    #[test]
+    fn only_this_locks_mutex_file_or_an_older_one_is_used() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = std::fs::canonicalize(d.path()).unwrap();
+        let a = LockPaths::new(dir.join("a.lock")).unwrap();
+        let (f, _) = open(&a, true).unwrap();
+        assert!(bound_file_id(&f, OsStr::new("a.lock")).is_some());
+        assert!(bound_file_id(&f, OsStr::new("b.lock")).is_none());
+
+        let b = LockPaths::new(dir.join("b.lock")).unwrap();
+        let legacy = format!("{HWM_PREFIX}{:020}\n{}", 7, last_line(7, 7, "boot"));
+        std::fs::write(&b.mutex, &legacy).unwrap();
+        let (f, _) = open(&b, false).unwrap();
+        assert!(bound_file_id(&f, OsStr::new("b.lock")).is_some(), "adopted");
+
+        let c = LockPaths::new(dir.join("c.lock")).unwrap();
+        std::fs::rename(&a.mutex, &c.mutex).unwrap();
+        let before = std::fs::read(&c.mutex).unwrap();
+        let e = open(&c, true).unwrap_err();
+        assert!(
+            matches!(e, Error::Squatted { .. }) && e.to_string().contains("a.lock"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&c.mutex).unwrap(), before);
+
+        let d2 = LockPaths::new(dir.join("d.lock")).unwrap();
+        std::fs::write(&d2.mutex, "somebody's notes\n".repeat(20)).unwrap();
+        let e = open(&d2, true).unwrap_err();
+        assert!(matches!(e, Error::Squatted { .. }), "{e}");
+        assert_eq!(
+            std::fs::read(&d2.mutex).unwrap(),
+            "somebody's notes\n".repeat(20).as_bytes()
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! stale after a TTL.
 //! Must never: compare boottime readings of another host or another boot; trust the holder's
 //! wall clock; trust an observation file that someone other than the caller's uid (or root)
-//! wrote or could write — a forged first-seen time would make a live holder look dead.
+//! wrote or could write — a forged first-seen time would make a live holder look dead — nor one
+//! written for another lock or another observer (a file renamed here from another lock's name
+//! is a replay: its lease id may be this lock's, copied into a decoy).
 
 use std::time::Duration;
 
@@ -23,7 +25,25 @@ use crate::paths::LockPaths;
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct SeenFile {
     leasehold_seen: u32,
+    /// The lock observed: its absolute LOCK path, bytes in lowercase hex (a path need not be
+    /// UTF-8). A file without it (older versions) or naming another lock is not believed.
+    #[serde(default)]
+    lock: String,
+    /// The observer: the uid whose processes wrote it.
+    #[serde(default)]
+    observer: Option<u32>,
     entries: Vec<Entry>,
+}
+
+/// The `lock` field of `paths`' observation file.
+fn lock_field(paths: &LockPaths) -> String {
+    use std::fmt::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for b in paths.lock.as_os_str().as_bytes() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -71,10 +91,13 @@ pub(crate) fn observe(
         mem.seen = Some((lease_id.to_string(), key, since));
         return Duration::ZERO;
     };
+    let lock = lock_field(paths);
+    let observer = rustix::process::geteuid().as_raw();
     let mut file: SeenFile = fsio::read_small(paths, paths.seen_name(), 64 * 1024, trusted)
         .ok()
         .flatten()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+        .and_then(|b| serde_json::from_slice::<SeenFile>(&b).ok())
+        .filter(|f| f.lock == lock && f.observer == Some(observer))
         .unwrap_or_default();
     let mine = |e: &Entry| e.host == me.host && e.boot_id == me.boot_id;
     let current = file
@@ -86,6 +109,7 @@ pub(crate) fn observe(
         Some(s) if s <= now => since = s,
         _ if persist => {
             file.leasehold_seen = 1;
+            (file.lock, file.observer) = (lock, Some(observer));
             file.entries
                 .retain(|e| !mine(e) && e.lease_id == lease_id && !e.host.is_empty());
             file.entries.truncate(64);

@@ -59,6 +59,9 @@ pub struct LockPaths {
     pub queue: PathBuf,
     /// LOCK's directory, open.
     handle: Arc<LockDir>,
+    /// The file name of the LOCK whose mutex file `mutex` is (LOCK's own: a holder file of a
+    /// shared lock uses LOCK's mutex), as its identity line names it.
+    mutex_of: OsString,
 }
 
 impl PartialEq for LockPaths {
@@ -100,6 +103,12 @@ impl LockPaths {
                 max: NAME_MAX,
             });
         }
+        if let Some(prefix) = shortened_shape(name.as_encoded_bytes()) {
+            return Err(Error::ReservedName {
+                path: lock.to_path_buf(),
+                prefix,
+            });
+        }
         if lock.as_os_str().as_encoded_bytes().ends_with(b"/") {
             return Err(bad("names a directory (ends in '/')"));
         }
@@ -120,6 +129,7 @@ impl LockPaths {
             queue: helper(".leasehold-queue"),
             dir,
             handle,
+            mutex_of: name,
         })
     }
 
@@ -146,6 +156,11 @@ impl LockPaths {
     /// LOCK's name in its directory.
     pub(crate) fn lock_name(&self) -> &OsStr {
         last(&self.lock)
+    }
+
+    /// The file name of the LOCK the mutex file belongs to (its identity line names it).
+    pub(crate) fn mutex_of(&self) -> &OsStr {
+        &self.mutex_of
     }
 
     /// The mutex file's name.
@@ -235,6 +250,21 @@ pub(crate) fn helper_name(lock_name: &OsStr, suffix: &str) -> OsString {
     out.push(format!("~{:016x}", fnv1a64(name)));
     out.push(suffix);
     out
+}
+
+/// Whether a LOCK name has the shape of the stem of a shortened helper name (`PREFIX~HASH`,
+/// PREFIX as [`helper_name`] cuts it: [`SHORT_PREFIX`] bytes, or up to 3 fewer to end on a
+/// character boundary): such a lock's plain helper names (`.NAME` + suffix) would be exactly
+/// the shortened ones of a long-named lock, so it is refused. Returns PREFIX's length.
+fn shortened_shape(name: &[u8]) -> Option<usize> {
+    let prefix = name.len().checked_sub(17)?;
+    let (head, tail) = name.split_at(prefix);
+    let hex = tail.strip_prefix(b"~")?;
+    let lower_hex = hex
+        .iter()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    (lower_hex && !head.is_empty() && (SHORT_PREFIX - 3..=SHORT_PREFIX).contains(&prefix))
+        .then_some(prefix)
 }
 
 /// FNV-1a, 64 bits: written out here because the helper names depend on it and must not change
@@ -353,6 +383,26 @@ mod tests {
             &n.as_encoded_bytes()[1..1 + SHORT_PREFIX],
             &[0xff; SHORT_PREFIX][..]
         );
+    }
+
+    /// A lock literally named like a long lock's shortened helper stem is refused; the same
+    /// stem shape of another length, or with capital hex digits, is an ordinary name.
+    #[test]
+    fn a_lock_name_shaped_like_a_shortened_helper_stem_is_refused() {
+        let dir = std::env::temp_dir();
+        let long = "L".repeat(250);
+        let helper = helper_name(OsStr::new(&long), ".leasehold-mutex");
+        let stem = &helper.as_encoded_bytes()[1..helper.len() - ".leasehold-mutex".len()];
+        let stem = std::str::from_utf8(stem).unwrap();
+        let e = LockPaths::new(dir.join(stem)).unwrap_err();
+        assert!(matches!(e, Error::ReservedName { prefix: 189, .. }), "{e}");
+        for ok in [
+            format!("{}~0f91a5d6f33c56c5", "L".repeat(10)),
+            format!("{}~0F91A5D6F33C56C5", "L".repeat(189)),
+            format!("{}~0f91a5d6f33c56c5x", "L".repeat(189)),
+        ] {
+            assert!(LockPaths::new(dir.join(&ok)).is_ok(), "{ok}");
+        }
     }
 
     #[test]

@@ -236,11 +236,19 @@ pub struct JobEvidence {
 
 impl JobEvidence {
     /// Evidence for the lease `lease_id`/`uid` of the lock `lock`, whose mutex file is `mutex`.
+    /// The mutex file counts only if it is `lock`'s own (its identity line names LOCK: a mutex
+    /// file renamed here from another lock is no evidence for this one).
     pub fn new(lease_id: &str, uid: u32, lock: &Path, mutex: &Path) -> JobEvidence {
-        let id = fs::symlink_metadata(mutex)
+        use std::os::unix::fs::OpenOptionsExt;
+        let id = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(
+                nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits(),
+            )
+            .open(mutex)
             .ok()
-            .filter(|m| m.file_type().is_file())
-            .map(|m| (m.dev(), m.ino()));
+            .zip(lock.file_name())
+            .and_then(|(f, name)| crate::mutex::bound_file_id(&f, name));
         JobEvidence::with_mutex(lease_id, uid, lock.to_path_buf(), id)
     }
 
@@ -251,8 +259,7 @@ impl JobEvidence {
         uid: u32,
         paths: &crate::paths::LockPaths,
     ) -> JobEvidence {
-        let id = paths.handle().stat(paths.mutex_name());
-        let id = id.ok().flatten().filter(|m| m.is_file()).map(|m| m.id());
+        let id = crate::mutex::bound_id(paths);
         JobEvidence::with_mutex(lease_id, uid, paths.lock.clone(), id)
     }
 

@@ -16,8 +16,9 @@ pub(super) fn brk(a: &BreakArgs) -> i32 {
         (None, false) => BreakMode::Stale,
     };
     let stale_only = mode == BreakMode::Stale;
-    // A file locked by the `flock` front end keeps its lease beside it.
-    let lease = leasehold::existing_lease_beside(&a.lock);
+    // A file locked by the `flock` front end keeps its lease beside it (never an ordinary
+    // LOCK's: see `flock_lease_of`).
+    let lease = super::status::flock_lease_of(&a.lock);
     match break_lease(lease.as_deref().unwrap_or(&a.lock), mode) {
         Ok(b) => {
             if !a.quiet {

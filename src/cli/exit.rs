@@ -46,6 +46,7 @@ pub fn exit_code(e: &Error) -> i32 {
         Error::Refused { .. } => TEMPFAIL,
         Error::UnsafeFileSystem { .. } => CONFIG,
         Error::Settings(_) | Error::Timing(_) | Error::NameTooLong { .. } => USAGE,
+        Error::ReservedName { .. } => USAGE,
         Error::Mismatch { .. } => USAGE,
         Error::BadPath { .. } => NOINPUT,
         Error::Lost { .. } => IOERR_FENCED,

@@ -1,8 +1,15 @@
 //! The JSON `leasehold status --json` prints for a verdict.
 //!
-//! Owns: the field names and shapes of that output (documented in the README; scripts parse it).
-//! Must never: escape or shorten values (JSON carries the raw ones), or read anything from disk.
+//! Owns: the field names and shapes of that output (documented in the README; scripts parse it),
+//! and its text: besides the C0 controls JSON always escapes, every character that could move
+//! or restyle a terminal's text (DEL, the C1 controls such as U+009B, the bidi controls, the
+//! line and paragraph separators) is written as a `\uXXXX` escape, so the bytes printed are
+//! safe on a terminal and parse to exactly the raw value.
+//! Must never: change or shorten a value (JSON carries the raw ones), or read anything from disk.
 
+use std::io;
+
+use serde_json::ser::{Formatter, PrettyFormatter};
 use serde_json::{Value, json};
 
 use leasehold::Verdict;
@@ -62,4 +69,87 @@ pub fn verdict(v: &Verdict) -> Value {
         })),
         "holders": v.holders.iter().map(verdict).collect::<Vec<_>>(),
     })
+}
+
+/// `v` as pretty JSON text with every terminal-unsafe character escaped (see the module
+/// comment).
+///
+/// ```
+/// let v = serde_json::json!({"note": "a\u{9b}31mb\u{202e}c\u{2028}d"});
+/// let t = leasehold_cli::cli::json::to_text(&v);
+/// assert!(t.contains(r"a\u009b31mb\u202ec\u2028d"), "{t}");
+/// assert_eq!(serde_json::from_str::<serde_json::Value>(&t).unwrap(), v);
+/// ```
+pub fn to_text(v: &Value) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Safe(PrettyFormatter::new()));
+    match serde::Serialize::serialize(v, &mut ser) {
+        Ok(()) => String::from_utf8(out).unwrap_or_else(|_| "null".into()),
+        Err(_) => "null".into(),
+    }
+}
+
+/// Whether `c` could move or restyle a terminal's text, so JSON text writes it as `\uXXXX`.
+fn unsafe_on_terminal(c: char) -> bool {
+    matches!(c,
+        '\u{7f}'..='\u{9f}'
+        | '\u{61c}'
+        | '\u{200e}' | '\u{200f}'
+        | '\u{2028}'..='\u{202e}'
+        | '\u{2066}'..='\u{2069}')
+}
+
+/// serde_json's pretty formatter, escaping what [`unsafe_on_terminal`] names inside strings.
+struct Safe<'a>(PrettyFormatter<'a>);
+
+impl Formatter for Safe<'_> {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut rest = fragment;
+        while let Some(i) = rest.find(unsafe_on_terminal) {
+            w.write_all(&rest.as_bytes()[..i])?;
+            let c = rest[i..].chars().next().unwrap_or(' ');
+            write!(w, "\\u{:04x}", u32::from(c))?;
+            rest = &rest[i + c.len_utf8()..];
+        }
+        w.write_all(rest.as_bytes())
+    }
+    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_object_value(w)
+    }
 }

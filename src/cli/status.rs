@@ -2,20 +2,51 @@
 //!
 //! Owns: looking at every LOCK named (in order), printing a readable block or JSON (one object
 //! for one LOCK, an array for several), and the exit status (0 when every LOCK could be read,
-//! else the first failure's). Must never: change a lease.
+//! else the first failure's), and which lease a named file's is (its own, or the `flock` front
+//! end's beside it). Must never: change a lease.
+
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
 use crate::cli::args::StatusArgs;
 use crate::cli::{exit, json, report};
 
+/// The lease the `flock` front end keeps beside `file` (see [`leasehold::existing_lease_beside`]),
+/// when `status` and `break` of `file` should look there: only when `file` itself holds no
+/// lease record. An ordinary LOCK is its own lease, whatever someone planted beside it (a
+/// decoy `.LOCK.leasehold-flock` would otherwise be reported, or broken, in its place).
+pub(super) fn flock_lease_of(file: &Path) -> Option<PathBuf> {
+    let lease = leasehold::existing_lease_beside(file)?;
+    (!holds_a_lease_record(file)).then_some(lease)
+}
+
+/// Whether `file` is a regular file that starts like every lease record (`{` and the format
+/// field), read without following a link or blocking.
+fn holds_a_lease_record(file: &Path) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const START: &[u8] = b"{\n  \"leasehold\": ";
+    let regular = std::fs::symlink_metadata(file).is_ok_and(|m| m.file_type().is_file());
+    let mut head = [0u8; START.len()];
+    regular
+        && std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(
+                nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits(),
+            )
+            .open(file)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .is_ok()
+        && head == START
+}
+
 /// Runs `leasehold status` and returns the exit status.
 pub(super) fn status(a: &StatusArgs) -> i32 {
     let mut code = 0;
     let mut json_out: Vec<Value> = Vec::new();
     for (i, lock) in a.locks.iter().enumerate() {
-        // A file locked by the `flock` front end keeps its lease beside it.
-        let lease = leasehold::existing_lease_beside(lock);
+        let lease = flock_lease_of(lock);
         match leasehold::status(lease.as_deref().unwrap_or(lock)) {
             Ok(v) => {
                 if a.json {
@@ -47,10 +78,7 @@ pub(super) fn status(a: &StatusArgs) -> i32 {
         } else {
             Value::Array(json_out)
         };
-        out!(
-            "{}\n",
-            serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into())
-        );
+        out!("{}\n", json::to_text(&v));
     }
     code
 }

@@ -17,9 +17,14 @@ impl Drop for Frozen {
     }
 }
 
-/// Starts a python process that takes the mutex of `lock` and stops itself.
+/// Starts a python process that takes the mutex of `lock` (made by a first acquisition: an
+/// empty file at the mutex name is not leasehold's) and stops itself.
 #[allow(clippy::zombie_processes)] // reaped by `Frozen`'s Drop
 fn frozen_mutex_holder(lock: &std::path::Path) -> Frozen {
+    LeaseBuilder::new(lock)
+        .try_acquire()
+        .and_then(|g| g.release())
+        .expect("a first acquisition makes the mutex file");
     let mutex = lock.with_file_name(format!(
         ".{}.leasehold-mutex",
         lock.file_name().unwrap().to_str().unwrap()

@@ -10,6 +10,7 @@ mod multiuser;
 mod mutex_deleter;
 mod output;
 mod planted_names;
+mod round_two;
 mod script_users;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary

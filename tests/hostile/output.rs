@@ -2,7 +2,8 @@
 //! escape sequences, C1 controls, bidi overrides and CR/LF in the note, command, user, host,
 //! ended fields and in LOCK's directory name reach `status`, the wait line, `break` and fencing
 //! lines, and error lines only escaped — no raw control byte, no forged `leasehold:` line —,
-//! commands are shown shell-quoted as typed, and `status --json` still carries the raw values.
+//! commands are shown shell-quoted as typed, and `status --json` still carries the raw values
+//! (its text escaping every terminal control, C1 and bidi ones included, as `\u` sequences).
 //! Also: LOCK names at the 255-byte limit work (helper names are shortened to fit), and longer
 //! ones are a usage error naming the limit.
 
@@ -269,6 +270,8 @@ fn forged_released_lease_fields_are_shown_escaped_and_kept_raw_in_json() {
 
     let js = run_lh(&[os("status"), os("--json"), lock.as_os_str()]);
     assert_eq!(js.status.code(), Some(0));
+    // JSON text is safe on a terminal too: C1, bidi and line separators as \u escapes.
+    assert_terminal_safe("status --json", &js.stdout);
     let v: Value = serde_json::from_slice(&js.stdout).expect("status --json parses");
     assert_eq!(
         (v["user"].as_str(), v["host"].as_str()),

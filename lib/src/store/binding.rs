@@ -49,11 +49,16 @@ impl Binding for LockPaths {
 /// the lease file, believed only when its own uid (or root) wrote that file (PROTOCOL.md §10).
 pub(crate) fn file_evidence(origin: &LockPaths, file: &LockPaths, lease: &Lease) -> JobEvidence {
     let h = &lease.holder;
-    let ev = JobEvidence::for_lock(&lease.lease_id, h.uid, origin);
+    let mut ev = JobEvidence::for_lock(&lease.lease_id, h.uid, origin);
+    let trusted = crate::fsio::written_by_holder(file, lease);
+    if !trusted {
+        // The holder's mark binds a process to a mutex *inode*; a record that anyone else could
+        // have written (a forgery naming another lock's holder, whose mutex file was renamed
+        // here) must not borrow it. Its job's environment still binds it to this lock.
+        ev.mutex = None;
+    }
     match (h.on_behalf, h.child_pid, h.child_start) {
-        (true, Some(c), Some(cs)) if crate::fsio::written_by_holder(file, lease) => {
-            ev.with_trusted_child(c, cs)
-        }
+        (true, Some(c), Some(cs)) if trusted => ev.with_trusted_child(c, cs),
         _ => ev,
     }
 }
