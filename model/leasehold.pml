@@ -8,8 +8,13 @@
  * of the job, a paused VM) at any step. Time is discrete ticks; host 1's monotonic clock
  * drifts from real time within DRIFT ticks; all timers are relative and saturate, so runs of
  * any length are covered. Switches that leave an adversary out: -DNO_CRASH, -DNO_PAUSE,
- * -DNO_BREAK, -DNO_RM, -DNO_FORGE. See model/README.md for the mapping of every variable to
- * the code, the bounds and what is not modelled.
+ * -DNO_BREAK, -DNO_RM, -DNO_FORGE. -DWRITER adds a directory writer that removes or empties
+ * LOCK once, at any moment, on either host (-DWRITER_COPY: or replaces it by a byte copy of
+ * itself); with chaos's deletion of the mutex file (no -DNO_RM) it deletes both, a known gap
+ * (model/README.md, "Known gaps"). Host 0 is the NFS server: its
+ * contenders lock the mutex on the server's own path, host 1's through an NFS client. See
+ * model/README.md for the mapping of every variable to the code, the bounds and what is not
+ * modelled.
  *
  * Broken variants (each removes one safety step; SPIN must find a counterexample):
  *   -DBROKEN_NO_MARGIN        renew deadline = start + TTL - grace (no margin)
@@ -17,6 +22,14 @@
  *   -DBROKEN_NO_INODE_CHECK   no re-check, after flock, that the locked inode is the mutex file's
  *   -DBROKEN_BREAK_FREES      `break` of a live lease frees it at once instead of revoking it
  *   -DBROKEN_TRUST_OTHER_UID  observation files of another uid are believed
+ *   -DBROKEN_NO_MARK          contenders ignore the holder's mark (a LOCK read as free is free)
+ *   -DBROKEN_LATE_NOTICE      a holder notices a removed or replaced LOCK only at its next
+ *                             renewal, and only by content (a byte copy passes)
+ *   -DBROKEN_FLOCK_ONLY       the mutex is a flock(2) lock: on the NFS server's own path it does
+ *                             not conflict with the clients' byte-range locks, and vice versa
+ *
+ * Assertions name their property (a constant false tag, or'ed in), so that pan's
+ * "assertion violated" line says which one failed: check.sh matches it.
  */
 
 #ifndef NC
@@ -42,8 +55,15 @@
 
 #define NOBODY 255
 
+/* property tags: always false, never written (see check.sh) */
+bool P1_two_commands, P2_token_order, P3_lock_not_taken, P4_resumed_stale, P5_overtaken;
+
 /* contender i's host: C0 and C2 on host 0, C1 on host 1 */
 #define HOST(i) ((i) == 1)
+/* i's kernel-lock kind: 1 = on the NFS server's own path (host 0), 0 = through an NFS client.
+   Today every lock of either kind conflicts with every other (klock.rs: flock + OFD byte-range
+   lock locally, OFD on NFS); with BROKEN_FLOCK_ONLY the two kinds keep separate lock tables. */
+#define KIND(i) (HOST(i) == 0)
 
 /* ---------------------------------------------------------------- time
  * There is no absolute time: every timer is relative and saturates, so the state space is
@@ -66,10 +86,30 @@ byte  hba;                      /* real ticks since heartbeat_at was written (sa
 
 /* ---------------------------------------------------------------- mutex file */
 byte mino;                      /* which inode the mutex file's name leads to (0, or 1 once replaced) */
-byte mlk[2] = NOBODY;           /* flock holder of each mutex inode */
+#ifdef BROKEN_FLOCK_ONLY
+byte mlk[4] = NOBODY;           /* mutex holder of each inode, per lock kind: [2 * kind + ino] */
+#define MI(i, n) (2 * KIND(i) + (n))
+#define MFREE(n) (mlk[n] == NOBODY && mlk[2 + (n)] == NOBODY)
+#define MDROP(j) if :: mlk[2] == j -> mlk[2] = NOBODY :: else fi; \
+                 if :: mlk[3] == j -> mlk[3] = NOBODY :: else fi
+#else
+byte mlk[2] = NOBODY;           /* mutex holder of each mutex inode (every kind conflicts) */
+#define MI(i, n) (n)
+#define MFREE(n) (mlk[n] == NOBODY)
+#define MDROP(j) skip
+#endif
 byte hwm[2];                    /* token high-water mark stored in each inode */
 byte myino[NC];                 /* the mutex inode i keeps open */
 bool mwait[NC];                 /* i is polling for the mutex */
+byte mkino[NC];                 /* i's holder's mark: 1 + the mutex inode it is on, 0 = none */
+#if NC == 3
+#define MARKED(n) (mkino[0] == (n) + 1 || mkino[1] == (n) + 1 || mkino[2] == (n) + 1)
+#else
+#define MARKED(n) (mkino[0] == (n) + 1 || mkino[1] == (n) + 1)
+#endif
+
+/* ---------------------------------------------------------------- the directory writer */
+byte wrote;                     /* 0, or 1 + the host on which the writer changed LOCK */
 
 /* ---------------------------------------------------------------- observations (.NAME.leasehold-seen-<uid>), per host */
 byte oown[2] = NOBODY;          /* the lease id this host saw ... */
@@ -91,7 +131,7 @@ bool paused[NC];                /* frozen: wrapper and command */
 bool pz;                        /* somebody is paused now */
 bool ready[NC];                 /* has taken its turn in this tick */
 bool waiting[NC];               /* still wants the lock */
-byte lvc;                       /* real ticks since the last death, resume or break (saturates at LBOUND) */
+byte lvc;                       /* real ticks since the last death or exit, resume or break (saturates at LBOUND) */
 
 /* ---------------------------------------------------------------- the guards and the commands */
 bool hold[NC];                  /* i has a guard: its timers run */
@@ -116,7 +156,7 @@ byte last_tok;                  /* token of the last command started */
 /* A contender is done with this tick: it took its turn, is gone or frozen, or polls a mutex
  * that a frozen process holds. */
 #define RDY(i) (ready[i] || gone[i] || paused[i] || \
-                (mwait[i] && mlk[myino[i]] < NC && paused[mlk[myino[i]]]))
+                (mwait[i] && mlk[MI(i, myino[i])] < NC && paused[mlk[MI(i, myino[i])]]))
 #define WT(i) (waiting[i] && !gone[i] && !paused[i])
 #define LT(i) (qno[i] && !gone[i])
 #define AH(i, me) (LT(i) && (qno[me] == 0 || qno[i] < qno[me]))
@@ -140,12 +180,14 @@ byte last_tok;                  /* token of the last command started */
 #define MORE_RENAMED skip
 #endif
 
-/* The process dies: the kernel drops its flocks; PR_SET_PDEATHSIG takes its command with it. */
+/* The process dies: the kernel drops its locks (mutex, ticket, mark); PR_SET_PDEATHSIG takes
+   its command with it. */
 inline kill(j) {
   crashed[j] = 1; gone[j] = 1; paused[j] = 0; running[j] = 0; waiting[j] = 0; mwait[j] = 0;
-  hold[j] = 0; dlc[j] = 0; due[j] = 0; fl[j] = 0; rel[j] = 0; lvc = 0;
+  hold[j] = 0; dlc[j] = 0; due[j] = 0; fl[j] = 0; rel[j] = 0; lvc = 0; mkino[j] = 0;
   if :: mlk[0] == j -> mlk[0] = NOBODY :: else fi;
-  if :: mlk[1] == j -> mlk[1] = NOBODY :: else fi
+  if :: mlk[1] == j -> mlk[1] = NOBODY :: else fi;
+  MDROP(j)
 }
 
 /* observe.rs: how long host h has seen exactly this record (lease id and key) */
@@ -187,20 +229,28 @@ inline judge(h, v, age) {
 inline lock_mutex() {
   mwait[me] = 1;
   do
-  :: atomic { mlk[myino[me]] == NOBODY -> mlk[myino[me]] = me; mwait[me] = 0 };
+  :: atomic { mlk[MI(me, myino[me])] == NOBODY -> mlk[MI(me, myino[me])] = me; mwait[me] = 0 };
 #ifdef BROKEN_NO_INODE_CHECK
      break
 #else
      if
      :: myino[me] == mino -> break
-     :: else -> mlk[myino[me]] = NOBODY; myino[me] = mino; mwait[me] = 1
+     :: else -> mlk[MI(me, myino[me])] = NOBODY; myino[me] = mino; mwait[me] = 1
      fi
 #endif
   od;
   skip
 }
 
-inline unlock_mutex() { mlk[myino[me]] = NOBODY }
+inline unlock_mutex() { mlk[MI(me, myino[me])] = NOBODY }
+
+/* Is LOCK gone from under holder me: removed, emptied, replaced by another inode (even a byte
+   copy), revoked or taken? (Holding::check, the renewal's check.) */
+#ifdef BROKEN_LATE_NOTICE
+#define LOST_LOCK(me) (lk_owner != me || lk_state != HELD)     /* by content only */
+#else
+#define LOST_LOCK(me) (!mine[me] || lk_owner != me || lk_state != HELD)
+#endif
 
 /* the deadline counts from the start of the renewal (or from just before the take's rename) */
 inline counted() {
@@ -223,18 +273,26 @@ attempt:
     lock_mutex();
     d_step {                                    /* read LOCK (torn reads are retried) and judge */
       judge(h, v, age);
+#ifndef BROKEN_NO_MARK
+      /* LOCK missing, empty or released, but a holder's mark on our mutex inode: a holder of
+         this lock still runs though its record is gone; wait for it */
+      if :: v == V_FREE && MARKED(myino[me]) -> v = V_HELD :: else fi;
+#endif
       ok = !AHEAD(me) && v != V_HELD;
-      age = 0
+      /* age now names the same-host holder to stop, plus one (decided on what was read: a
+         directory writer may change LOCK before the next step) */
+      age = (ok && (v == V_HUNG || v == V_STALE && HOST(lk_owner) == h && !gone[lk_owner]) -> lk_owner + 1 : 0)
     };
     if
     :: ok ->
        if
-       :: v == V_HUNG || v == V_STALE && HOST(lk_owner) == h && !gone[lk_owner] ->
-          d_step { kill(lk_owner); v = 0; ok = 0 }  /* stop_hung: verified SIGKILL of wrapper and group */
+       :: age > 0 ->
+          d_step { if :: !gone[age - 1] -> kill(age - 1) :: else fi; age = 0; v = 0; ok = 0 }  /* stop_hung: verified SIGKILL */
        :: else -> v = 0; ok = 0
        fi;
        t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
        hwm[myino[me]] = t;                      /* high-water mark, fdatasync'ed */
+       mkino[me] = myino[me] + 1;               /* the holder's mark (klock::hold_mark) */
        d_step { fl[me] = 1; rel[me] = 0 };      /* the deadline counts from before the rename */
        d_step {                                 /* rename of the new lease over LOCK */
          RENAMED; mine[me] = 1;
@@ -244,7 +302,11 @@ attempt:
 #endif
          counted(); hold[me] = 1; fl[me] = 0; rel[me] = 0;
          /* FIFO: nobody who queued before us is still waiting */
-         assert(!AHEAD(me))
+#ifndef NO_P5
+         assert(!AHEAD(me) || P5_overtaken)
+#else
+         skip
+#endif
        };
        d_step { qno[me] = 0; waiting[me] = 0; unlock_mutex() }  /* unlink ticket, unlock */
        goto start
@@ -270,15 +332,19 @@ start:
       if
       :: dlc[me] > 0 ->
          tok[me] = t;
-         assert(t > last_tok);                  /* tokens strictly increase in start order */
-         last_tok = t;
          running[me] = 1;
-         assert(ONE_CMD)                        /* never two commands running at once */
+         assert(ONE_CMD || P1_two_commands);    /* never two commands running at once */
+         assert(t > last_tok || P2_token_order); /* tokens strictly increase in start order */
+         last_tok = t
       :: else
       fi;
       t = 0; ok = 0
     };
 held:
+#ifndef BROKEN_LATE_NOTICE
+    /* inotify on LOCK's directory: a change made on this host is looked at (read only) at once */
+    if :: wrote == h + 1 && dlc[me] > 0 && LOST_LOCK(me) -> dlc[me] = 0 :: else fi;
+#endif
     /* watchdog (lost once dlc <= 0) and fencing: SIGTERM at loss, SIGKILL `grace` later */
     if
     :: running[me] && dlc[me] <= 0 ->
@@ -294,7 +360,7 @@ held:
     if
     :: dlc[me] > 0 && due[me] == 0 ->
        d_step { fl[me] = 1; rel[me] = 0 };      /* start of this renewal */
-       d_step { opened[me] = 1; ok = (lk_owner == me && lk_state == HELD) };  /* open, read */
+       d_step { opened[me] = 1; ok = !LOST_LOCK(me) };  /* open, read */
        if
        :: !ok ->                                /* taken, revoked or released: lost, fence now */
           d_step { if :: dlc[me] > 0 -> dlc[me] = 0 :: else fi; fl[me] = 0; rel[me] = 0 }
@@ -329,6 +395,7 @@ endheld:
 release:
     skip;
     d_step { hold[me] = 0; dlc[me] = 0; due[me] = 0 };   /* stop the guard threads */
+    mkino[me] = 0;                              /* the command is dead: drop the mark, then release */
     if
     :: LIVE_TICKET ->                           /* someone waits: released bit in place */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
@@ -348,7 +415,10 @@ release:
        fi;
        unlock_mutex()
     fi;
-    gone[me] = 1
+    d_step {                                    /* exits; a lost holder may leave its record behind: */
+      gone[me] = 1;                             /* P3's clock then counts from now */
+      if :: lk_owner == me && (lk_state == HELD || lk_state == REVOKED) -> lvc = 0 :: else fi
+    }
   } unless { crashed[me] }
 }
 
@@ -371,7 +441,7 @@ end:
        ALLRDY ->
        /* bounded liveness: a dead holder's lock is taken by a live waiter within LBOUND */
        assert(!((lk_state == HELD || lk_state == REVOKED) && gone[lk_owner] &&
-                WAITERS && !pz && lvc >= LBOUND));
+                WAITERS && !pz && lvc >= LBOUND) || P3_lock_not_taken);
        ready[0] = 0; ready[1] = 0;
 #if NC == 3
        ready[2] = 0;
@@ -402,7 +472,7 @@ active proctype breaker()
 {
 end:
   atomic {
-    mlk[mino] == NOBODY && lk_state == HELD ->
+    MFREE(mino) && lk_state == HELD ->
 #ifdef BROKEN_BREAK_FREES
     RENAMED; lk_state = RELEASED; lvc = 0
 #else
@@ -442,15 +512,36 @@ end:
        :: else
        fi;
        /* a resumed holder's command never runs beside a newer one */
-       assert(!running[pj] || last_tok == tok[pj]);
-       assert(ONE_CMD);
+       assert(!running[pj] || last_tok == tok[pj] || P4_resumed_stale);
+       assert(ONE_CMD || P1_two_commands);
        pj = NOBODY
      }
-  :: atomic { rm && mlk[mino] == NOBODY -> mino = 1; rm = 0 }  /* rm the mutex file; the next open creates it anew */
+  :: atomic { rm && MFREE(mino) -> mino = 1; rm = 0 }  /* rm the mutex file; the next open creates it anew */
   :: atomic { forge && (lk_state == HELD || lk_state == REVOKED) ->
        frg = 1; forge = 0; frg_own = lk_owner; frg_rev = (lk_state == REVOKED); frgm = 0 }
   od
 }
+
+/* ------------------------------------------------ a directory writer (a person, a cleanup job, a deploy)
+ * Once, at any moment, on either host, without any lock: removes LOCK, empties it (same inode),
+ * or replaces it with a byte copy of itself (another inode, same content). */
+#ifdef WRITER
+active proctype writer()
+{
+end:
+  atomic {
+    lk_state != FREE ->
+    if :: wrote = 1 :: wrote = 2 fi;
+    if
+    :: RENAMED; lk_state = FREE; lk_owner = NOBODY; lk_tok = 0   /* rm LOCK */
+    :: lk_state = FREE; lk_owner = NOBODY; lk_tok = 0            /* truncate LOCK */
+#ifdef WRITER_COPY
+    :: RENAMED                                                   /* cp LOCK x; mv x LOCK */
+#endif
+    fi
+  }
+}
+#endif
 
 init {
   atomic {
