@@ -216,9 +216,51 @@ pub(crate) fn wait_free(file: &File) -> io::Result<()> {
     ofd(file, libc::F_UNLCK as libc::c_short, false).map(drop)
 }
 
+/// The size of one lock's region of its directory's lock space: its first byte announces a
+/// section ([`announce`]), the rest holds its holders' marks by token ([`DirRegion::hold_mark`]).
+pub(crate) const REGION: i64 = 1 << 24;
+
+/// One lock's region of LOCK's directory (`LockPaths::dir_region`), for locks a directory
+/// writer cannot take away by deleting a file: the announcement of a section, and the
+/// holders' marks again (a mark on the mutex file goes with the mutex file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DirRegion(pub i64);
+
+impl DirRegion {
+    /// The byte of token `t`'s mark: past the announcement; tokens beyond the region share
+    /// its last byte (a frozen superseded holder's mark then blocks like a current one's).
+    fn mark(self, t: u64) -> i64 {
+        self.0 + 1 + i64::try_from(t).unwrap_or(i64::MAX).min(REGION - 2)
+    }
+
+    /// Takes the mark of token `token` through `dir` (see [`hold_mark`]).
+    pub(crate) fn hold_mark(self, dir: &File, token: u64) -> io::Result<()> {
+        let got = ofd_at(dir, libc::F_RDLCK as libc::c_short, false, self.mark(token))?;
+        if got {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+    }
+
+    /// Lets go of every mark `dir` holds in this region.
+    pub(crate) fn drop_marks(self, dir: &File) -> io::Result<()> {
+        let fl = span(libc::F_UNLCK as libc::c_short, self.0 + 1, REGION - 1);
+        fcntl(dir.as_fd(), FcntlArg::F_OFD_SETLK(&fl))
+            .map(drop)
+            .map_err(io::Error::from)
+    }
+
+    /// Whether anyone else holds a mark of token `from` or above in this region.
+    pub(crate) fn marked(self, dir: &File, from: u64) -> io::Result<bool> {
+        let first = self.mark(from);
+        held_in(dir, first, self.0 + REGION - first)
+    }
+}
+
 /// Announces a section of one lock on its directory (`dir`, a descriptor of its own on LOCK's
-/// directory, read-only) at `byte` (`LockPaths::section_byte`), and checks that nobody else
-/// has: a read lock, then a test for anyone else's. `Ok(false)`, with nothing left held, when
+/// directory, read-only) at the first byte of its region (`LockPaths::dir_region`), and checks
+/// that nobody else has: a read lock, then a test for anyone else's. `Ok(false)`, with nothing left held, when
 /// someone else has announced — a section of the same lock entered through another mutex file,
 /// which exists only when the mutex file was deleted while someone was inside.
 ///
@@ -229,22 +271,23 @@ pub(crate) fn wait_free(file: &File) -> io::Result<()> {
 /// check finds A — unless A had left already, and then A's write came before B's read of LOCK,
 /// which shows A's lease. Read locks, because a directory cannot be opened for writing; a write
 /// lock is only ever tested for (`F_OFD_GETLK`), never taken.
-pub(crate) fn announce(dir: &File, byte: i64) -> io::Result<bool> {
+pub(crate) fn announce(dir: &File, region: DirRegion) -> io::Result<bool> {
+    let byte = region.0;
     if !ofd_at(dir, libc::F_RDLCK as libc::c_short, false, byte)? {
         return Ok(false);
     }
     match held_at(dir, byte) {
         Ok(false) => Ok(true),
         other => {
-            let _ = withdraw(dir, byte);
+            let _ = withdraw(dir, region);
             other.map(|_| false)
         }
     }
 }
 
 /// Lets go of [`announce`]'s lock.
-pub(crate) fn withdraw(dir: &File, byte: i64) -> io::Result<()> {
-    ofd_at(dir, libc::F_UNLCK as libc::c_short, false, byte).map(drop)
+pub(crate) fn withdraw(dir: &File, region: DirRegion) -> io::Result<()> {
+    ofd_at(dir, libc::F_UNLCK as libc::c_short, false, region.0).map(drop)
 }
 
 #[cfg(test)]
@@ -327,16 +370,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = File::open(dir.path()).unwrap();
         let b = File::open(dir.path()).unwrap();
-        assert!(announce(&a, 42).unwrap());
-        assert!(!announce(&b, 42).unwrap());
-        assert!(announce(&b, 43).unwrap(), "another lock");
+        let (one, two) = (DirRegion(REGION), DirRegion(2 * REGION));
+        assert!(announce(&a, one).unwrap());
+        assert!(!announce(&b, one).unwrap());
+        assert!(announce(&b, two).unwrap(), "another lock");
         assert!(
-            !held_at(&a, 42).unwrap(),
+            !held_at(&a, REGION).unwrap(),
             "a refused announcement leaves nothing held"
         );
-        withdraw(&a, 42).unwrap();
-        assert!(announce(&b, 42).unwrap());
-        assert!(!announce(&a, 42).unwrap());
+        withdraw(&a, one).unwrap();
+        assert!(announce(&b, one).unwrap());
+        assert!(!announce(&a, one).unwrap());
+        // Marks in the region neither block nor are blocked by announcements.
+        one.hold_mark(&a, 5).unwrap();
+        assert!(one.marked(&b, 5).unwrap() && one.marked(&b, 0).unwrap());
+        assert!(!one.marked(&b, 6).unwrap(), "a later token supersedes it");
+        assert!(!two.marked(&b, 0).unwrap(), "another lock's region");
+        one.hold_mark(&a, u64::MAX).unwrap();
+        assert!(one.marked(&b, u64::MAX).unwrap());
+        one.drop_marks(&a).unwrap();
+        assert!(!one.marked(&b, 0).unwrap());
     }
 
     #[test]

@@ -67,9 +67,9 @@ pub(crate) struct MutexFile {
     /// How it is locked: read-write or read-only, on a network file system or not.
     at: Where,
     /// On a local file system: LOCK's directory, opened again for this file's sections to be
-    /// announced on (`klock::announce`), at byte `byte`.
+    /// announced on (`klock::announce`) and its holders' marks, in the lock's region `region`.
     dir: Option<File>,
-    byte: i64,
+    region: klock::DirRegion,
 }
 
 impl MutexFile {
@@ -95,7 +95,7 @@ impl MutexFile {
             pid: std::process::id(),
             at,
             dir,
-            byte: paths.section_byte(),
+            region: paths.dir_region(),
         })
     }
 
@@ -105,12 +105,12 @@ impl MutexFile {
     fn announce(&self) -> bool {
         self.dir
             .as_ref()
-            .is_none_or(|d| klock::announce(d, self.byte).unwrap_or(true))
+            .is_none_or(|d| klock::announce(d, self.region).unwrap_or(true))
     }
 
     fn withdraw(&self) {
         if let Some(d) = &self.dir {
-            let _ = klock::withdraw(d, self.byte);
+            let _ = klock::withdraw(d, self.region);
         }
     }
 
@@ -123,6 +123,9 @@ impl MutexFile {
     /// becomes visible.
     pub(crate) fn drop_mark(&self) {
         let _ = klock::drop_mark(&self.file);
+        if let Some(d) = &self.dir {
+            let _ = self.region.drop_marks(d);
+        }
     }
 
     /// Whether this process opened it. A forked child shares the parent's open file
@@ -439,12 +442,19 @@ impl MutexGuard {
     /// holder without it is judged by its record, as before marks existed.
     pub(crate) fn hold_mark(&self, token: u64) {
         let _ = klock::hold_mark(&self.file.file, token);
+        if let Some(d) = &self.file.dir {
+            // Again in LOCK's directory, which a directory writer cannot delete with the file.
+            let _ = self.file.region.hold_mark(d, token);
+        }
     }
 
     /// Whether another holder's mark of token `from` or above is held on this mutex file
-    /// (`klock::mark_held`); an error says no (the record decides, as before marks existed).
+    /// (`klock::mark_held`), or in LOCK's directory; an error says no (the record decides, as
+    /// before marks existed).
     pub(crate) fn holder_marked(&self, from: u64) -> bool {
         klock::mark_held(&self.file.file, from).unwrap_or(false)
+            || (self.file.dir.as_ref())
+                .is_some_and(|d| self.file.region.marked(d, from).unwrap_or(false))
     }
 
     /// What the mutex file says about fencing tokens (see [`Tokens`]).
@@ -678,10 +688,12 @@ fn parse_last(line: &[u8], ceiling: u64, boot: &str) -> Option<u64> {
 /// Whether a holder's mark (`klock::hold_mark`) is held on the mutex file of `paths`, if that
 /// file exists: a look that creates nothing.
 pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
-    paths
-        .handle()
-        .open_existing(paths.mutex_name(), false)
+    let dir = paths.handle();
+    dir.open_existing(paths.mutex_name(), false)
         .is_ok_and(|f| klock::mark_held(&f, 0).unwrap_or(false))
+        || dir
+            .reopen()
+            .is_ok_and(|d| paths.dir_region().marked(&d, 0).unwrap_or(false))
 }
 
 /// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.

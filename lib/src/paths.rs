@@ -146,11 +146,12 @@ impl LockPaths {
         &self.handle
     }
 
-    /// Which byte of LOCK's directory a section of this lock announces itself on
-    /// (`klock::announce`): a function of LOCK's name alone, so every process derives it.
-    pub(crate) fn section_byte(&self) -> i64 {
-        // Never byte 0, never negative: 62 bits of the name's hash, plus one.
-        ((fnv1a64(self.lock_name().as_encoded_bytes()) >> 2) + 1) as i64
+    /// This lock's region of LOCK's directory for kernel locks (`klock::DirRegion`): a function
+    /// of LOCK's name alone, so every process derives it. Regions of [`klock::REGION`] bytes,
+    /// one per 39-bit hash of the name, never negative.
+    pub(crate) fn dir_region(&self) -> crate::klock::DirRegion {
+        let slot = fnv1a64(self.lock_name().as_encoded_bytes()) >> 25;
+        crate::klock::DirRegion((slot as i64) * crate::klock::REGION)
     }
 
     /// LOCK's name in its directory.

@@ -1,5 +1,5 @@
 //! A lease record that is gone under a running holder — LOCK removed (an operator cleaning a
-//! "stale" lock, a cleanup job), emptied, or replaced by a copy owned by another user — never
+//! "stale" lock, a cleanup job; with its mutex file or without), emptied, or replaced by a copy owned by another user — never
 //! lets a second job start beside the first on the same host: the holder notices at once
 //! (inotify on LOCK's directory) and fences its command, and a contender that finds LOCK
 //! missing, empty or not the holder's own file waits for the holder's kernel mark to go, which
@@ -26,6 +26,9 @@ fn lh() -> Command {
 #[derive(Debug, Clone, Copy)]
 enum Change {
     Removed,
+    /// LOCK and its mutex file both removed (the holder's mark on the mutex file goes with it;
+    /// its mark in LOCK's directory stays).
+    RemovedWithMutex,
     Emptied,
     /// A byte copy of the live lease, owned by another user, renamed over LOCK.
     ReplacedByAnothersCopy,
@@ -34,6 +37,12 @@ enum Change {
 fn change(lock: &Path, how: Change) {
     match how {
         Change::Removed => fs::remove_file(lock).expect("rm LOCK"),
+        Change::RemovedWithMutex => {
+            fs::remove_file(lock).expect("rm LOCK");
+            let name = lock.file_name().unwrap().to_str().unwrap();
+            fs::remove_file(lock.with_file_name(format!(".{name}.leasehold-mutex")))
+                .expect("rm the mutex file");
+        }
         Change::Emptied => {
             fs::OpenOptions::new()
                 .write(true)
@@ -103,7 +112,7 @@ fn trials_of(how: Change) -> (usize, Duration) {
 
 #[test]
 fn a_lock_file_removed_emptied_or_replaced_mid_hold_never_lets_a_second_job_overlap_the_first() {
-    let mut changes = vec![Change::Removed, Change::Emptied];
+    let mut changes = vec![Change::Removed, Change::RemovedWithMutex, Change::Emptied];
     if !support::skip(
         !support::is_root(),
         "replacing LOCK by another user's copy needs root (chown)",

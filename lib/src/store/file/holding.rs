@@ -261,8 +261,22 @@ impl Holding for FileHolding {
         };
         fsio::write_header(&file, path, region).map_err(Renewal::Transient)?;
         // Closing flushes the write to an NFS server (close-to-open); only then does it count.
+        let id = file.metadata().map(|m| (m.dev(), m.ino()));
         drop(file);
-        Ok(())
+        // And only if LOCK's name still leads to the file we wrote: a copy of our lease renamed
+        // over it after our look above took our write into the unlinked file, which nobody
+        // reads, while others' observation of the copy started before this renewal counted
+        // (the SPIN model's gap-writer-copy: a contender on a fast clock took over while the
+        // holder ran on). A copy renamed in after this look sees our write in place first.
+        match (id, self.paths.handle().stat(self.paths.lock_name())) {
+            (Ok(ours), Ok(Some(m))) if m.id() == ours => Ok(()),
+            (Ok(_), Ok(_)) => vanished(format!(
+                "{} was replaced by another file while we renewed it",
+                self.paths.lock.display()
+            )),
+            (Err(e), _) => Err(Renewal::Transient(Error::io(path, "stat", e))),
+            (_, Err(e)) => Err(Renewal::Transient(Error::io(path, "stat", e))),
+        }
     }
 
     fn check(&self, lease_id: &str) -> std::result::Result<(), Renewal> {
