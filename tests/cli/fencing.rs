@@ -134,6 +134,9 @@ fn a_stolen_lease_fences_the_command_and_all_its_grandchildren() {
         err.contains(&format!("lease on {} lost", lock.display())),
         "{err}"
     );
+    // Says what happened to the lease, and who did it, in words that read as a sentence.
+    assert!(err.contains(": lease broken: revoked by "), "{err}");
+    assert!(!err.contains("holds our lease"), "{err}");
     for p in members.iter().chain([&child, &grandchild]) {
         assert!(!alive(*p), "pid {p} survived the fence");
     }

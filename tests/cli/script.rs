@@ -448,7 +448,18 @@ echo finished"#;
     let (keeper, pid) = keeper_and_script(&lock);
     assert_eq!(pid, s.pid());
     let o = lh().args(["break", "--force"]).arg(&lock).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    // The operator learns which process must end (pid, user, terminal) and how; not that the
+    // script will be fenced or stopped as hung, which never happens to a shell at a terminal.
+    let me = leasehold::Identity::current().user;
+    assert!(
+        said.contains(&format!("until pid {pid} ({me}, /dev/pts/")),
+        "{said}"
+    );
+    assert!(said.contains(&format!("`kill -HUP {pid}`")), "{said}");
+    assert!(!said.contains("stopped as hung"), "{said}");
+    assert!(!said.contains("will fence"), "{said}");
     ensure_within("the line on the terminal", LONG, || {
         seen.lock().unwrap().contains("was lost")
     });

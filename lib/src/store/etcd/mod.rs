@@ -293,13 +293,7 @@ impl Conn {
             Err(_) => Err(Error::io(
                 &self.lock.url,
                 op,
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "etcd at {}: no answer within {timeout:?}",
-                        self.lock.endpoints.join(",")
-                    ),
-                ),
+                no_answer(&self.lock.endpoints, timeout),
             )),
         }
     }
@@ -317,6 +311,19 @@ impl Conn {
     pub(crate) fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
         self.rt.block_on(f)
     }
+}
+
+/// `etcd at ENDPOINTS: no answer within 833ms`: a call that timed out, its bound in leasehold's
+/// own duration form (never Rust's `833.333333ms`).
+fn no_answer(endpoints: &[String], timeout: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "etcd at {}: no answer within {}",
+            endpoints.join(","),
+            crate::human_duration(timeout)
+        ),
+    )
 }
 
 /// When `e` says the cluster cannot serve us for now (no leader: an election, a cluster just
@@ -410,6 +417,20 @@ mod tests {
         assert_eq!(l.prefix(), "jobs/nightly/");
         // etcd's concurrency.Mutex: fmt.Sprintf("%s%x", pfx, leaseID).
         assert_eq!(l.key(0x694d_7d1f), "jobs/nightly/694d7d1f");
+    }
+
+    #[test]
+    fn a_call_without_an_answer_says_its_bound_rounded() {
+        let e = no_answer(&["http://h:2379".into()], Duration::from_nanos(833_333_333));
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "etcd at http://h:2379: no answer within {}",
+                crate::human_duration(Duration::from_millis(833))
+            )
+        );
+        assert!(!e.to_string().contains("833.3"), "{e}");
     }
 
     fn parse(url: &str, env: Option<&str>, tls: bool) -> Result<EtcdLock> {

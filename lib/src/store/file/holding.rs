@@ -203,25 +203,32 @@ impl Holding for FileHolding {
 
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
         let path = &self.paths.lock;
-        let (file, mode) = self.open_for_renewal()?;
-        let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
-        let taken = |by: String| Err(Renewal::Lost(LossReason::Taken { by }));
+        let (file, mode) = match self.open_for_renewal() {
+            // A breaker of another user replaced LOCK with a file of its own that we may not
+            // write: read it, so that a broken lease is lost at this renewal, as for a breaker of
+            // our own uid, and not only at the renew deadline.
+            Err(Renewal::Transient(e)) if permission_denied(&e) => {
+                return match fsio::read_lock(&self.paths).map(|c| ours(&c, lease_id)) {
+                    Ok(Ours::Held) | Err(_) => Err(Renewal::Transient(e)),
+                    Ok(o) => Err(Renewal::Lost(not_ours(o))),
+                };
+            }
+            r => r?,
+        };
         match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
             Ok(Ours::Held) => {}
-            Ok(Ours::Revoked(by)) => {
-                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
-                return taken(format!("holds our lease revoked{by}"));
+            Ok(o) => return Err(Renewal::Lost(not_ours(o))),
+            Err(e @ Error::NotALease { .. }) => {
+                return Err(Renewal::Lost(LossReason::Vanished {
+                    what: e.to_string(),
+                }));
             }
-            Ok(Ours::Released) => return taken("holds our lease marked released (broken)".into()),
-            Ok(Ours::Taken(by, token)) => return taken(format!("held by {by} (token {token})")),
-            Ok(Ours::Empty) => return vanished("LOCK is empty".into()),
-            // read_open never reports Missing for an open file; vanished all the same.
-            Ok(Ours::Missing) => return vanished("LOCK is missing".into()),
-            Err(e @ Error::NotALease { .. }) => return vanished(e.to_string()),
             Err(e) => return Err(Renewal::Transient(e)),
         }
         let Some(region) = bytes.get(MUTABLE_RANGE) else {
-            return vanished("internal: our record is shorter than its header".into());
+            return Err(Renewal::Lost(LossReason::Vanished {
+                what: "internal: our record is shorter than its header".into(),
+            }));
         };
         fsio::write_header(&file, path, region).map_err(Renewal::Transient)?;
         // Closing flushes the write to an NFS server (close-to-open); only then does it count.
@@ -252,6 +259,35 @@ impl Holding for FileHolding {
         (self.origin.iter()).for_each(|lock| crate::slots::nudge(lock, net, wait, stuck));
         out
     }
+}
+
+/// Why a renewal that found `o` (anything but [`Ours::Held`]) lost the lease.
+fn not_ours(o: Ours) -> LossReason {
+    match o {
+        Ours::Revoked(by) => LossReason::Broken {
+            how: LossReason::revoked(by),
+        },
+        Ours::Released => LossReason::Broken {
+            how: "marked released by a break".into(),
+        },
+        Ours::Taken(by, token) => LossReason::Taken {
+            by: format!("held by {by} (token {token})"),
+        },
+        Ours::Empty => LossReason::Vanished {
+            what: "LOCK is empty".into(),
+        },
+        // read_open never reports Missing for an open file; vanished all the same. (Held is
+        // not a loss: callers match it first.)
+        Ours::Missing | Ours::Held => LossReason::Vanished {
+            what: "LOCK is missing".into(),
+        },
+    }
+}
+
+/// True for EACCES or EPERM.
+fn permission_denied(e: &Error) -> bool {
+    e.io_error()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
 impl FileHolding {
