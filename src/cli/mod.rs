@@ -112,6 +112,8 @@ where
         Some(args::Command::Lock(a)) => lock::lock(&a),
         Some(args::Command::Unlock(a)) => unlock::unlock(&a),
         Some(args::Command::Break(a)) => brk::brk(&a),
+        // Taken before clap above (`argv[1] == "flock"`); reached only if clap saw it anyway.
+        Some(args::Command::Flock(a)) => crate::flock::main("leasehold flock", &a.args),
         // clap shows the help when nothing is given; `--generate` was handled above.
         None => exit::USAGE,
     }
