@@ -2,9 +2,10 @@
 # Exhaustive SPIN checks of model/leasehold.pml (see model/README.md).
 #
 # The real model, in two configurations, must pass; each broken variant (one safety step
-# removed) must fail. For every run, prints pan's own summary: its `errors: N` line, the states
-# stored, and the violated assertion if any. Exits non-zero if the real model has an error (or
-# its search is incomplete) or a broken variant has none.
+# removed) must fail on the assertion it is built to break (P1 or P2). For every run, prints
+# pan's own summary: its `errors: N` line, the states stored, and the violated assertion if any.
+# Exits non-zero if the real model has an error (or its search is incomplete) or a broken
+# variant has none, or violates another assertion than its own.
 #
 #   bash model/check.sh            everything
 #   KEEP=dir bash model/check.sh   keep pan's files and trails in dir (replay a trail with
@@ -33,7 +34,7 @@ run() {
 }
 
 report() {
-  local name=$1 d="$work/$1" expect errors verdict ok=0
+  local name=$1 d="$work/$1" expect errors verdict want ok=0
   expect=$(cat "$d/expect")
   errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$d/pan.out" | tail -1)
   printf '%-26s %s\n' "$name" "spin $(cat "$d/flags")"
@@ -47,27 +48,39 @@ report() {
       verdict="FAIL: the real model must have no error and a complete search"; ok=1
     fi
   else
-    if [ -n "$errors" ] && [ "$errors" -gt 0 ]; then
-      verdict="PASS (counterexample found, as it must be)"
-    else
+    # The counterexample must be the one the variant is built to show: its violated assertion
+    # (any other error, e.g. a model bug the variant happens to reach, is no proof).
+    want=$(cat "$d/want")
+    if [ -z "$errors" ] || [ "$errors" -eq 0 ]; then
       verdict="FAIL: this broken variant must have a counterexample"; ok=1
+    elif grep 'assertion violated' "$d/pan.out" | grep -qF -- "$want"; then
+      verdict="PASS (counterexample found, as it must be: $want)"
+    else
+      verdict="FAIL: a counterexample, but not the intended assertion ($want)"; ok=1
     fi
   fi
   echo "    => $verdict"
   return $ok
 }
 
-# name | expect | search | spin -D flags. dfs: exhaustive depth-first; bfs: breadth-first, which
-# finds the shortest trail (used where depth-first wanders long before its first error).
+# The assertions a broken variant must violate, as pan prints them (after spin's macros): P1,
+# never two commands running at once (ONE_CMD with NC=2), and P2, tokens strictly increase in
+# start order (README.md's table says which each variant shows).
+P1='!(((running[0]&& !(paused[0]))&&(running[1]&& !(paused[1]))))'
+P2='(t>last_tok)'
+
+# name | expect | search | spin -D flags | the assertion a broken variant must violate.
+# dfs: exhaustive depth-first; bfs: breadth-first, which finds the shortest trail (used where
+# depth-first wanders long before its first error).
 configs=(
-  "real-2-hosts|pass|dfs|-DNC=2 -DNO_RM -DNO_FORGE"
-  "real-queue|pass|dfs|-DNC=3 -DDRIFT=0 -DNO_PAUSE -DNO_BREAK -DNO_FORGE -DNO_RM"
-  "real-mutex-replaced|pass|dfs|-DNC=2 -DNO_PAUSE -DNO_BREAK -DNO_FORGE"
-  "broken-no-margin|fail|dfs|-DNC=2 -DNO_RM -DNO_FORGE -DBROKEN_NO_MARGIN"
-  "broken-wall-clock|fail|bfs|-DNC=2 -DNO_RM -DNO_FORGE -DBROKEN_WALL_CLOCK"
-  "broken-no-inode-check|fail|bfs|-DNC=2 -DNO_PAUSE -DNO_BREAK -DNO_FORGE -DBROKEN_NO_INODE_CHECK"
-  "broken-break-frees|fail|bfs|-DNC=2 -DNO_RM -DNO_FORGE -DBROKEN_BREAK_FREES"
-  "broken-trust-other-uid|fail|bfs|-DNC=2 -DNO_RM -DBROKEN_TRUST_OTHER_UID"
+  "real-2-hosts|pass|dfs|-DNC=2 -DNO_RM -DNO_FORGE|"
+  "real-queue|pass|dfs|-DNC=3 -DDRIFT=0 -DNO_PAUSE -DNO_BREAK -DNO_FORGE -DNO_RM|"
+  "real-mutex-replaced|pass|dfs|-DNC=2 -DNO_PAUSE -DNO_BREAK -DNO_FORGE|"
+  "broken-no-margin|fail|dfs|-DNC=2 -DNO_RM -DNO_FORGE -DBROKEN_NO_MARGIN|$P1"
+  "broken-wall-clock|fail|bfs|-DNC=2 -DNO_RM -DNO_FORGE -DBROKEN_WALL_CLOCK|$P2"
+  "broken-no-inode-check|fail|bfs|-DNC=2 -DNO_PAUSE -DNO_BREAK -DNO_FORGE -DBROKEN_NO_INODE_CHECK|$P1"
+  "broken-break-frees|fail|bfs|-DNC=2 -DNO_RM -DNO_FORGE -DBROKEN_BREAK_FREES|$P1"
+  "broken-trust-other-uid|fail|bfs|-DNC=2 -DNO_RM -DBROKEN_TRUST_OTHER_UID|$P1"
 )
 
 start=$(date +%s)
@@ -77,14 +90,14 @@ names=()
 # Two at a time (the machine may have two cores).
 i=0
 for c in "${configs[@]}"; do
-  IFS='|' read -r name expect search flags <<<"$c"
+  IFS='|' read -r name expect search flags want <<<"$c"
   names+=("$name")
   if [ "$search" = dfs ]; then
     cflags="-DCOLLAPSE"; pflags="-m1000000 -w26"
   else
     cflags="-DCOLLAPSE -DBFS"; pflags="-w24"
   fi
-  mkdir -p "$work/$name" && echo "$flags" >"$work/$name/flags"
+  mkdir -p "$work/$name" && echo "$flags" >"$work/$name/flags" && echo "$want" >"$work/$name/want"
   run "$name" "$expect" "$flags" "$cflags" "$pflags" &
   i=$((i + 1))
   if [ $((i % 2)) = 0 ]; then wait; fi
