@@ -81,7 +81,7 @@ pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_besi
 pub use record::{
     Ending, FORMAT_VERSION, Holder, Lease, LeaseState, MAX_WIDTH, Mode, PLAIN_FORMAT_VERSION,
 };
-pub use status::{BreakMode, Broken, Frees, break_lease, status, status_with};
+pub use status::{AtTerminal, BreakMode, Broken, Frees, break_lease, status, status_with};
 pub use timing::Timing;
 pub use verdict::Waiting;
 pub use verdict::{EtcdTtl, State, Verdict};

@@ -461,11 +461,26 @@ impl LockDir {
         let me = user_name(self.euid);
         let dir = self.path.display();
         if self.sticky() {
+            // Who may replace a file in a sticky directory: its owner, the directory's owner
+            // (unless that is us: leasehold still refuses) and root, each named once ("only
+            // root", never "only root or root").
+            let mut may = vec![owner.clone()];
+            let dir_owner = (self.meta.uid != self.euid).then(|| user_name(self.meta.uid));
+            for other in dir_owner.into_iter().chain([user_name(0)]) {
+                if !may.contains(&other) {
+                    may.push(other);
+                }
+            }
+            let may = match may.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                None => owner.clone(),
+            };
             return Err(Error::Untrusted {
                 path,
                 why: format!(
                     "the {role} belongs to {owner}, and {dir} is sticky (mode {:o}): only \
-                     {owner} or root can replace it there, so {me} cannot share this lock. To \
+                     {may} can replace it there, so {me} cannot share this lock. To \
                      share a lock between users, keep it in a group-shared directory (`install \
                      -d -m 2775 -g GROUP DIR`; README: \"Sharing a lock between users\")",
                     self.meta.mode & 0o7777

@@ -15,6 +15,12 @@ pub enum LossReason {
         /// Who holds it now, or what LOCK holds.
         by: String,
     },
+    /// LOCK still holds our lease, broken: revoked by `break --force` or `--lease-id`, or marked
+    /// released by a break that judged us gone.
+    Broken {
+        /// How, and by whom when LOCK says: `revoked by alice@web1 pid 4242`.
+        how: String,
+    },
     /// LOCK no longer leads to our lease: missing, not a lease, or the storage went away.
     Vanished {
         /// What we found.
@@ -31,6 +37,7 @@ impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LossReason::Taken { by } => write!(f, "lease taken: LOCK now {by}"),
+            LossReason::Broken { how } => write!(f, "lease broken: {how}"),
             LossReason::Vanished { what } => write!(f, "lease vanished: {what}"),
             LossReason::RenewTimeout {
                 last_error: Some(e),
@@ -41,6 +48,13 @@ impl fmt::Display for LossReason {
                 write!(f, "could not renew the lease before its deadline")
             }
         }
+    }
+}
+
+impl LossReason {
+    /// [`LossReason::Broken`]'s `how` for a revoked lease: `revoked by WHO`, or `revoked`.
+    pub(crate) fn revoked(by: Option<String>) -> String {
+        by.map_or_else(|| "revoked".into(), |b| format!("revoked by {b}"))
     }
 }
 

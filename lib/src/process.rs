@@ -602,7 +602,7 @@ mod script;
 
 pub(crate) use kill::kill_checked;
 pub use kill::{kill_carriers_verified, kill_group_verified, kill_verified, signal_carriers};
-pub use script::{cmdline, controlling_tty, descends_from, terminal_path};
+pub use script::{cmdline, controlling_tty, descends_from, terminal_path, tty_name};
 
 #[cfg(test)]
 mod tests;

@@ -28,7 +28,7 @@ use crate::verdict::{State, Verdict};
 mod holders;
 pub(crate) mod outcome;
 
-pub use outcome::{BreakMode, Broken, Frees};
+pub use outcome::{AtTerminal, BreakMode, Broken, Frees};
 
 /// How long `status` and `break` wait for the mutex before reading without it.
 const LOOK_WAIT: Duration = Duration::from_secs(2);
@@ -199,6 +199,7 @@ fn break_judged<S: Store>(b: &Breaker<'_, S>, mode: &BreakMode) -> Result<Broken
         frees: Frees::Now,
         forged: None,
         unchecked: None,
+        at_terminal: None,
         already_revoked: false,
         more: Vec::new(),
     };
@@ -295,6 +296,14 @@ impl<S: Store> Breaker<'_, S> {
             if !found.belongs || v.state == State::Hung {
                 out.unchecked = found.unknown.clone();
             }
+            out.at_terminal = at_terminal(lease);
+            if let Some(t) = &out.at_terminal
+                && (out.unchecked.as_ref())
+                    .is_some_and(|u| u.starts_with(&format!("pid {} ", t.pid)))
+            {
+                // Said by `at_terminal`, with what to do.
+                out.unchecked = None;
+            }
             if v.state == State::Hung && found.unknown.is_none() {
                 match takeover::stop_hung(lease, binding) {
                     Ok(n) => {
@@ -345,6 +354,24 @@ impl LiveJob {
         }
         Some(self.not_ours.join("; "))
     }
+}
+
+/// The script of a script-mode lease, alive (same start time) and at a terminal: who must end.
+fn at_terminal(lease: &Lease) -> Option<AtTerminal> {
+    let h = &lease.holder;
+    if !h.on_behalf {
+        return None;
+    }
+    let (pid, start) = h.child_pid.zip(h.child_start)?;
+    let s = process::stat(pid).ok()??;
+    if s.start != start || s.is_dead() {
+        return None;
+    }
+    Some(AtTerminal {
+        pid,
+        user: crate::lockdir::user_name(s.uid),
+        tty: process::tty_name(pid)?,
+    })
 }
 
 fn judge_live(lease: &Lease, binding: &dyn Binding) -> LiveJob {

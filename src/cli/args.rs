@@ -43,21 +43,47 @@ macro_rules! duration_help {
     };
 }
 
-/// The exit statuses of every subcommand, as printed at the end of `leasehold --help`.
-pub const EXIT_CODES: &str = concat!(
-    "Exit status of `run`:\n",
-    run_exit_codes!(),
-    "
-`status` exits 0 when every LOCK could be read; `break` exits 75 when it refuses.
-See `leasehold run --help` (and status, break) for examples; `leasehold --generate man` for
-the manual page."
-);
+/// What LOCK may be, as every subcommand's help says it (a macro for `concat!`).
+macro_rules! lock_forms {
+    () => {
+        "LOCK is a file (created if missing; its directory must exist), or etcd://[HOST:PORT,...]/NAME
+for a lock on an etcd cluster (leasehold built with --features etcd; ETCDCTL_ENDPOINTS and the
+other ETCDCTL_* variables as etcdctl takes them)."
+    };
+}
+
+/// The exit statuses of every subcommand (a macro for `concat!`).
+macro_rules! exit_codes {
+    () => {
+        concat!(
+            "Exit status of `run`:\n",
+            run_exit_codes!(),
+            "
+`lock` exits as `run` does (0: held); `unlock` exits 0 when released, 77 when refused, 75 when
+its keeper is gone; `status` exits 0 when every LOCK could be read; `break` exits 75 when it
+refuses; `flock` exits as util-linux's flock(1) does.
+See `leasehold run --help` (and lock, unlock, status, break, flock) for examples;
+`leasehold --generate man` (and man-flock) for the manual pages."
+        )
+    };
+}
+
+/// The exit statuses of every subcommand: the manual page's EXIT STATUS.
+pub const EXIT_CODES: &str = exit_codes!();
+
+/// The end of `leasehold --help`: what LOCK may be, and every exit status.
+const TOP_HELP: &str = concat!(lock_forms!(), "\n\n", exit_codes!());
+
+/// What LOCK may be: a file or an etcd:// URL.
+pub const LOCK_FORMS: &str = lock_forms!();
 
 /// What a DURATION is, as `run --help` and the man page explain it.
 pub const DURATION_HELP: &str = duration_help!();
 
-/// The end of `leasehold run --help`: DURATION, its exit statuses, examples.
+/// The end of `leasehold run --help`: LOCK, DURATION, its exit statuses, examples.
 const RUN_HELP: &str = concat!(
+    lock_forms!(),
+    "\n\n",
     duration_help!(),
     "\n\nExit status:\n",
     run_exit_codes!(),
@@ -69,11 +95,16 @@ Examples:
   leasehold run -w 5m --note \"CI run $CI_PIPELINE_ID\" /srv/deploy.lock -c 'make deploy'
       wait up to 5 minutes, then give up; `status` and waiters show the note
   leasehold run --ttl 10s /mnt/nfs/jobs/report.lock -- ./report.sh
-      a shorter TTL: a dead holder on another host is noticed after 10s"
+      a shorter TTL: a dead holder on another host is noticed after 10s
+  leasehold run -n etcd://10.0.0.1:2379,10.0.0.2:2379/reports -- ./report.sh
+      once across every host sharing that etcd cluster"
 );
 
 /// The end of `leasehold status --help`: its exit statuses, examples.
-const STATUS_HELP: &str = "\
+const STATUS_HELP: &str = concat!(
+    lock_forms!(),
+    "
+
 Exit status:
   0        every LOCK could be read (free, held, stale or hung: the state is in the output;
            a LOCK that does not exist is shown free, and nothing is created)
@@ -85,10 +116,14 @@ Examples:
   leasehold status /srv/deploy.lock
       who holds it, since when, its lease id, how long this host has seen its heartbeat
   leasehold status --json /srv/deploy.lock | jq -r .state
-      free, held, stale or hung (several LOCKs: an array of objects)";
+      free, held, stale or hung (several LOCKs: an array of objects)"
+);
 
 /// The end of `leasehold break --help`: its exit statuses, examples.
-const BREAK_HELP: &str = "\
+const BREAK_HELP: &str = concat!(
+    lock_forms!(),
+    "
+
 Without --lease-id or --force only a stale lease is broken (its holder's processes are gone,
 or it has been silent a full TTL). A live lease broken by id or by force is revoked: its
 holder fences its command at its next renewal; the lock frees once the old job is gone.
@@ -103,7 +138,47 @@ Examples:
   leasehold break /srv/deploy.lock
       break it only if it is stale
   leasehold break --lease-id 6f1c0e9a2b7d4c85a3e1f0b2c4d6e8fa /srv/deploy.lock
-      revoke exactly that lease (the id is in `status` and in the job's $LEASEHOLD_LEASE_ID)";
+      revoke exactly that lease (the id is in `status` and in the job's $LEASEHOLD_LEASE_ID)"
+);
+
+/// The end of `leasehold unlock --help`: its exit statuses, examples.
+const UNLOCK_HELP: &str = "\
+Only the script that took the lease with `leasehold lock`, or a process it started, may unlock
+it (as the same user); anyone else uses `leasehold break`.
+
+Exit status:
+  0        released (or nothing was held)
+  77       refused: the lease was not taken by `leasehold lock`, is held by a script on another
+           host, or this process is neither its script nor started by it
+  75       its keeper is gone (the lease is judged as a frozen holder's: `break --force` frees
+           it), or did not release in time
+  65, 66, 70  as for `run`
+
+Examples:
+  leasehold unlock /run/lock/job.lock
+      release the script's lease now, before the script exits
+  leasehold unlock -q \"$LEASEHOLD_LOCK\"
+      the same from a process the script started, silent unless refused";
+
+/// The end of `leasehold flock` in `leasehold --help`'s terms (the front end itself prints
+/// flock(1)'s own help): what it is, its exit statuses and examples, from the front end's lists.
+fn flock_help() -> String {
+    use crate::flock::args::{EXAMPLES, EXIT_STATUS};
+    let mut s = String::from(
+        "util-linux 2.41 flock(1)'s command line, with a heartbeat lease beside the file
+(.NAME.leasehold-flock): `leasehold flock --help` for its options, `leasehold --generate
+man-flock` for its manual page. Also called as `flock` (ln -s leasehold flock).
+
+Exit status: ",
+    );
+    s.push_str(EXIT_STATUS);
+    s.push_str("\n\nExamples:\n");
+    for (example, what) in EXAMPLES {
+        s.push_str(&format!("  leasehold {example}\n      {what}\n"));
+    }
+    s.truncate(s.trim_end().len());
+    s
+}
 
 /// `leasehold`: guard a job with a heartbeat lease on a file.
 #[derive(Debug, Parser)]
@@ -111,7 +186,7 @@ Examples:
     name = "leasehold",
     version,
     about = "Guard a job with a heartbeat lease on a file: stale locks broken safely, holders fenced, fencing tokens",
-    after_help = EXIT_CODES,
+    after_help = TOP_HELP,
     subcommand_required = false,
     arg_required_else_help = true,
     args_conflicts_with_subcommands = true
@@ -153,11 +228,33 @@ pub enum Command {
     #[command(after_help = LOCK_HELP)]
     Lock(LockArgs),
     /// Release early a lease taken by `leasehold lock` (from the script or a process it started).
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = UNLOCK_HELP)]
     Unlock(UnlockArgs),
     /// Break the lease on LOCK: a stale one, one named by its id, or (--force) any.
     #[command(name = "break", after_help = BREAK_HELP)]
     Break(BreakArgs),
+    /// flock(1)'s command line (util-linux), with a lease beside the file: waiters are told who
+    /// holds it, and `status` and `break` work on it.
+    #[command(
+        after_help = flock_help(),
+        disable_help_flag = true,
+        override_usage = "leasehold flock [options] <file>|<directory> <command> [<argument>...]\n       leasehold flock [options] <file>|<directory> -c <command>\n       leasehold flock [options] <file descriptor number>"
+    )]
+    Flock(FlockArgs),
+}
+
+/// `leasehold flock ARGS...`: parsed by the flock front end (`crate::flock::args`), not clap;
+/// listed here so that `--help`, the manual page and the completions name it.
+#[derive(Debug, Args)]
+pub struct FlockArgs {
+    /// flock(1)'s options and arguments.
+    #[arg(
+        value_name = "ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        num_args = 0..
+    )]
+    pub args: Vec<OsString>,
 }
 
 /// The options of a lease that `run` and `lock` share: how long to wait, its timing, its note,
@@ -249,7 +346,10 @@ pub struct RunArgs {
 }
 
 /// How `leasehold lock` is used, printed after its `--help`.
-pub const LOCK_HELP: &str = "\
+pub const LOCK_HELP: &str = concat!(
+    lock_forms!(),
+    "
+
 Script mode:
   out=$(leasehold lock -n /run/lock/job.lock) || exit $?
   eval \"$out\"      # sets LEASEHOLD_LOCK, LEASEHOLD_TOKEN, LEASEHOLD_LEASE_ID
@@ -259,7 +359,19 @@ Do not write eval \"$(leasehold lock ...)\" || exit: eval of an empty string suc
 failed lock would not stop the script. A keeper process renews the lease, releases it when the
 script exits, and stops the script (TERM, grace, KILL; its process group when it leads one)
 if the lease is lost. A script with a controlling terminal is never signalled: it is told on
-that terminal. Exit statuses as for `run` (0: held).";
+that terminal.
+
+Exit status:
+  0        held: the `export` lines are on stdout
+  75       the lock could not be had (--no-wait, or --wait ran out); see -E
+  64, 65, 66, 70, 73, 77, 78  as for `run`
+
+Examples:
+  leasehold lock -n /run/lock/job.lock
+      in a script, as out=$(...) || exit $?: skip the rest of it if the lock is held
+  leasehold lock -w 1m --note nightly /run/lock/job.lock
+      wait up to a minute (the `export` lines to `eval`)"
+);
 
 /// `leasehold lock [OPTIONS] LOCK`: the lease for the calling process.
 #[derive(Debug, Args)]

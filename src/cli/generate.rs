@@ -3,11 +3,12 @@
 //! what `leasehold` accepts.
 //!
 //! Owns: leasehold(1) as roff — every subcommand with its options, exit statuses and examples,
-//! DURATION, the top-level options, the exit statuses, the environment the command gets, the
+//! LOCK (a file or etcd://), DURATION, the top-level options, the exit statuses, the environment the command gets, the
 //! files kept beside LOCK — and the bash, zsh and fish completion scripts (`clap_complete`).
 //! Must never: describe a flag by hand that clap already knows (options come from `args`), or
 //! write anywhere but the writer given. The page for the `flock` name (`man-flock`) is made from
-//! the `flock` front end's own option list (`crate::flock::args`), for the same reason.
+//! the `flock` front end's own option, exit-status and example lists (`crate::flock::args`), for
+//! the same reason.
 
 use std::io::{self, Write};
 
@@ -16,7 +17,7 @@ use clap_complete::Shell;
 use clap_mangen::Man;
 use clap_mangen::roff::{Roff, bold, roman};
 
-use super::args::{Cli, DURATION_HELP, EXIT_CODES, Generate};
+use super::args::{Cli, DURATION_HELP, EXIT_CODES, Generate, LOCK_FORMS};
 
 /// Writes what `kind` asks for to `w`.
 pub fn generate(kind: Generate, w: &mut dyn Write) -> io::Result<()> {
@@ -96,7 +97,8 @@ fn man_leasehold(w: &mut dyn Write) -> io::Result<()> {
          holder, and is renewed while CMD runs. A holder that dies is noticed at once on the \
          same host and after one TTL of silence from any other (so it works on NFS); a holder \
          that can no longer renew fences CMD (SIGTERM, grace, SIGKILL of its process group) \
-         before anyone else may take over.",
+         before anyone else may take over. LOCK may also name a lock on an etcd cluster \
+         (etcd://HOSTS/NAME; see LOCK below).",
     );
     paragraph(
         &mut r,
@@ -111,6 +113,7 @@ fn man_leasehold(w: &mut dyn Write) -> io::Result<()> {
     }
     man.render_options_section(&mut page.chunk())?;
     let mut r = Roff::new();
+    section(&mut r, "LOCK", LOCK_FORMS);
     section(&mut r, "DURATION", DURATION_HELP);
     section(&mut r, "EXIT STATUS", EXIT_CODES);
     r.control("SH", ["ENVIRONMENT"]);
@@ -159,7 +162,7 @@ const FLOCK_DESCRIPTION: [&str; 2] = [
 
 /// flock(1) as the `flock` name gives it: util-linux's command line, and what leasehold adds.
 fn man_flock(w: &mut dyn Write) -> io::Result<()> {
-    use crate::flock::args::{EXIT_STATUS, FORMS, OPTIONS};
+    use crate::flock::args::{EXAMPLES, EXIT_STATUS, FORMS, OPTIONS};
     let mut r = Roff::new();
     r.control(
         "TH",
@@ -194,6 +197,12 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
     }
     r.control("SH", ["EXIT STATUS"]);
     paragraph(&mut r, &format!("Exit status: {EXIT_STATUS}"));
+    r.control("SH", ["EXAMPLES"]);
+    for (example, what) in EXAMPLES {
+        r.control("TP", [])
+            .text([bold(*example)])
+            .text([roman(*what)]);
+    }
     r.control("SH", ["ENVIRONMENT"]);
     for (var, what) in [
         (

@@ -89,10 +89,10 @@ where
                     for line in report::usage_error_lines(&styled, &argv) {
                         say!("{line}");
                     }
-                    // `run LOCK CMD`: the command was taken for an unexpected argument.
-                    if e.kind() == ErrorKind::UnknownArgument
-                        && argv.get(1).is_some_and(|a| a == "run")
-                    {
+                    // `run LOCK CMD`: the command was taken for an unexpected argument. Not for
+                    // a mistyped option (`--no-wiat`) or when `--` was given: the hint would be
+                    // false.
+                    if command_without_dashes(&e, &argv) {
                         say!("{}", report::no_command_line());
                     }
                     exit::USAGE
@@ -119,7 +119,26 @@ where
         Some(args::Command::Lock(a)) => lock::lock(&a),
         Some(args::Command::Unlock(a)) => unlock::unlock(&a),
         Some(args::Command::Break(a)) => brk::brk(&a),
+        // Taken before clap above (`argv[1] == "flock"`); reached only if clap saw it anyway.
+        Some(args::Command::Flock(a)) => crate::flock::main("leasehold flock", &a.args),
         // clap shows the help when nothing is given; `--generate` was handled above.
         None => exit::USAGE,
+    }
+}
+
+/// True when a usage error of `run` is its command given without `--` (`run LOCK echo hi`):
+/// clap took the command's first word for an unexpected argument. False for a mistyped option
+/// (`--no-wiat`, `-x`) and once `--` is on the line, where "put it after `--`" would be false.
+fn command_without_dashes(e: &clap::Error, argv: &[std::ffi::OsString]) -> bool {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != ErrorKind::UnknownArgument
+        || argv.get(1).is_none_or(|a| a != "run")
+        || argv.iter().skip(2).any(|a| a == "--")
+    {
+        return false;
+    }
+    match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => !arg.starts_with('-'),
+        _ => false,
     }
 }

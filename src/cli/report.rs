@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use leasehold::text::{self, escape, escape_path, scrub};
 use leasehold::{
-    Broken, Error, Frees, Lease, LeaseState, State, TimingError, Verdict, human_duration,
+    AtTerminal, Broken, Error, Frees, Lease, LeaseState, State, TimingError, Verdict,
+    human_duration,
 };
 
 /// `leasehold: <error>`.
@@ -86,8 +87,15 @@ fn timing_text(t: &TimingError) -> String {
                 (false, false) => "--ttl",
             };
             let d = human_duration;
+            // The TTL alone (heartbeat and grace derived from it) is too short: only lengthening
+            // it helps.
+            let advice = if heartbeat_set || grace_set {
+                format!("shorten {flag} or lengthen --ttl")
+            } else {
+                "lengthen --ttl".to_string()
+            };
             format!(
-                "{flag}: heartbeat {} + grace {} + safety margin {} must be less than the TTL {}; shorten {flag} or lengthen --ttl",
+                "{flag}: heartbeat {} + grace {} + safety margin {} must be less than the TTL {}; {advice}",
                 d(heartbeat),
                 d(grace),
                 d(margin),
@@ -201,12 +209,16 @@ pub fn broken_line(b: &Broken) -> String {
                 l.token,
                 scrub(&v.reason)
             );
-            let _ = write!(
-                s,
-                "; it will fence its command at its next renewal (last heartbeat written {})",
-                escape(&l.heartbeat_at)
-            );
+            // A shell at a terminal is never fenced: `at_terminal` says what frees the lock.
+            if b.at_terminal.is_none() {
+                let _ = write!(
+                    s,
+                    "; it will fence its command at its next renewal (last heartbeat written {})",
+                    escape(&l.heartbeat_at)
+                );
+            }
             match b.frees {
+                _ if b.at_terminal.is_some() => {}
                 Frees::WhenGone { ttl } => {
                     let _ = write!(
                         s,
@@ -241,7 +253,25 @@ pub fn broken_line(b: &Broken) -> String {
     if let Some(u) = &b.unchecked {
         let _ = write!(s, "; not signalled: {}", scrub(u));
     }
+    if let Some(t) = &b.at_terminal {
+        s.push_str(&at_terminal_text(t, &l.holder.command));
+    }
     s
+}
+
+/// `; the lock stays blocked until pid 4242 (alice, /dev/pts/3: bash -i) ends: …`, for a broken
+/// script-mode lease whose script is a shell at a terminal, which leasehold never signals: who
+/// must end, and how. An interactive shell ignores SIGTERM, so the advice is SIGHUP (what a
+/// terminal's hang-up sends); `leasehold unlock` typed in it no longer helps (its keeper is gone
+/// with the lease).
+fn at_terminal_text(t: &AtTerminal, command: &[String]) -> String {
+    format!(
+        "; the lock stays blocked until pid {pid} ({}, {}: {}) ends: it holds the lock from a terminal, and leasehold never signals a shell at a terminal. End it there, or with `kill -HUP {pid}` (an interactive shell ignores a plain `kill`)",
+        escape(&t.user),
+        escape(&t.tty),
+        text::quote_argv(command),
+        pid = t.pid,
+    )
 }
 
 /// `leasehold: fenced <cmd>: <reason>; lease on LOCK lost`. `cmd` is the shell-quoted command

@@ -503,6 +503,28 @@ pub const EXIT_STATUS: &str = "the command's; 1 (or -E) on a conflict or timeout
      lock, 66 open, 69 cannot execute, 71 system error, 73 cannot create; 74 the lease was lost \
      and the command stopped.";
 
+/// Examples, as (command line after the program name, what it does): the `flock` manual page's
+/// EXAMPLES and `leasehold flock`'s entry in `leasehold --help`.
+pub const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "flock -n /var/lock/backup.lock /usr/local/bin/backup",
+        "skip this run (exit 1) if the last backup still runs",
+    ),
+    (
+        "flock -w 10 /var/lock/deploy.lock -c 'make deploy'",
+        "wait up to 10 seconds for the lock, then give up (exit 1)",
+    ),
+    (
+        "flock -s /var/lock/db.lock ./read-report.sh",
+        "a shared lock: readers run together, an exclusive holder waits for them all",
+    ),
+    (
+        "flock -n 9 || exit 1",
+        "the descriptor form, in a shell block run as { ...; } 9>/var/lock/job.lock: the lock \
+         (and its lease) is held until the block's descriptor 9 is closed",
+    ),
+];
+
 /// One option line in flock(1)'s two columns.
 fn option_line(left: &str, what: &str) -> String {
     if left.len() >= 25 {

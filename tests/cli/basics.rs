@@ -215,3 +215,47 @@ fn quiet_prints_nothing_and_verbose_names_token_and_lease_id() {
     assert!(err.contains(&id), "{err}");
     assert!(err.contains("released"), "{err}");
 }
+
+/// `leasehold run L -- cmd | head -1` (a pitfall of pipelines): the command dies of SIGPIPE when
+/// `head` exits, and leasehold, whose stdout is the command's, releases cleanly: exit 141
+/// (128 + SIGPIPE), the record says how the command ended, nothing is left beside LOCK, and
+/// the next run takes the lock at once. With `-v` leasehold's own lines go to stderr, so the
+/// closed pipe does not make it fail either.
+#[test]
+fn a_command_killed_by_sigpipe_in_a_pipeline_releases_cleanly() {
+    let d = tmp();
+    let lock = d.path().join("pipe.lock");
+    for flags in ["", "-v"] {
+        let line = format!(
+            "'{}' run {flags} '{}' -- yes | head -1; echo \"status ${{PIPESTATUS[0]}}\"",
+            bin().display(),
+            lock.display()
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &line])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("bash");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stdout, "y\nstatus 141\n", "{flags:?}: stderr: {stderr}");
+        assert!(!stderr.contains("leasehold: error"), "{flags:?}: {stderr}");
+        let l = lease(&lock).expect("the lease");
+        assert_eq!(l["state"], "released", "{flags:?}: {l}");
+        assert!(
+            l["ended"]["how"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("SIGPIPE"),
+            "{flags:?}: {l}"
+        );
+        let stray = stray_files(d.path(), "pipe.lock");
+        assert!(stray.is_empty(), "{flags:?}: left beside LOCK: {stray:?}");
+        lh_assert()
+            .args(["run", "-n"])
+            .arg(&lock)
+            .args(["--", "true"])
+            .assert()
+            .code(0);
+    }
+}

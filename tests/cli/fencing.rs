@@ -134,6 +134,9 @@ fn a_stolen_lease_fences_the_command_and_all_its_grandchildren() {
         err.contains(&format!("lease on {} lost", lock.display())),
         "{err}"
     );
+    // Says what happened to the lease, and who did it, in words that read as a sentence.
+    assert!(err.contains(": lease broken: revoked by "), "{err}");
+    assert!(!err.contains("holds our lease"), "{err}");
     for p in members.iter().chain([&child, &grandchild]) {
         assert!(!alive(*p), "pid {p} survived the fence");
     }
@@ -319,8 +322,9 @@ fn a_sigstopped_wrapper_is_taken_over_after_a_ttl_and_exits_74_when_resumed() {
         String::from_utf8_lossy(&out.get_output().stdout).trim(),
         "clean"
     );
-    // Taken over after about a TTL of silence, not before.
-    assert!(took >= ttl / 2, "taken over after only {took:?}");
+    // Taken over after a TTL of silence, not before: the contender started after the stop,
+    // and judges the wrapper hung only once it has seen its heartbeat unchanged for a TTL.
+    assert!(took >= ttl, "taken over after only {took:?} (TTL {ttl:?})");
     assert!(took < ttl * 5, "taken over after {took:?}");
     // Resumed, the frozen wrapper finds its lease gone and exits 74.
     w1.signal(Signal::SIGCONT);

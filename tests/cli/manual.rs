@@ -4,8 +4,10 @@
 //!   environment variables, the files kept beside LOCK, and DURATION.
 //! - `--generate complete-bash`, sourced in bash, completes subcommands and options;
 //!   `complete-zsh` and `complete-fish` name every subcommand.
-//! - Each subcommand's `--help` shows its own exit statuses, examples, and (for `run`) what a
-//!   DURATION is.
+//! - `leasehold --help` names every subcommand (`flock` too) and the etcd:// form; each
+//!   subcommand's `--help` shows its own exit statuses (never `run`'s table elsewhere), what
+//!   LOCK may be, examples, and (for `run`) what a DURATION is; the man page and the
+//!   completions name every subcommand, and the `flock` page has EXAMPLES.
 //! - The systemd recipe in `contrib/systemd/` passes `systemd-analyze verify` (with the man page
 //!   its `Documentation=` names installed), and its `SuccessExitStatus` covers what
 //!   `systemctl stop` makes leasehold exit with (KillMode=mixed: SIGTERM to leasehold, 143);
@@ -99,9 +101,15 @@ fn flock_man_page_renders_cleanly_and_covers_every_option() {
             "LEASEHOLD_FLOCK_TTL",
             ".NAME.leasehold-flock",
             "EXIT STATUS",
+            "EXAMPLES",
         ]
         .iter()
         .map(|s| s.to_string()),
+    );
+    want.extend(
+        leasehold_cli::flock::args::EXAMPLES
+            .iter()
+            .map(|(e, _)| e.to_string()),
     );
     assert!(want.iter().any(|w| w == "--fcntl") && want.iter().any(|w| w == "-E"));
     for w in want {
@@ -118,10 +126,18 @@ fn man_page_renders_cleanly_and_covers_everything() {
         return;
     }
     let text = rendered("man");
-    let mut want: Vec<String> = ["leasehold run", "leasehold status", "leasehold break"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut want: Vec<String> = [
+        "leasehold run",
+        "leasehold lock",
+        "leasehold unlock",
+        "leasehold status",
+        "leasehold break",
+        "leasehold flock",
+        "etcd://",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     want.extend(every_option().into_iter().map(|(_, o)| o));
     want.extend(
         [
@@ -202,6 +218,8 @@ fn bash_completion_completes_subcommands_and_options() {
     std::fs::write(&script, generated("complete-bash")).expect("write the script");
     let subs = bash_complete(&script, &["leasehold", "st"]);
     assert_eq!(subs, ["status"], "completing `leasehold st`");
+    let subs = bash_complete(&script, &["leasehold", "fl"]);
+    assert_eq!(subs, ["flock"], "completing `leasehold fl`");
     let opts = bash_complete(&script, &["leasehold", "run", "--no"]);
     for o in ["--no-wait", "--note"] {
         assert!(
@@ -215,14 +233,19 @@ fn bash_completion_completes_subcommands_and_options() {
 
 #[test]
 fn zsh_and_fish_completions_name_every_subcommand_and_option() {
-    for (kind, marker) in [
-        ("complete-zsh", "#compdef leasehold"),
-        ("complete-fish", "complete -c leasehold"),
+    // How each script offers a subcommand: zsh `'NAME:about'`, fish `-a "NAME"`.
+    for (kind, marker, offered) in [
+        ("complete-zsh", "#compdef leasehold", "'{}:"),
+        ("complete-fish", "complete -c leasehold", "-a \"{}\""),
     ] {
         let text = generated(kind);
         assert!(text.contains(marker), "{kind} lacks {marker:?}");
-        for w in ["run", "status", "break"] {
-            assert!(text.contains(w), "{kind} lacks the subcommand {w}");
+        for w in ["run", "lock", "unlock", "status", "break", "flock"] {
+            let offer = offered.replace("{}", w);
+            assert!(
+                text.contains(&offer),
+                "{kind} lacks the subcommand {w} ({offer})"
+            );
         }
         for (sub, o) in every_option() {
             let name = o.trim_start_matches("--");
@@ -231,18 +254,39 @@ fn zsh_and_fish_completions_name_every_subcommand_and_option() {
     }
 }
 
+/// Each subcommand's `--help` (for `flock`, `leasehold help flock`: its own `--help` is
+/// flock(1)'s) shows its own exit statuses — not `run`'s table, which only `run` has — what
+/// LOCK may be (a file or etcd://), and examples; `leasehold --help` names every subcommand.
 #[test]
 fn each_subcommand_help_shows_its_exit_statuses_and_examples() {
     for (sub, codes) in [
         ("run", &["128+N", "75", "74", "64", "77", "126/127"][..]),
+        ("lock", &["0 ", "75"][..]),
+        ("unlock", &["0 ", "77", "75"][..]),
         ("status", &["0 ", "65", "66", "77"][..]),
         ("break", &["0 ", "75"][..]),
+        ("flock", &["1 (or -E)", "74"][..]),
     ] {
-        let out = lh_assert().args([sub, "--help"]).assert().success();
+        let args = if sub == "flock" {
+            ["help", sub]
+        } else {
+            [sub, "--help"]
+        };
+        let out = lh_assert().args(args).assert().success();
         let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
         assert!(text.contains("Exit status:"), "{sub} --help: {text}");
         for c in codes {
             assert!(text.contains(c), "{sub} --help lacks exit status {c}");
+        }
+        if sub != "run" {
+            assert!(
+                !text.contains("128+N"),
+                "{sub} --help shows run's table:\n{text}"
+            );
+        }
+        // `unlock` finds its keeper through LOCK's files: a file LOCK only.
+        if !["flock", "unlock"].contains(&sub) {
+            assert!(text.contains("etcd://"), "{sub} --help lacks etcd://");
         }
         let examples = text
             .split("Examples:")
@@ -256,6 +300,15 @@ fn each_subcommand_help_shows_its_exit_statuses_and_examples() {
             "{sub} --help shows {examples} examples:\n{text}"
         );
     }
+    let out = lh_assert().arg("--help").assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for sub in ["run", "lock", "unlock", "status", "break", "flock"] {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(sub)),
+            "--help does not list {sub}:\n{text}"
+        );
+    }
+    assert!(text.contains("etcd://"), "--help lacks etcd://");
     let out = lh_assert().args(["run", "--help"]).assert().success();
     let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
     for unit in ["DURATION is", "500ms", "1h30m", "1.5"] {
@@ -314,6 +367,41 @@ fn systemd_recipe_passes_systemd_analyze_verify() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A unit that runs /usr/local/bin/leasehold says how to install it there (the README's plain
+/// `cargo install` puts it in ~/.cargo/bin), and the README's install names that way too.
+#[test]
+fn systemd_units_say_how_to_install_the_binary_they_name() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    assert!(
+        readme.contains("--root /usr/local"),
+        "README's install does not say how to put leasehold in /usr/local/bin"
+    );
+    let mut named = 0;
+    for name in UNITS {
+        let text = std::fs::read_to_string(root().join("contrib/systemd").join(name))
+            .expect("read the unit");
+        let Some(exec) = text.lines().find_map(|l| l.strip_prefix("ExecStart=")) else {
+            continue;
+        };
+        let program = exec.split_whitespace().next().unwrap_or_default();
+        assert_eq!(
+            program, "/usr/local/bin/leasehold",
+            "{name}: ExecStart={exec}"
+        );
+        named += 1;
+        let install = if exec.contains("etcd://") {
+            "cargo install --locked --root /usr/local --features etcd leasehold"
+        } else {
+            "cargo install --locked --root /usr/local leasehold"
+        };
+        assert!(
+            text.contains(install),
+            "{name} runs {program} but does not say how to install it there ({install})"
+        );
+    }
+    assert_eq!(named, 2, "two units run leasehold");
 }
 
 /// What `systemctl stop` does to the unit (KillMode=mixed: SIGTERM to leasehold, which

@@ -1,5 +1,7 @@
 //! What a first-time user reads, through the real binary:
 //! - `run LOCK` with no command (or with the command but no `--`) says how to give one, exit 64;
+//!   a mistyped option, or a stray word before `--`, gets no such (false) hint;
+//! - a TTL too short for its margins asks for a longer TTL, not "shorten --ttl";
 //! - durations are printed rounded (`gave up after 1.5s`, timing refusals), never as Rust's
 //!   `1.500907219s`;
 //! - `break --lease-id` with an id that does not match says so (it may be a typo), never that
@@ -41,6 +43,70 @@ fn a_missing_command_says_how_to_give_one_with_exit_64() {
         stderr_of(&a)
     );
     assert!(!lock.exists(), "a usage error took the lock");
+}
+
+/// The "put it after `--`" hint only where it is true: not for a mistyped option, nor once
+/// `--` is on the line.
+#[test]
+fn a_mistyped_option_gets_no_missing_command_hint() {
+    let d = tmp();
+    let lock = d.path().join("x.lock");
+    for args in [
+        &["--no-wiat"][..],
+        &["--no-wiat", "-c", "true"],
+        &["-n", "--bogus"],
+    ] {
+        let a = lh_assert()
+            .arg("run")
+            .args(args)
+            .arg(&lock)
+            .args(["--", "true"])
+            .assert()
+            .code(64);
+        let err = stderr_of(&a);
+        assert!(err.contains("unexpected argument"), "{args:?}: {err}");
+        assert!(!err.contains("no command"), "{args:?}: {err}");
+    }
+    // `run LOCK -- cmd` followed by a stray word is fine, and a stray word before `--` is not
+    // the command either.
+    let a = lh_assert()
+        .arg("run")
+        .arg(&lock)
+        .args(["stray", "--", "true"])
+        .assert()
+        .code(64);
+    assert!(!stderr_of(&a).contains("no command"), "{}", stderr_of(&a));
+    assert!(!lock.exists(), "a usage error took the lock");
+}
+
+/// A TTL too short for its own heartbeat and margins asks for a longer TTL only (never
+/// "shorten --ttl or lengthen --ttl"); a heartbeat too long for its TTL names both ways out.
+#[test]
+fn a_too_short_ttl_asks_only_for_a_longer_one() {
+    let d = tmp();
+    let lock = d.path().join("x.lock");
+    let a = lh_assert()
+        .arg("run")
+        .args(["--ttl", "1ms"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .assert()
+        .code(64);
+    let err = stderr_of(&a);
+    assert!(err.contains("; lengthen --ttl"), "{err}");
+    assert!(!err.contains("shorten --ttl"), "{err}");
+    let a = lh_assert()
+        .arg("run")
+        .args(["--ttl", "1s", "--heartbeat", "2s"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .assert()
+        .code(64);
+    let err = stderr_of(&a);
+    assert!(
+        err.contains("shorten --heartbeat or lengthen --ttl"),
+        "{err}"
+    );
 }
 
 /// True when `s` holds a duration printed with more than 3 decimals (Rust's `{:?}`).

@@ -65,12 +65,20 @@ fn lease_keeps_renewing_on_a_full_file_system() {
     let lock = dir.join("full.lock");
     let ttl = Duration::from_millis(300);
     let g = LeaseBuilder::new(&lock).ttl(ttl).try_acquire().unwrap();
-    let st = Command::new("dd")
+    // dd's "No space left on device" is the expected end: checked here, not printed (a passing
+    // run shows nothing that reads like a failure).
+    let out = Command::new("dd")
         .args(["if=/dev/zero", "bs=4k", "status=none"])
         .arg(format!("of={}", dir.join("FILL").display()))
-        .status()
+        .stdin(std::process::Stdio::null())
+        .output()
         .unwrap();
-    assert!(!st.success(), "dd should stop on ENOSPC");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("No space left on device"),
+        "dd should stop on ENOSPC: {}: {err}",
+        out.status
+    );
     assert_eq!(avail(&dir), 0, "the file system is not full");
     // Renewals need no new blocks: the heartbeat keeps moving on disk for more than 3 TTLs.
     let seq_on_disk = || {

@@ -198,7 +198,10 @@ fn a_lease_copied_from_another_lock_never_gets_that_locks_job_signalled() {
     });
     println!("contender of the copy: exit {code}: {}", said.trim());
     assert_eq!(code, 75, "{said}");
-    assert!(support::alive(child_a), "a.lock's job was signalled");
+    assert!(
+        support::not_signalled(child_a),
+        "a.lock's job was signalled"
+    );
     assert!(job_a.try_wait().is_none(), "a.lock's wrapper died");
     // break --force on the copy: replaced at once, nothing signalled.
     let (code, said) = out({
@@ -210,7 +213,10 @@ fn a_lease_copied_from_another_lock_never_gets_that_locks_job_signalled() {
     assert_eq!(code, 0, "{said}");
     assert!(said.contains("forged or copied"), "{said}");
     assert_eq!(raw(&b)["state"], "released");
-    assert!(support::alive(child_a), "a.lock's job was signalled");
+    assert!(
+        support::not_signalled(child_a),
+        "a.lock's job was signalled"
+    );
     assert_eq!(leasehold::status(&a).unwrap().state, State::Held);
     job_a.kill();
 }
@@ -389,7 +395,7 @@ fn a_remnant_of_another_users_job_is_refused_unchecked_and_stopped_by_root() {
     assert_eq!(code, 75, "{said}");
     assert!(said.contains("cannot be checked"), "{said}");
     assert!(said.contains(&format!("pid {remnant}")), "{said}");
-    assert!(support::alive(remnant), "the remnant was signalled");
+    assert!(support::not_signalled(remnant), "the remnant was signalled");
     assert_eq!(raw(&lock)["state"], "held", "LOCK changed");
     // Root can read it: the remnant is this lock's job; stopped (verified), then taken over.
     let (code, said) = out({

@@ -3,7 +3,8 @@
 //! section (the shared checker, `support::cs`: a newcomer may replace only an occupant that is
 //! dead or stopped — leasehold stops a hung holder's command before a takeover — and no two
 //! sections' intervals may intersect, so an occupant that ran on after being replaced fails),
-//! every process ends (done, fenced with 74, or SIGKILLed as hung), LOCK parses, nothing
+//! every process ends (done, or — only after a freeze long enough for it — fenced with 74 or
+//! SIGKILLed as hung), LOCK parses, nothing
 //! undocumented is left beside it or in its queue, and the lock recovers within TTL + 1 s. Both
 //! library holders and `leasehold run` holders (the wrapper frozen, its command running on).
 
@@ -17,6 +18,19 @@ use crate::support::{Cs, Mode, Proc, Rng};
 use nix::sys::signal::Signal;
 
 const TTL: Duration = Duration::from_millis(200);
+const TTL_MS: u64 = TTL.as_millis() as u64;
+/// The contenders' heartbeat in ms (`support::contender`).
+const HEARTBEAT_MS: u64 = 20;
+/// A slack for the test's own timing (its sleep and signals are not exact), in ms.
+const SLACK_MS: u64 = 10;
+/// The shortest freeze that can get a holder fenced (exit 74): its renew deadline is its last
+/// renewal + TTL − grace (TTL/4) − margin (max(20 ms, TTL/20)), and it renewed at most a
+/// heartbeat before the stop.
+const MIN_FREEZE_FENCED: Duration =
+    Duration::from_millis(TTL_MS - TTL_MS / 4 - 20 - HEARTBEAT_MS - SLACK_MS);
+/// The shortest freeze that can get a process killed as hung (exit 137): its heartbeat must
+/// be seen unchanged for a TTL, and it beat at most a heartbeat before the stop.
+const MIN_FREEZE_KILLED: Duration = Duration::from_millis(TTL_MS - HEARTBEAT_MS - SLACK_MS);
 
 fn spawn(mode: Mode, lock: &Path, work: &Path, id: &str, hold_ms: u64) -> Proc {
     let wait = Duration::from_secs(8);
@@ -62,16 +76,26 @@ fn trials(mode: Mode, n: usize) {
         if stop_for > TTL {
             long_stops += 1;
         }
-        let victim = if rng.chance(70) { &h } else { &w };
+        let holder_frozen = rng.chance(70);
+        let victim = if holder_frozen { &h } else { &w };
         victim.signal(Signal::SIGSTOP);
         std::thread::sleep(stop_for);
         victim.signal(Signal::SIGCONT);
-        for k in [&mut h, &mut w] {
+        for (k, frozen) in [(&mut h, holder_frozen), (&mut w, !holder_frozen)] {
             let c = support::code(k.wait_timeout(Duration::from_secs(20)));
+            // Fenced or killed as hung only if frozen long enough for it: `froze` is how long
+            // this process was stopped (zero if it was not the one).
+            let froze = if frozen { stop_for } else { Duration::ZERO };
             match c {
                 0 => {}
-                74 => fenced += 1,
-                137 => killed_hung += 1,
+                74 if froze >= MIN_FREEZE_FENCED => fenced += 1,
+                137 if froze >= MIN_FREEZE_KILLED => killed_hung += 1,
+                74 | 137 => problems.push(format!(
+                    "trial {trial}: {} exited {c} after a freeze of {froze:?} (fenced needs at \
+                     least {MIN_FREEZE_FENCED:?}, killed as hung {MIN_FREEZE_KILLED:?}): {}",
+                    k.name,
+                    k.stderr().trim()
+                )),
                 _ => {
                     let err = k.stderr();
                     problems.push(format!(

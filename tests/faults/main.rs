@@ -7,6 +7,8 @@ mod support;
 mod break_safety;
 mod cancel;
 mod disk;
+/// The etcd store on a real three-member cluster: built only with `--features etcd`
+/// (`cargo test --release --features etcd --test faults -- etcd::`).
 #[cfg(feature = "etcd")]
 mod etcd;
 mod freeze;
@@ -28,4 +30,16 @@ fn worker() {
     roles.push(("kill-cli-trials-starved", kill::cli_trials_starved_role));
     roles.push(("starve", kill::starve_role));
     support::worker::run(&roles);
+}
+
+/// Without `--features etcd` the etcd store's tests are not built: said on the terminal, as a
+/// skip is, so that a passing run does not look as if it covered them.
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_store_tests_need_the_etcd_feature() {
+    support::env::say_skipped(
+        "etcd::*",
+        &format!("{}:{}", file!(), line!()),
+        "the etcd store's tests need the cargo feature: cargo test --release --features etcd --test faults -- etcd::",
+    );
 }

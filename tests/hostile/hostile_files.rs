@@ -434,6 +434,11 @@ fn unwritable_dir_and_lock_of_another_user_exit_77_untouched() {
         let marker = Path::new("/tmp").join(format!("faults-ran2-{}", std::process::id()));
         let (code, err) = as_nobody(&lock, &marker);
         assert_eq!(code, 77, "LOCK of another user: exit {code}: {err}");
+        // Who may replace it is named once each: root owns both the file and the directory.
+        assert!(
+            err.contains("only root can replace it"),
+            "who may replace it, named once: {err}"
+        );
         assert!(!marker.exists(), "the command ran");
         assert_eq!(support::snapshot(&lock), snap, "LOCK was modified");
         let new = new_entries(d.path(), &before);

@@ -239,6 +239,41 @@ fn group_member_takes_over_from_another_members_killed_holder() {
     sc.finish();
 }
 
+/// Another member's `break --force` replaces LOCK with a revoked record of its own, which the
+/// holder may read but not write (umask 022): the holder still finds its lease broken at its
+/// next renewal, says so and who broke it, and fences — not later, at its renew deadline, with
+/// a permission error, while `break` told the operator "at its next renewal".
+#[test]
+fn another_members_break_fences_the_holder_at_its_next_renewal() {
+    let Some(sc) = Scene::new("another_members_break_fences_the_holder_at_its_next_renewal") else {
+        return;
+    };
+    let lock = sc.lock_in("cross-break", 0o2775);
+    let l = s(&lock);
+    let mut holder = sc.spawn_as(
+        sc.a(),
+        0o022,
+        &["run", "--ttl", "3s", l, "--", "sleep", "60"],
+    );
+    crate::support::wait_for_child(&lock);
+    let o = sc.run_as(sc.b(), 0o022, &["break", "--force", l]);
+    sc.expect(
+        o.code == 0 && o.stderr.contains("at its next renewal"),
+        &o,
+        "B's break",
+    );
+    let ho = holder.finish(LONG);
+    sc.expect(
+        ho.code == 74 && ho.stderr.contains("lease broken: revoked by "),
+        &ho,
+        "A fenced at its next renewal, saying who broke its lease",
+    );
+    sc.check(!ho.stderr.contains("Permission denied"), || {
+        format!("A fenced at its deadline: {}", describe(&ho))
+    });
+    sc.finish();
+}
+
 /// Two members alternate 100 runs (`-w 20 --ttl 2s`, some `-n`, two at a time), and holders are
 /// SIGKILLed at random inside the critical section: every run exits 0 or 75 or is the killed one,
 /// no two jobs overlap, the lock always recovers by itself and the final run succeeds. Half the

@@ -93,9 +93,12 @@ fn a_hard_link_planted_at_the_mutex_name_is_refused_and_its_target_untouched() {
     let mutex = s.dir.join(".job.lock.leasehold-mutex");
     fs::hard_link(&s.victim, &mutex).expect("plant the link");
     let before = snapshot(&s.victim);
+    // The command, if it ran, would leave `ran` behind.
+    let ran = s.dir.join("ran");
+    let touch = ["--", "touch", ran.to_str().expect("utf-8 path")];
     for (args, tail) in [
-        (&["run", "-n"][..], &["--", "true"][..]),
-        (&["run", "-w", "2"][..], &["--", "true"][..]),
+        (&["run", "-n"][..], &touch[..]),
+        (&["run", "-w", "2"][..], &touch[..]),
         (&["break", "--force"][..], &[][..]),
     ] {
         let (code, err) = run(args, &s.lock, tail);
@@ -106,7 +109,7 @@ fn a_hard_link_planted_at_the_mutex_name_is_refused_and_its_target_untouched() {
         );
     }
     assert_eq!(snapshot(&s.victim), before, "the planted target changed");
-    assert!(!s.dir.join("ran").exists());
+    assert!(!ran.exists(), "a refused run ran its command");
 }
 
 #[test]

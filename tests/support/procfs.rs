@@ -27,7 +27,8 @@ pub fn stat(pid: i32) -> Option<(char, u64)> {
     Some((proc_state(pid)?, start_time(pid)?))
 }
 
-/// Alive = exists and is not a zombie.
+/// Alive = exists and is not a zombie. A SIGSTOPped process is alive: to check that a process
+/// "was not signalled", use [`not_signalled`].
 pub fn alive(pid: i32) -> bool {
     matches!(proc_state(pid), Some(c) if !matches!(c, 'Z' | 'X' | 'x'))
 }
@@ -45,6 +46,12 @@ pub fn is_stopped(pid: i32) -> bool {
 /// Alive and not stopped.
 pub fn running(pid: i32) -> bool {
     alive(pid) && !is_stopped(pid)
+}
+
+/// Neither killed nor stopped: what a "was not signalled" check needs, since a SIGSTOP (or
+/// SIGTSTP, SIGTTIN, SIGTTOU) leaves a process [`alive`].
+pub fn not_signalled(pid: i32) -> bool {
+    running(pid)
 }
 
 /// Whether the process recorded as (pid, start) still runs (exists, same start, not a zombie).

@@ -21,6 +21,25 @@ pub fn controlling_tty(pid: i32) -> Option<u64> {
     (tty != 0).then_some(tty as u64)
 }
 
+/// The name of `pid`'s controlling terminal, as an operator knows it: `/dev/pts/3` (the link of
+/// a descriptor of `pid` that leads to it, when readable), else decoded from `tty_nr` (`pts/3`,
+/// `tty2`, `ttyS0`, or `tty 4:70`). `None` without one.
+pub fn tty_name(pid: i32) -> Option<String> {
+    let tty = controlling_tty(pid)?;
+    if let Some(link) = terminal_path(pid).and_then(|p| fs::read_link(p).ok()) {
+        return Some(link.display().to_string());
+    }
+    // linux/kdev_t.h's new_decode_dev.
+    let major = (tty >> 8) & 0xfff;
+    let minor = (tty & 0xff) | ((tty >> 12) & 0xfff00);
+    Some(match major {
+        136..=143 => format!("pts/{}", (major - 136) * 256 + minor),
+        4 if minor < 64 => format!("tty{minor}"),
+        4 => format!("ttyS{}", minor - 64),
+        _ => format!("tty {major}:{minor}"),
+    })
+}
+
 /// Whether `pid` is the process `ancestor` (with start time `start`) or one of its
 /// descendants, walking the parent chain in /proc. False when the chain cannot be read.
 pub fn descends_from(pid: i32, ancestor: i32, start: u64) -> bool {

@@ -1,7 +1,7 @@
 //! What a break may break and what it did: the public outcome types of `break_lease`, shared
 //! by the file store (`status.rs`) and the etcd store (`store/etcd/look.rs`).
 //!
-//! Owns: [`BreakMode`], [`Frees`], [`Broken`] — data only. Must never: depend on a store or
+//! Owns: [`BreakMode`], [`Frees`], [`Broken`], [`AtTerminal`] — data only. Must never: depend on a store or
 //! on the judge (both stores depend on it).
 
 use std::time::Duration;
@@ -40,6 +40,19 @@ pub enum Frees {
     },
 }
 
+/// A script-mode lease's script that holds it from a terminal (`eval "$(leasehold lock L)"` in
+/// a login shell): leasehold never signals a shell at a terminal, so a broken lease stays
+/// blocking until that process ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtTerminal {
+    /// The script's pid.
+    pub pid: i32,
+    /// Whom it runs as.
+    pub user: String,
+    /// Its controlling terminal: `/dev/pts/3`, or `pts/3` when its descriptors are not readable.
+    pub tty: String,
+}
+
 /// The outcome of a break.
 #[derive(Debug, Clone)]
 pub struct Broken {
@@ -60,6 +73,9 @@ pub struct Broken {
     /// judged gone (why the lease was revoked rather than stopped, or what a forced break of a
     /// stale lease left running).
     pub unchecked: Option<String>,
+    /// A live script-mode lease held from a terminal: the process that must end before the lock
+    /// frees (leasehold never signals it).
+    pub at_terminal: Option<AtTerminal>,
     /// The lease was already revoked: nothing was written (writing it again would restart
     /// every other host's TTL).
     pub already_revoked: bool,

@@ -174,10 +174,9 @@ impl Holding for EtcdHolding {
         let kv = self.read(self.timeout).map_err(Renewal::Transient)?;
         match self.ours(kv.as_ref()) {
             Ours::Held => Ok(()),
-            Ours::Revoked(by) => {
-                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
-                taken(format!("holds our lease revoked{by}"))
-            }
+            Ours::Revoked(by) => Err(Renewal::Lost(LossReason::Broken {
+                how: LossReason::revoked(by),
+            })),
             Ours::Taken(by, token) => taken(format!("held by {by} (token {token})")),
             _ => vanished(format!("our key {} is gone", self.key)),
         }

@@ -313,6 +313,8 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
         frees: Frees::Now,
         forged: None,
         unchecked: None,
+        // Not looked for on an etcd lock (its script is usually on another host).
+        at_terminal: None,
         already_revoked: lease.state == LeaseState::Revoked,
         more: Vec::new(),
     };

@@ -345,7 +345,10 @@ impl Conn {
                     self.current.store(i, Ordering::Relaxed);
                     return Err(self.lock.error_at(op, ep, words(&e)));
                 }
-                Err(_) => tried.push(format!("{ep}: deadline exceeded ({share:.0?})")),
+                Err(_) => tried.push(format!(
+                    "{ep}: deadline exceeded ({})",
+                    crate::human_duration(share)
+                )),
             }
             // The next call starts where this one goes next.
             self.current.store((i + 1) % n, Ordering::Relaxed);

@@ -80,7 +80,11 @@ impl FileHolding {
     /// user's file, or its permissions were taken from us; credentials that expired on NFS say
     /// the same). Each means our heartbeat no longer reaches anyone, so the lease is lost now
     /// rather than at the renew deadline.
-    fn open_for_renewal(&self, write: bool) -> std::result::Result<(File, u32), Renewal> {
+    fn open_for_renewal(
+        &self,
+        write: bool,
+        lease_id: &str,
+    ) -> std::result::Result<(File, u32), Renewal> {
         let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
         let shown = self.paths.lock.display();
         let (file, mode) = match fsio::open_lock(&self.paths, write) {
@@ -92,13 +96,21 @@ impl FileHolding {
                 | Error::Squatted { .. }
                 | Error::Untrusted { .. }),
             ) => return vanished(e.to_string()),
+            // Not ours to write any more: replaced by another user's file (a breaker's, an
+            // attacker's), or its permissions changed. Lost now, never transient: say why from
+            // what it holds (read-only), or that we may no longer write it.
             Err(Error::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::PermissionDenied =>
             {
-                return vanished(format!(
-                    "{shown} can no longer be written by us ({source}): replaced by another \
-                     user's file, or its permissions changed"
-                ));
+                return match fsio::read_lock(&self.paths) {
+                    Ok(c) if !matches!(ours(&c, lease_id), Ours::Held) => {
+                        Err(Renewal::Lost(not_ours(ours(&c, lease_id))))
+                    }
+                    _ => vanished(format!(
+                        "{shown} can no longer be written by us ({source}): replaced by another \
+                         user's file, or its permissions changed"
+                    )),
+                };
             }
             Err(e) => return Err(Renewal::Transient(e)),
         };
@@ -239,25 +251,21 @@ impl Holding for FileHolding {
 
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
         let path = &self.paths.lock;
-        let (file, mode) = self.open_for_renewal(true)?;
-        let vanished = |what: String| Err(Renewal::Lost(LossReason::Vanished { what }));
-        let taken = |by: String| Err(Renewal::Lost(LossReason::Taken { by }));
+        let (file, mode) = self.open_for_renewal(true, lease_id)?;
         match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
             Ok(Ours::Held) => self.same_file(&file)?,
-            Ok(Ours::Revoked(by)) => {
-                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
-                return taken(format!("holds our lease revoked{by}"));
+            Ok(o) => return Err(Renewal::Lost(not_ours(o))),
+            Err(e @ Error::NotALease { .. }) => {
+                return Err(Renewal::Lost(LossReason::Vanished {
+                    what: e.to_string(),
+                }));
             }
-            Ok(Ours::Released) => return taken("holds our lease marked released (broken)".into()),
-            Ok(Ours::Taken(by, token)) => return taken(format!("held by {by} (token {token})")),
-            Ok(Ours::Empty) => return vanished("LOCK is empty".into()),
-            // read_open never reports Missing for an open file; vanished all the same.
-            Ok(Ours::Missing) => return vanished("LOCK is missing".into()),
-            Err(e @ Error::NotALease { .. }) => return vanished(e.to_string()),
             Err(e) => return Err(Renewal::Transient(e)),
         }
         let Some(region) = bytes.get(MUTABLE_RANGE) else {
-            return vanished("internal: our record is shorter than its header".into());
+            return Err(Renewal::Lost(LossReason::Vanished {
+                what: "internal: our record is shorter than its header".into(),
+            }));
         };
         fsio::write_header(&file, path, region).map_err(Renewal::Transient)?;
         // Closing flushes the write to an NFS server (close-to-open); only then does it count.
@@ -270,17 +278,19 @@ impl Holding for FileHolding {
         // holder ran on). A copy renamed in after this look sees our write in place first.
         match (id, self.paths.handle().stat(self.paths.lock_name())) {
             (Ok(ours), Ok(Some(m))) if m.id() == ours => Ok(()),
-            (Ok(_), Ok(_)) => vanished(format!(
-                "{} was replaced by another file while we renewed it",
-                self.paths.lock.display()
-            )),
+            (Ok(_), Ok(_)) => Err(Renewal::Lost(LossReason::Vanished {
+                what: format!(
+                    "{} was replaced by another file while we renewed it",
+                    self.paths.lock.display()
+                ),
+            })),
             (Err(e), _) => Err(Renewal::Transient(Error::io(path, "stat", e))),
             (_, Err(e)) => Err(Renewal::Transient(Error::io(path, "stat", e))),
         }
     }
 
     fn check(&self, lease_id: &str) -> std::result::Result<(), Renewal> {
-        let (file, mode) = match self.open_for_renewal(false) {
+        let (file, mode) = match self.open_for_renewal(false, lease_id) {
             Err(Renewal::Transient(_)) => return Ok(()),
             other => other?,
         };
@@ -288,22 +298,8 @@ impl Holding for FileHolding {
         let lost = |reason| Err(Renewal::Lost(reason));
         match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
             Ok(Ours::Held) => self.same_file(&file),
+            Ok(o) => lost(not_ours(o)),
             Err(_) => Ok(()),
-            Ok(Ours::Revoked(by)) => {
-                let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
-                lost(LossReason::Taken {
-                    by: format!("holds our lease revoked{by}"),
-                })
-            }
-            Ok(Ours::Released) => lost(LossReason::Taken {
-                by: "holds our lease marked released (broken)".into(),
-            }),
-            Ok(Ours::Taken(by, token)) => lost(LossReason::Taken {
-                by: format!("held by {by} (token {token})"),
-            }),
-            Ok(Ours::Empty | Ours::Missing) => lost(LossReason::Vanished {
-                what: "LOCK is empty".into(),
-            }),
         }
     }
 
@@ -335,6 +331,29 @@ impl Holding for FileHolding {
         let out = self.release_here(r);
         (self.origin.iter()).for_each(|lock| crate::slots::nudge(lock, net, wait, stuck));
         out
+    }
+}
+
+/// Why a renewal that found `o` (anything but [`Ours::Held`]) lost the lease.
+fn not_ours(o: Ours) -> LossReason {
+    match o {
+        Ours::Revoked(by) => LossReason::Broken {
+            how: LossReason::revoked(by),
+        },
+        Ours::Released => LossReason::Broken {
+            how: "marked released by a break".into(),
+        },
+        Ours::Taken(by, token) => LossReason::Taken {
+            by: format!("held by {by} (token {token})"),
+        },
+        Ours::Empty => LossReason::Vanished {
+            what: "LOCK is empty".into(),
+        },
+        // read_open never reports Missing for an open file; vanished all the same. (Held is
+        // not a loss: callers match it first.)
+        Ours::Missing | Ours::Held => LossReason::Vanished {
+            what: "LOCK is missing".into(),
+        },
     }
 }
 
