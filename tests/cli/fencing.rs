@@ -85,7 +85,9 @@ fn kill_9_of_the_wrapper_kills_the_command_and_the_next_run_stops_leftovers_firs
     let (mut w1, child, pgid, grandchild) =
         start_job(d.path(), "k9", &lock, "30s", Stdio::null(), "first wrapper");
     assert!(group(pgid).contains(&grandchild));
-    // PDEATHSIG: the command dies with its wrapper; the grandchild is left behind.
+    // PDEATHSIG: the command dies with its wrapper; the grandchild is left behind — its
+    // guardian killed first, as by the OOM killer (the guardian would stop it too).
+    kill_guardian(w1.pid());
     kill_wrapper(&mut w1, child);
     assert!(alive(grandchild), "the grandchild outlives PDEATHSIG");
     // The next run's command starts only once the old job's group is dead.
