@@ -239,6 +239,17 @@ fn one_dead_holder_of_three_is_cleaned_up_without_touching_the_others() {
     // SIGKILL c's wrapper: a newcomer gets a place at once (its attempt cleans c up), and a
     // is not touched.
     jobs[2].kid.kill();
+    // As for b: its command dies by PDEATHSIG a moment later, and only then is c stale (an
+    // attempt that came first would take b's freed place and leave c for later).
+    ensure_within(
+        "c's holder to be judged stale",
+        Duration::from_secs(10),
+        || {
+            status_json(&lock)["holders"]
+                .as_array()
+                .is_some_and(|hs| hs.iter().any(|h| h["state"] == "stale"))
+        },
+    );
     one_more_slot(&lock).code(0);
     untouched(&holders(&lock), &[0]);
     // a keeps renewing, and keeps running.
