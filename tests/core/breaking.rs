@@ -76,7 +76,7 @@ fn break_stale_refuse_live_and_break_by_lease_id() {
     let noticed = broke_at.elapsed();
     eprintln!("break: live lease broken by id; holder lost after {noticed:?}: {lost}");
     assert!(
-        lost.contains("taken") || lost.contains("released"),
+        lost.contains("broken") && lost.contains("revoked"),
         "{lost}"
     );
     assert!(
