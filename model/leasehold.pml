@@ -10,9 +10,11 @@
  * any length are covered. Switches that leave an adversary out: -DNO_CRASH, -DNO_PAUSE,
  * -DNO_BREAK, -DNO_RM, -DNO_FORGE. -DWRITER adds a directory writer that removes or empties
  * LOCK once, at any moment, on either host (-DWRITER_COPY: or replaces it by a byte copy of
- * itself); with chaos's deletion of the mutex file (no -DNO_RM) it deletes both, a known gap
- * (model/README.md, "Known gaps"). Host 0 is the NFS server: its
- * contenders lock the mutex on the server's own path, host 1's through an NFS client. See
+ * itself, `cp` and `mv` two steps; -DCOPY_AT_ONCE: one step); with chaos's deletion of the
+ * mutex file (no -DNO_RM) it deletes both. Host 0 is the NFS server: its contenders lock the mutex on the server's own
+ * path (and hold their mark in LOCK's directory too), host 1's through an NFS client.
+ * -DONE_HOST puts every contender on host 0 (DRIFT should then be 0). -DNO_P2 leaves P2's
+ * assertion out (runs where LOCK and the mutex file are both deleted: tokens start again). See
  * model/README.md for the mapping of every variable to the code, the bounds and what is not
  * modelled.
  *
@@ -27,6 +29,9 @@
  *                             renewal, and only by content (a byte copy passes)
  *   -DBROKEN_FLOCK_ONLY       the mutex is a flock(2) lock: on the NFS server's own path it does
  *                             not conflict with the clients' byte-range locks, and vice versa
+ *   -DBROKEN_NO_DIR_MARK      the holder's mark only on the mutex file, not in LOCK's directory
+ *   -DBROKEN_COUNT_UNSEEN     a renewal counts without re-checking that LOCK still names the
+ *                             file it wrote
  *
  * Assertions name their property (a constant false tag, or'ed in), so that pan's
  * "assertion violated" line says which one failed: check.sh matches it.
@@ -44,7 +49,9 @@
 #define MARGIN 2
 #endif
 #define DL     (TTL - GRACE - MARGIN)  /* renew window: deadline = renewal start + DL */
+#ifndef HB
 #define HB     2      /* heartbeat interval: TTL/3 */
+#endif
 #ifndef DRIFT
 #define DRIFT  1      /* host 1's clock = real time + off1, off1 in 0..DRIFT */
 #endif
@@ -58,8 +65,12 @@
 /* property tags: always false, never written (see check.sh) */
 bool P1_two_commands, P2_token_order, P3_lock_not_taken, P4_resumed_stale, P5_overtaken;
 
-/* contender i's host: C0 and C2 on host 0, C1 on host 1 */
+/* contender i's host: C0 and C2 on host 0, C1 on host 1 (with ONE_HOST all on host 0) */
+#ifdef ONE_HOST
+#define HOST(i) 0
+#else
 #define HOST(i) ((i) == 1)
+#endif
 /* i's kernel-lock kind: 1 = on the NFS server's own path (host 0), 0 = through an NFS client.
    Today every lock of either kind conflicts with every other (klock.rs: flock + OFD byte-range
    lock locally, OFD on NFS); with BROKEN_FLOCK_ONLY the two kinds keep separate lock tables. */
@@ -79,6 +90,13 @@ byte  lk_owner = NOBODY;        /* lease id: each contender takes at most once, 
 byte  lk_tok;                   /* fencing token */
 bool  opened[NC];               /* i's renewal descriptor still names LOCK (cleared by any rename over LOCK) */
 bool  mine[NC];                 /* LOCK is still the file i renamed into place (cleared by any rename) */
+#ifdef WRITER_COPY
+bool  cpp, cpw, cprn;           /* the writer's `cp LOCK x` is done, `mv x LOCK` not yet; a header
+                                   write landed in LOCK since the cp; some rename over LOCK since */
+bool  msnap[2], osw[2];         /* per host: whether the copy's seq differs from what the host
+                                   recorded (as of the cp); the host recorded a seq written after the cp */
+mtype cps;                      /* LOCK's state when cp read it */
+#endif
 #ifdef BROKEN_WALL_CLOCK
 byte  hba;                      /* real ticks since heartbeat_at was written (saturates at TTL) */
 #define WOFF(h) ((h) -> WSKEW : 0)
@@ -102,10 +120,21 @@ byte hwm[2];                    /* token high-water mark stored in each inode */
 byte myino[NC];                 /* the mutex inode i keeps open */
 bool mwait[NC];                 /* i is polling for the mutex */
 byte mkino[NC];                 /* i's holder's mark: 1 + the mutex inode it is on, 0 = none */
+bool dmk[NC];                   /* i's mark again in LOCK's directory (klock::DirRegion): only a
+                                   holder on host 0 (a local file system) takes it; deleting the
+                                   mutex file leaves it; only a host-0 contender can test it */
 #if NC == 3
 #define MARKED(n) (mkino[0] == (n) + 1 || mkino[1] == (n) + 1 || mkino[2] == (n) + 1)
+#define DMARKED (dmk[0] || dmk[1] || dmk[2])
 #else
 #define MARKED(n) (mkino[0] == (n) + 1 || mkino[1] == (n) + 1)
+#define DMARKED (dmk[0] || dmk[1])
+#endif
+/* MutexGuard::holder_marked for contender i on mutex inode n */
+#ifdef BROKEN_NO_DIR_MARK
+#define SEES_MARK(i, n) MARKED(n)
+#else
+#define SEES_MARK(i, n) (MARKED(n) || HOST(i) == 0 && DMARKED)
 #endif
 
 /* ---------------------------------------------------------------- the directory writer */
@@ -173,7 +202,11 @@ byte last_tok;                  /* token of the last command started */
 #endif
 
 /* Every rename over LOCK: a new inode; descriptors on the old one now write where nobody reads. */
+#ifdef WRITER_COPY
+#define RENAMED opened[0] = 0; opened[1] = 0; mine[0] = 0; mine[1] = 0; cprn = 1; MORE_RENAMED
+#else
 #define RENAMED opened[0] = 0; opened[1] = 0; mine[0] = 0; mine[1] = 0; MORE_RENAMED
+#endif
 #if NC == 3
 #define MORE_RENAMED opened[2] = 0; mine[2] = 0
 #else
@@ -184,7 +217,7 @@ byte last_tok;                  /* token of the last command started */
    its command with it. */
 inline kill(j) {
   crashed[j] = 1; gone[j] = 1; paused[j] = 0; running[j] = 0; waiting[j] = 0; mwait[j] = 0;
-  hold[j] = 0; dlc[j] = 0; due[j] = 0; fl[j] = 0; rel[j] = 0; lvc = 0; mkino[j] = 0;
+  hold[j] = 0; dlc[j] = 0; due[j] = 0; fl[j] = 0; rel[j] = 0; lvc = 0; mkino[j] = 0; dmk[j] = 0;
   if :: mlk[0] == j -> mlk[0] = NOBODY :: else fi;
   if :: mlk[1] == j -> mlk[1] = NOBODY :: else fi;
   MDROP(j)
@@ -194,7 +227,13 @@ inline kill(j) {
 inline observe(h, age) {
   if
   :: oown[h] == lk_owner && orev[h] == (lk_state == REVOKED) && !moved[h] -> age = oage[h]
-  :: else -> oown[h] = lk_owner; orev[h] = (lk_state == REVOKED); moved[h] = 0; oage[h] = 0; age = 0
+  :: else -> oown[h] = lk_owner; orev[h] = (lk_state == REVOKED); moved[h] = 0; oage[h] = 0; age = 0;
+#ifdef WRITER_COPY
+     /* recorded now, while a copy is pending: the seq written since the cp (the copy's differs),
+        or the seq the cp read (the copy's is the same) */
+     if :: cpp && cpw -> osw[h] = 1 :: cpp && !cpw -> msnap[h] = 0 :: else fi;
+#endif
+     skip
   fi;
 #ifdef BROKEN_TRUST_OTHER_UID
   if :: frg && frg_own == lk_owner && frg_rev == (lk_state == REVOKED) && !frgm -> age = TTL :: else fi
@@ -276,7 +315,7 @@ attempt:
 #ifndef BROKEN_NO_MARK
       /* LOCK missing, empty or released, but a holder's mark on our mutex inode: a holder of
          this lock still runs though its record is gone; wait for it */
-      if :: v == V_FREE && MARKED(myino[me]) -> v = V_HELD :: else fi;
+      if :: v == V_FREE && SEES_MARK(me, myino[me]) -> v = V_HELD :: else fi;
 #endif
       ok = !AHEAD(me) && v != V_HELD;
       /* age now names the same-host holder to stop, plus one (decided on what was read: a
@@ -292,7 +331,10 @@ attempt:
        fi;
        t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
        hwm[myino[me]] = t;                      /* high-water mark, fdatasync'ed */
-       mkino[me] = myino[me] + 1;               /* the holder's mark (klock::hold_mark) */
+       d_step {                                 /* the holder's mark (MutexGuard::hold_mark) */
+         mkino[me] = myino[me] + 1;             /* ... on the mutex inode ... */
+         dmk[me] = (HOST(me) == 0)              /* ... and, on a local file system, in LOCK's directory */
+       };
        d_step { fl[me] = 1; rel[me] = 0 };      /* the deadline counts from before the rename */
        d_step {                                 /* rename of the new lease over LOCK */
          RENAMED; mine[me] = 1;
@@ -334,7 +376,9 @@ start:
          tok[me] = t;
          running[me] = 1;
          assert(ONE_CMD || P1_two_commands);    /* never two commands running at once */
+#ifndef NO_P2
          assert(t > last_tok || P2_token_order); /* tokens strictly increase in start order */
+#endif
          last_tok = t
       :: else
       fi;
@@ -370,6 +414,9 @@ held:
                if
                :: opened[me] ->                 /* ... into LOCK: seq + 1 */
                   moved[0] = 1; moved[1] = 1; frgm = 1;
+#ifdef WRITER_COPY
+                  if :: cpp -> cpw = 1 :: else fi;
+#endif
 #ifdef BROKEN_WALL_CLOCK
                   hba = 0;
 #endif
@@ -377,8 +424,18 @@ held:
                :: else                          /* ... into a replaced inode nobody reads */
                fi
              };
-             d_step {                           /* counts only if done before the deadline */
+             d_step {                           /* close; counts only if done before the deadline ... */
+#ifdef BROKEN_COUNT_UNSEEN
                if :: dlc[me] > 0 -> counted() :: else fi;
+#else
+               /* ... and if LOCK's name still leads to the file written (fstatat vs fstat):
+                  else the lease is lost, fence now */
+               if
+               :: dlc[me] > 0 && opened[me] -> counted()
+               :: dlc[me] > 0 && !opened[me] -> dlc[me] = 0
+               :: else
+               fi;
+#endif
                fl[me] = 0; rel[me] = 0; ok = 0
              }
           :: d_step { fl[me] = 0; rel[me] = 0; ok = 0 }  /* ENOSPC, EIO, storage gone: retry next turn */
@@ -395,7 +452,7 @@ endheld:
 release:
     skip;
     d_step { hold[me] = 0; dlc[me] = 0; due[me] = 0 };   /* stop the guard threads */
-    mkino[me] = 0;                              /* the command is dead: drop the mark, then release */
+    d_step { mkino[me] = 0; dmk[me] = 0 };      /* the command is dead: drop the marks, then release */
     if
     :: LIVE_TICKET ->                           /* someone waits: released bit in place */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
@@ -524,22 +581,46 @@ end:
 
 /* ------------------------------------------------ a directory writer (a person, a cleanup job, a deploy)
  * Once, at any moment, on either host, without any lock: removes LOCK, empties it (same inode),
- * or replaces it with a byte copy of itself (another inode, same content). */
+ * or replaces it with a byte copy of itself (another inode, the bytes `cp` read: `cp LOCK x`,
+ * then, any time later, `mv x LOCK`). Only heartbeat writes are modelled between the two: if
+ * LOCK was renamed over or its state changed meanwhile (the copy would bring back an older
+ * lease), the writer gives up (README: not modelled). */
 #ifdef WRITER
 active proctype writer()
 {
+  byte w;
 end:
   atomic {
     lk_state != FREE ->
-    if :: wrote = 1 :: wrote = 2 fi;
+    if :: w = 1 :: w = 2 fi;
     if
-    :: RENAMED; lk_state = FREE; lk_owner = NOBODY; lk_tok = 0   /* rm LOCK */
-    :: lk_state = FREE; lk_owner = NOBODY; lk_tok = 0            /* truncate LOCK */
+    :: wrote = w; RENAMED; lk_state = FREE; lk_owner = NOBODY; lk_tok = 0   /* rm LOCK */
+    :: wrote = w; lk_state = FREE; lk_owner = NOBODY; lk_tok = 0            /* truncate LOCK */
 #ifdef WRITER_COPY
-    :: RENAMED                                                   /* cp LOCK x; mv x LOCK */
+#ifdef COPY_AT_ONCE
+    :: wrote = w; RENAMED                                       /* cp LOCK x; mv x LOCK, at once */
+#else
+    :: cpp = 1; cpw = 0; cprn = 0; cps = lk_state;                          /* cp LOCK x */
+       msnap[0] = moved[0]; msnap[1] = moved[1]; osw[0] = 0; osw[1] = 0
+#endif
 #endif
     fi
+  };
+#ifdef WRITER_COPY
+end_mv:
+  atomic {
+    cpp ->                                                      /* mv x LOCK */
+    if
+    :: !cprn && lk_state == cps ->
+       wrote = w; RENAMED;
+       /* the copy's seq is the one cp read: moved for a host that recorded a later one */
+       if :: cpw -> moved[0] = msnap[0] || osw[0]; moved[1] = msnap[1] || osw[1] :: else fi
+    :: else                                                     /* out of scope: give up */
+    fi;
+    cpp = 0; cpw = 0; cprn = 0; cps = 0;
+    msnap[0] = 0; msnap[1] = 0; osw[0] = 0; osw[1] = 0
   }
+#endif
 }
 #endif
 
