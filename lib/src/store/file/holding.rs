@@ -274,8 +274,11 @@ impl Holding for FileHolding {
         // And only if LOCK's name still leads to the file we wrote: a copy of our lease renamed
         // over it after our look above took our write into the unlinked file, which nobody
         // reads, while others' observation of the copy started before this renewal counted
-        // (the SPIN model's gap-writer-copy: a contender on a fast clock took over while the
-        // holder ran on). A copy renamed in after this look sees our write in place first.
+        // (the SPIN model's `broken-count-unseen`: a contender on a fast clock took over while
+        // the holder ran on). What this cannot see is a copy made *before* our write and
+        // renamed in *after* this check (the model's `gap-writer-early-copy`): on this host
+        // the keeper's watch notices it at once; from another host only the next renewal does
+        // (PROTOCOL §10, known gaps).
         match (id, self.paths.handle().stat(self.paths.lock_name())) {
             (Ok(ours), Ok(Some(m))) if m.id() == ours => Ok(()),
             (Ok(_), Ok(_)) => Err(Renewal::Lost(LossReason::Vanished {
