@@ -448,16 +448,17 @@ sc_crash_in_mutex() {  # (b2) holder's host dies while holding the kernel lock o
         bad "[$mode] (b2) no $mutex: leasehold's mutex file has another name (update this scenario)"
         kill $hp 2>/dev/null; wait $hp 2>/dev/null; return
     fi
-    # hold the same kernel lock leasehold takes around lease updates (flock on the mutex file),
-    # as if hostb's leasehold died in the middle of an update
-    gx 900 hostb "flock $G/.c.lock.leasehold-mutex -c 'echo in >$G/c.inmutex; exec sleep 600'" >/dev/null 2>&1 &
+    # hold the same kernel lock leasehold takes around lease updates (a byte-range lock on the
+    # mutex file's first byte; the rest of the file carries holders' marks, which a whole-file
+    # lock would wait for), as if hostb's leasehold died in the middle of an update
+    gx 900 hostb "python3 -I -S -c 'import fcntl, os, sys, time; fcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX, 1, 0); open(sys.argv[2], \"w\").write(\"in\\n\"); time.sleep(600)' $G/.c.lock.leasehold-mutex $G/c.inmutex" >/dev/null 2>&1 &
     local fp=$!
     if ! wait_file "$E/c.inmutex" 30; then
         bad "[$mode] (b2) hostb never took the kernel lock on the mutex"
         kill $hp $fp 2>/dev/null; wait $hp $fp 2>/dev/null; return
     fi
     # the crash must come inside the mutex: hosta sees the kernel lock taken (v4 shares locks)
-    out=$(gx 20 hosta "flock -n $G/.c.lock.leasehold-mutex -c 'echo granted'; echo rc=\$?")
+    out=$(gx 20 hosta "python3 -I -S -c 'import fcntl, os, sys; fcntl.lockf(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)' $G/.c.lock.leasehold-mutex 2>/dev/null && echo granted; echo rc=\$?")
     if [ "$out" != "rc=1" ]; then
         bad "[$mode] (b2) the mutex is not locked from hosta's view before the crash: $out"
         kill $hp $fp 2>/dev/null; wait $hp $fp 2>/dev/null; return
