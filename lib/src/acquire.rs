@@ -166,7 +166,10 @@ impl Acquirer {
         let store = self.store()?;
         let ctx = ctx(&self.settings, store)?;
         let deadline = Instant::now() + ctx.timing.one_shot_mutex_wait();
-        match one_shot(&ctx, &mut self.kept, deadline)? {
+        // A stale NFS handle anywhere in an attempt (a file another host just replaced) is a
+        // race: the whole attempt is made again with fresh lookups (bounded), never an error.
+        let kept = &mut self.kept;
+        match crate::fsio::again_if_stale(|| one_shot(&ctx, kept, deadline))? {
             Attempt::Taken(start) => LeaseGuard::start(*start),
             Attempt::Busy(v, _) => Err(Error::WouldBlock {
                 path: ctx.store.binding().lock().to_path_buf(),
@@ -278,7 +281,9 @@ fn blocking<S: Store>(
         holders: Vec::new(),
     };
     loop {
-        let (mut v, ahead) = match queued(ctx, kept, deadline, &mut mem, &mut q) {
+        // As in `try_acquire`: a stale NFS handle makes the attempt again, never an error.
+        let attempt = crate::fsio::again_if_stale(|| queued(ctx, kept, deadline, &mut mem, &mut q));
+        let (mut v, ahead) = match attempt {
             Ok(Attempt::Taken(start)) => return Ok(*start),
             Ok(Attempt::Busy(v, ahead)) => (v, ahead),
             // The deadline ran out while another process was inside the mutex: that is a

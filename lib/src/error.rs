@@ -213,6 +213,13 @@ impl Error {
         matches!(self, Error::Io { source, .. } if is_enospc(source))
     }
 
+    /// Whether this is an NFS "stale file handle" (ESTALE): another host replaced or removed a
+    /// file we had looked up. A race to look again after, never a verdict (PROTOCOL.md §9).
+    pub(crate) fn is_stale_handle(&self) -> bool {
+        self.io_error()
+            .is_some_and(|e| e.raw_os_error() == Some(nix::errno::Errno::ESTALE as i32))
+    }
+
     /// The operating system's error behind this one, if it is an I/O failure.
     ///
     /// ```

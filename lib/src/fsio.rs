@@ -109,14 +109,11 @@ fn open_lock_len(paths: &LockPaths, write: bool) -> Result<Option<(File, Meta)>>
 
 /// Runs `call` again (a bounded number of times, napping between) while it fails with ESTALE:
 /// on NFS, a file handle another host has just replaced; a new call looks the name up afresh.
-fn again_if_stale<T>(mut call: impl FnMut() -> Result<T>) -> Result<T> {
+pub(crate) fn again_if_stale<T>(mut call: impl FnMut() -> Result<T>) -> Result<T> {
     let mut tries = 0;
     loop {
         match call() {
-            Err(Error::Io { source, .. })
-                if source.raw_os_error() == Some(nix::errno::Errno::ESTALE as i32)
-                    && tries < crate::lockdir::STALE_TRIES =>
-            {
+            Err(e) if e.is_stale_handle() && tries < crate::lockdir::STALE_TRIES => {
                 tries += 1;
                 crate::lockdir::stale_nap(tries);
             }
@@ -493,12 +490,22 @@ pub(crate) fn remove_leftover_temps(paths: &LockPaths) {
 }
 
 /// Reads a small helper file in LOCK's directory, following no symlink, if it passes `trust`
-/// (given the file's stat after opening). `Ok(None)` if missing or not trusted.
+/// (given the file's stat after opening). `Ok(None)` if missing or not trusted. A stale NFS
+/// handle (the file replaced by another host) is looked up afresh.
 pub(crate) fn read_small(
     paths: &LockPaths,
     name: &OsStr,
     cap: u64,
-    trust: impl FnOnce(&Meta) -> bool,
+    trust: impl Fn(&Meta) -> bool,
+) -> Result<Option<Vec<u8>>> {
+    again_if_stale(|| read_small_once(paths, name, cap, &trust))
+}
+
+fn read_small_once(
+    paths: &LockPaths,
+    name: &OsStr,
+    cap: u64,
+    trust: &impl Fn(&Meta) -> bool,
 ) -> Result<Option<Vec<u8>>> {
     let path = paths.handle().join(name);
     let f = match paths.handle().open_existing(name, false) {
