@@ -14,6 +14,7 @@
 //! durable; take over while a verified process of the old job still runs; let a one-shot
 //! caller queue or overtake a live waiter.
 
+use crate::cancel::Cancel;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -273,7 +274,12 @@ fn blocking<S: Store>(
         verdict,
     };
     let mut mem = Memory::default();
-    let mut waker = ctx.store.waker(ctx.poll, ctx.timing.ttl);
+    let cancel = ctx.s.cancel.as_ref();
+    let cancelled = || Error::Cancelled {
+        path: ctx.store.binding().lock().to_path_buf(),
+        waited: start.elapsed(),
+    };
+    let mut waker = ctx.store.waker(ctx.poll, ctx.timing.ttl, cancel.cloned());
     let mut warmed = false;
     let mut q = Queued::<S> {
         place: Default::default(),
@@ -281,6 +287,11 @@ fn blocking<S: Store>(
         holders: Vec::new(),
     };
     loop {
+        // Checked before each attempt: a cancel that came while we waited (or before we
+        // started) takes nothing; the queue ticket goes with `q`.
+        if cancel.is_some_and(Cancel::is_cancelled) {
+            return Err(cancelled());
+        }
         // As in `try_acquire`: a stale NFS handle makes the attempt again, never an error.
         let attempt = crate::fsio::again_if_stale(|| queued(ctx, kept, deadline, &mut mem, &mut q));
         let (mut v, ahead) = match attempt {

@@ -69,6 +69,8 @@ pub struct LeaseBuilder {
     pub(crate) on_behalf: Option<(i32, u64, i32)>,
     /// Exclusive (the default), shared, or one of N slots (see `slots.rs`).
     pub(crate) want: crate::slots::Want,
+    /// Stops a waiting acquisition (see [`LeaseBuilder::cancel`]).
+    pub(crate) cancel: Option<crate::cancel::Cancel>,
     /// What the builder's own `try_acquire`/`acquire` worked out about LOCK (its resolved
     /// paths and file-system facts) and kept open (the mutex file), for its next call: shared
     /// by clones, which all name the same LOCK. A call that finds it taken (another thread is
@@ -110,6 +112,7 @@ impl LeaseBuilder {
             allow_host_local_locks: false,
             on_behalf: None,
             want: crate::slots::Want::Exclusive,
+            cancel: None,
             cache: Arc::default(),
         }
     }
@@ -242,6 +245,15 @@ impl LeaseBuilder {
     /// semaphore of one, not a plain lock.
     pub fn slots(mut self, n: u32) -> Self {
         self.want = crate::slots::Want::Slots(n);
+        self
+    }
+
+    /// Stop waiting when `cancel` is cancelled (from another thread, or by writing to its fd
+    /// from a signal handler): the acquisition then returns
+    /// [`Error::Cancelled`](crate::Error::Cancelled), having given up its place in the queue.
+    /// A one-shot `try_acquire` is not affected. See [`Cancel`](crate::Cancel).
+    pub fn cancel(mut self, cancel: crate::cancel::Cancel) -> Self {
+        self.cancel = Some(cancel);
         self
     }
 

@@ -78,6 +78,15 @@ pub enum Error {
         /// The last thing we saw.
         verdict: Box<Verdict>,
     },
+    /// The wait was stopped through a [`Cancel`](crate::Cancel) handle before the lease was
+    /// ours; nothing was taken, and this contender's place in the queue was given up.
+    #[error("{path}: stopped waiting after {}; nothing was taken", human_duration(*.waited))]
+    Cancelled {
+        /// The lock path.
+        path: PathBuf,
+        /// How long we had waited.
+        waited: Duration,
+    },
     /// Some process has sat on the short internal mutex far longer than any lease operation takes.
     #[error(
         "{path}: could not take the lease mutex within {}: it is held by {holder}",

@@ -39,6 +39,7 @@
 mod acquire;
 mod boottime;
 mod builder;
+mod cancel;
 mod clock;
 mod error;
 mod fsinfo;
@@ -72,6 +73,7 @@ mod wait;
 
 pub use acquire::Acquirer;
 pub use builder::LeaseBuilder;
+pub use cancel::Cancel;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
 pub use error::{Error, Result, TimingError};
 pub use guard::LeaseGuard;

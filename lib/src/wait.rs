@@ -16,13 +16,13 @@ use std::fs::OpenOptions;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
+use crate::cancel::{self, Cancel};
 use crate::fsio;
 use crate::grave;
 use crate::paths::LockPaths;
@@ -42,18 +42,27 @@ pub(crate) struct Waiter {
     /// LOCK's paths: the watch goes on the directory we opened, through its descriptor.
     paths: LockPaths,
     seed: u64,
-    predecessor: Option<((u64, u64), Receiver<()>)>,
+    /// The ticket ahead we wait on, and the read end of a pipe whose writer (the thread that
+    /// blocks in its lock) hangs up when it got it.
+    predecessor: Option<((u64, u64), OwnedFd)>,
     /// pidfds of the holder processes we wait on, by (pid, start time), kept across wake-ups.
     pidfds: Vec<((i32, u64), OwnedFd)>,
     /// How many times this waiter woke up (for tests and benchmarks of herd-freedom).
     pub wakeups: u64,
+    /// Ends every wait at once when cancelled.
+    cancel: Option<Cancel>,
 }
 
 impl Waiter {
     /// A waiter for `paths`. Change notification is set up lazily, the first time the lock
     /// turns out to be busy, so that an uncontended acquisition costs no inotify instance:
     /// closing one costs the kernel an RCU grace period (measured at 5–25 ms here).
-    pub(crate) fn new(paths: &LockPaths, poll_mode: bool, ttl: Duration) -> Waiter {
+    pub(crate) fn new(
+        paths: &LockPaths,
+        poll_mode: bool,
+        ttl: Duration,
+        cancel: Option<Cancel>,
+    ) -> Waiter {
         Waiter {
             poll_mode,
             ttl,
@@ -64,6 +73,7 @@ impl Waiter {
             predecessor: None,
             pidfds: Vec::new(),
             wakeups: 0,
+            cancel,
         }
     }
 
@@ -135,7 +145,7 @@ impl Waiter {
         }
         if self.poll_mode {
             let nap = self.poll_interval().min(stale_in(seen));
-            std::thread::sleep(Self::until(deadline, nap));
+            cancel::nap(self.cancel.as_ref(), Self::until(deadline, nap));
             return;
         }
         grave::reap();
@@ -156,6 +166,7 @@ impl Waiter {
             }
         }
         let pidfds = &self.pidfds;
+        let cancel = self.cancel.as_ref();
         let end = Instant::now() + Self::until(deadline, self.tick().min(stale_in(seen)));
         let Some(ino) = &self.inotify else {
             return;
@@ -165,10 +176,14 @@ impl Waiter {
             if left.is_zero() {
                 return;
             }
-            let mut fds: Vec<PollFd> = Vec::with_capacity(1 + pidfds.len());
+            let mut fds: Vec<PollFd> = Vec::with_capacity(2 + pidfds.len());
             fds.push(PollFd::new(ino.as_fd(), PollFlags::POLLIN));
             for (_, p) in pidfds {
                 fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+            }
+            // Last, so that the pidfds keep their places after the inotify descriptor.
+            if let Some(c) = cancel {
+                fds.push(PollFd::new(c.fd(), PollFlags::POLLIN));
             }
             let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
             match poll(&mut fds, PollTimeout::from(ms)) {
@@ -177,7 +192,10 @@ impl Waiter {
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(_) => return,
             }
-            let died: Vec<bool> = fds[1..]
+            if cancel.is_some_and(Cancel::is_cancelled) {
+                return;
+            }
+            let died: Vec<bool> = fds[1..1 + pidfds.len()]
                 .iter()
                 .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
                 .collect();
@@ -200,7 +218,7 @@ impl Waiter {
         self.wakeups += 1;
         if self.poll_mode {
             let nap = self.poll_interval();
-            std::thread::sleep(Self::until(deadline, nap));
+            cancel::nap(self.cancel.as_ref(), Self::until(deadline, nap));
             return;
         }
         if self
@@ -208,13 +226,30 @@ impl Waiter {
             .as_ref()
             .is_none_or(|(id, _)| *id != predecessor.id)
         {
-            self.predecessor = Some((predecessor.id, flock_waiter(&predecessor.file)));
+            match flock_waiter(&predecessor.file) {
+                Some(rx) => self.predecessor = Some((predecessor.id, rx)),
+                None => {
+                    cancel::nap(self.cancel.as_ref(), Self::until(deadline, self.tick()));
+                    return;
+                }
+            }
         }
         let timeout = Self::until(deadline, self.tick());
         if let Some((_, rx)) = &self.predecessor {
-            match rx.recv_timeout(timeout) {
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => self.predecessor = None,
-                Err(RecvTimeoutError::Timeout) => {}
+            // The thread's end of the pipe closes when it got the lock (or could not start):
+            // readable, or hung up.
+            let mut fds = vec![PollFd::new(rx.as_fd(), PollFlags::POLLIN)];
+            if let Some(c) = &self.cancel {
+                fds.push(PollFd::new(c.fd(), PollFlags::POLLIN));
+            }
+            let ms = u16::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
+            let woke = match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(0) => false,
+                Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
+                Err(_) => true, // look again
+            };
+            if woke {
+                self.predecessor = None;
             }
         }
     }
@@ -280,8 +315,10 @@ fn pool_put(dir: &Path, ino: Inotify) {
 /// predecessor left or died). It opens the very inode that was judged live, through
 /// /proc/self/fd (a new open file description, so its lock is its own and goes when it lets go
 /// at once). If we stop caring, it lingers until the predecessor's lock is released, then ends.
-fn flock_waiter(ticket: &std::fs::File) -> Receiver<()> {
-    let (tx, rx) = mpsc::channel();
+fn flock_waiter(ticket: &std::fs::File) -> Option<OwnedFd> {
+    // A pipe rather than a channel, so that a wait can poll it beside a cancel handle. None
+    // when no pipe can be had (out of descriptors): the caller naps a tick and looks again.
+    let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).ok()?;
     let opened = OpenOptions::new()
         .read(true)
         .write(true)
@@ -292,13 +329,13 @@ fn flock_waiter(ticket: &std::fs::File) -> Receiver<()> {
             .name("leasehold-queue".into())
             .spawn(move || {
                 let _ = crate::klock::wait_free(&file);
-                let _ = tx.send(());
+                drop(tx); // hang up: the waiter's poll wakes
             });
         if spawned.is_err() {
-            // No thread: the receiver disconnects and the caller simply looks again.
+            // No thread: the write end is gone with it, and the caller simply looks again.
         }
     }
-    rx
+    Some(rx)
 }
 
 /// The holder's recorded processes, as (pid, start time).

@@ -43,6 +43,7 @@ pub fn exit_code(e: &Error) -> i32 {
         Error::NotALease { .. } | Error::NewerFormat { .. } | Error::Squatted { .. } => DATAERR,
         Error::Untrusted { .. } => NOPERM,
         Error::WouldBlock { .. } | Error::Timeout { .. } | Error::MutexStuck { .. } => TEMPFAIL,
+        Error::Cancelled { .. } => TEMPFAIL,
         Error::Refused { .. } => TEMPFAIL,
         Error::UnsafeFileSystem { .. } => CONFIG,
         Error::Settings(_) | Error::Timing(_) | Error::NameTooLong { .. } => USAGE,

@@ -46,9 +46,22 @@ pub(super) fn run(a: &RunArgs) -> i32 {
             return exit::exit_code(&e);
         }
     };
-    let guard = match take(a, &job, &sup, child) {
+    // Until the lease is ours, INT/TERM/HUP/QUIT stop the wait: the queue ticket is given up,
+    // then leasehold ends by the same signal.
+    let cancel = match sup.cancel_wait_on_signals() {
+        Ok(c) => c,
+        Err(e) => {
+            say!("{}", report::error_line(&e));
+            sup.abandon();
+            return exit::exit_code(&e);
+        }
+    };
+    let guard = match take(a, &job, &sup, child, cancel) {
         Ok(g) => g,
         Err(code) => {
+            if let Some(sig) = sup.die_of_signal() {
+                return 128 + sig as i32;
+            }
             sup.abandon();
             return code;
         }
@@ -99,7 +112,13 @@ fn resolve(a: &RunArgs) -> Result<Job, i32> {
 /// Takes the lease as the flags ask (at once, with a time limit, or waiting for ever), showing
 /// the wait, naming `child` (pid, start time; held at its gate) as the job's process; `Err` is
 /// the exit status (-E for a conflict), the problem already said.
-fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<LeaseGuard, i32> {
+fn take(
+    a: &RunArgs,
+    job: &Job,
+    sup: &Supervisor,
+    child: (i32, u64),
+    cancel: leasehold::Cancel,
+) -> Result<LeaseGuard, i32> {
     let display = WaitDisplay::new(a.quiet);
     let shown = display.clone();
     let b = a.lease.apply(
@@ -107,7 +126,8 @@ fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<L
             .command(job.argv_lossy())
             .child(child.0, child.1, child.0)
             .on_lost(sup.loss_notifier())
-            .on_wait(move |v| shown.waiting(v)),
+            .on_wait(move |v| shown.waiting(v))
+            .cancel(cancel),
     );
     if let Err(e) = b.timing() {
         say!("{}", report::error_line(&e));
@@ -123,6 +143,9 @@ fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<L
     display.done();
     match got {
         Ok(g) => Ok(g),
+        // Stopped by a signal (see `run`): leasehold ends by it, saying nothing more than a
+        // killed flock(1) would.
+        Err(Error::Cancelled { .. }) => Err(exit::TEMPFAIL),
         Err(e) if is_conflict(&e) => {
             if !a.quiet {
                 say!("{}", report::error_line(&e));

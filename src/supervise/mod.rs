@@ -95,7 +95,7 @@ use leasehold::{LeaseGuard, LossReason};
 use fence::loss_text;
 use guardian::Guardian;
 pub use signals::FORWARDED;
-use signals::{CREATED, LOST, WAKE_FD, install, wake};
+use signals::{CANCEL_FD, CREATED, LOST, WAKE_FD, install, wake};
 use spawn::{Held, Started};
 use terminal::Terminal;
 
@@ -287,12 +287,15 @@ pub struct Supervisor {
     held: Option<Held>,
     /// The guardian that stops the job if this process dies without ending it (`guardian.rs`).
     guardian: Option<Guardian>,
+    /// The wait's cancel handle, kept for as long as a signal handler may write to its fd.
+    cancel: Option<leasehold::Cancel>,
 }
 
 impl Supervisor {
-    /// Creates the self-pipe and the SIGCHLD handler. Forwarding handlers for INT, TERM, HUP and
-    /// QUIT are installed by [`Supervisor::run`], so that until the lease is held these signals
-    /// still simply end leasehold. Fails if a supervisor was already created in this process.
+    /// Creates the self-pipe and the SIGCHLD handler. Handlers for INT, TERM, HUP and QUIT are
+    /// installed by [`Supervisor::cancel_wait_on_signals`] (a waiting acquisition then gives up
+    /// its queue place and leasehold ends by the signal) or by [`Supervisor::run`] (forwarded to
+    /// the command). Fails if a supervisor was already created in this process.
     pub fn new() -> Result<Supervisor> {
         if CREATED.swap(true, Ordering::AcqRel) {
             return Err(Error::Settings(
@@ -316,6 +319,7 @@ impl Supervisor {
             subreaper,
             held: None,
             guardian: None,
+            cancel: None,
         })
     }
 
@@ -354,6 +358,39 @@ impl Supervisor {
         }
     }
 
+    /// Installs the handlers for INT, TERM, HUP and QUIT (once): each is forwarded to the
+    /// command's group once it runs.
+    fn install_forwarding(&mut self) -> Result<()> {
+        for sig in FORWARDED {
+            if !self.forwarded.contains(&sig) && install(sig)? {
+                self.forwarded.push(sig);
+            }
+        }
+        Ok(())
+    }
+
+    /// While the lease is waited for: INT, TERM, HUP and QUIT cancel the wait (the returned
+    /// handle goes to `LeaseBuilder::cancel`), so that the acquisition gives up its place in the
+    /// queue before leasehold ends; then [`Supervisor::die_of_signal`] ends it by that signal.
+    /// A signal leasehold was started with ignored stays ignored.
+    pub fn cancel_wait_on_signals(&mut self) -> Result<leasehold::Cancel> {
+        let cancel = leasehold::Cancel::new()?;
+        CANCEL_FD.store(cancel.as_raw_fd(), Ordering::Release);
+        self.cancel = Some(cancel.clone());
+        self.install_forwarding()?;
+        Ok(cancel)
+    }
+
+    /// After a cancelled wait: ends leasehold by the signal that cancelled it (default action),
+    /// after stopping the command held at its gate. Returns the signal if the process is still
+    /// alive after that (it should not be), `None` if no signal was pending.
+    pub fn die_of_signal(&mut self) -> Option<Signal> {
+        let sig = signals::take_pending()?;
+        self.abandon();
+        signals::die_by(sig);
+        Some(sig)
+    }
+
     /// Starts the guardian (`guardian.rs`) unless it runs already: before the command is
     /// forked, so that it never holds the command's gate.
     fn start_guardian(&mut self, lock: &Path) -> Result<()> {
@@ -374,11 +411,7 @@ impl Supervisor {
     /// The command's environment is leasehold's, plus `LEASEHOLD_LOCK` (the absolute LOCK path),
     /// `LEASEHOLD_TOKEN` (the fencing token, decimal) and `LEASEHOLD_LEASE_ID`.
     pub fn run(&mut self, guard: &LeaseGuard, job: &Job) -> Result<Outcome> {
-        for sig in FORWARDED {
-            if install(sig)? {
-                self.forwarded.push(sig);
-            }
-        }
+        self.install_forwarding()?;
         self.tty = Terminal::detect();
         let child = self.spawn(guard, job)?;
         let outcome = match child {

@@ -40,6 +40,9 @@ static PENDING: [AtomicBool; 5] = [
 ];
 const CHLD_SLOT: usize = 4;
 pub(super) static LOST: AtomicBool = AtomicBool::new(false);
+/// The eventfd of the acquisition's cancel handle (`leasehold::Cancel`) while the lease is
+/// waited for; -1 otherwise. A forwarded signal writes to it, so the wait ends at once.
+pub(super) static CANCEL_FD: AtomicI32 = AtomicI32::new(-1);
 pub(super) static CREATED: AtomicBool = AtomicBool::new(false);
 
 fn slot(sig: libc::c_int) -> Option<usize> {
@@ -69,8 +72,47 @@ pub(super) fn wake() {
 extern "C" fn on_signal(sig: libc::c_int) {
     if let Some(i) = slot(sig) {
         PENDING[i].store(true, Ordering::Release);
+        if i != CHLD_SLOT {
+            cancel_wait();
+        }
     }
     wake();
+}
+
+/// Cancels the acquisition's wait, if one is going on; async-signal-safe, keeps errno.
+fn cancel_wait() {
+    let fd = CANCEL_FD.load(Ordering::Acquire);
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: as in `wake`: write(2) of 8 bytes to an eventfd (what `Cancel::cancel` writes).
+    unsafe {
+        let errno = libc::__errno_location();
+        let saved = *errno;
+        let one = 1u64.to_ne_bytes();
+        let _ = libc::write(fd, one.as_ptr().cast(), one.len());
+        *errno = saved;
+    }
+}
+
+/// The first forwarded signal that arrived and is still pending, taken off the pending set.
+pub(super) fn take_pending() -> Option<Signal> {
+    FORWARDED.into_iter().find(|sig| {
+        slot(*sig as libc::c_int).is_some_and(|i| PENDING[i].swap(false, Ordering::AcqRel))
+    })
+}
+
+/// Ends this process by `sig`, as its default action would have without our handler (so that
+/// the caller's shell sees "killed by SIGTERM", 143, and an interactive script stops on
+/// SIGINT). Returns only if the signal did not end the process.
+pub(super) fn die_by(sig: Signal) {
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restoring the default disposition.
+    let _ = unsafe { sigaction(sig, &default) };
+    let mut set = SigSet::empty();
+    set.add(sig);
+    let _ = set.thread_unblock();
+    let _ = nix::sys::signal::raise(sig);
 }
 
 /// Installs the wake-up handler for `sig`. Returns false (and leaves the signal ignored) when it

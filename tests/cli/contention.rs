@@ -457,3 +457,87 @@ fn a_waiting_run_starts_its_lease_keeper_while_it_waits_not_after_its_turn() {
     assert!(h.finish().success());
     assert!(w.wait_timeout(Duration::from_secs(30)).success());
 }
+
+/// The queue tickets in LOCK's queue directory (`q-N` files; not the `q-N.lease` a waiter
+/// prepares beside its own), sorted.
+fn tickets(lock: &std::path::Path) -> Vec<String> {
+    let name = lock.file_name().expect("name").to_string_lossy();
+    let qdir = lock.with_file_name(format!(".{name}.leasehold-queue"));
+    let mut v: Vec<String> = std::fs::read_dir(qdir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("q-") && !n.contains('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A waiting `run` sent SIGTERM, SIGINT, SIGHUP or SIGQUIT (a CI runner's cancel, Ctrl-C,
+/// a closed terminal) gives up its place in the queue and ends by that very signal while the
+/// holder still runs: its ticket is gone, its command never ran, and a waiter queued behind it
+/// moves up (it is served when the holder finishes, not after a dead ticket times out).
+#[test]
+fn a_waiting_run_ended_by_a_signal_withdraws_its_queue_ticket_and_dies_by_it() {
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        let d = tmp();
+        let lock = d.path().join("cancel.lock");
+        let marker = d.path().join("must-not-run");
+        let mut h = Holder::start(&lock, &["--ttl", "30s"]);
+        let mut w = Proc::spawn(
+            lh().args(["run"])
+                .arg(&lock)
+                .args(["--", "touch"])
+                .arg(&marker)
+                .stderr(Stdio::piped()),
+            "waiter",
+        );
+        let (_, _err) = blocked_line(&mut w);
+        assert_eq!(tickets(&lock).len(), 1, "{sig}: the waiter's ticket");
+        let mut next = Proc::spawn(
+            lh().args(["run"])
+                .arg(&lock)
+                .args(["--", "true"])
+                .stderr(Stdio::piped()),
+            "next waiter",
+        );
+        let (_, _err2) = blocked_line(&mut next);
+        let before = tickets(&lock);
+        assert_eq!(before.len(), 2, "{sig}: two tickets: {before:?}");
+        w.signal(sig);
+        let st = w.wait_timeout(Duration::from_secs(10));
+        assert!(h.kid.try_wait().is_none(), "{sig}: the holder ended first");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            st.signal(),
+            Some(sig as i32),
+            "{sig}: the waiter ended by {st}, not by the signal: {}",
+            w.stderr()
+        );
+        let after = tickets(&lock);
+        assert_eq!(
+            after,
+            before[1..].to_vec(),
+            "{sig}: the cancelled waiter's ticket is still there"
+        );
+        assert!(
+            !marker.exists(),
+            "{sig}: the cancelled waiter ran its command"
+        );
+        assert!(h.finish().success());
+        let st = next.wait_timeout(Duration::from_secs(10));
+        assert!(st.success(), "{sig}: the next waiter: {st}");
+        assert!(
+            tickets(&lock).is_empty(),
+            "{sig}: tickets left: {:?}",
+            tickets(&lock)
+        );
+    }
+}

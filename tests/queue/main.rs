@@ -1,9 +1,10 @@
 //! The wait queue: waiters are served in arrival order, killed and frozen waiters do not stall
-//! it, a release wakes only the head, and timeouts leave no ticket behind.
+//! it, a release wakes only the head, and timeouts and cancelled waits leave no ticket behind.
 
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cancel;
 mod order;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary

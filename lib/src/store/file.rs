@@ -12,6 +12,7 @@
 //! after checking it is ours, or setting the released bit on it; reach a file except through
 //! LOCK's directory descriptor.
 
+use crate::cancel::Cancel;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard as StdGuard, PoisonError};
@@ -331,8 +332,8 @@ impl Store for FileStore {
         fsio::remove_leftover_temps(&self.paths);
     }
 
-    fn waker(&self, poll: bool, ttl: Duration) -> Waiter {
-        Waiter::new(&self.paths, poll, ttl)
+    fn waker(&self, poll: bool, ttl: Duration, cancel: Option<Cancel>) -> Waiter {
+        Waiter::new(&self.paths, poll, ttl, cancel)
     }
 
     fn wait(

@@ -203,7 +203,13 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     }
 
     /// What wakes this contender, set up lazily (see [`Store::wait`]).
-    fn waker(&self, poll: bool, ttl: std::time::Duration) -> Self::Waker;
+    /// `cancel`, when given, ends any wait at once once it is cancelled.
+    fn waker(
+        &self,
+        poll: bool,
+        ttl: std::time::Duration,
+        cancel: Option<crate::cancel::Cancel>,
+    ) -> Self::Waker;
 
     /// Outside the section: keeps `place` alive, then sleeps until the lease judged `seen` may
     /// have changed (or, with `ahead`, the contender ahead may have gone), a tick passes, or

@@ -66,6 +66,21 @@ enum Woken {
     Deadline,
     /// Our own lease is gone.
     LeaseLost,
+    /// The caller's [`Cancel`](crate::Cancel) handle was cancelled.
+    Cancelled,
+}
+
+/// Resolves once `cancel` is cancelled (never without one). Looked at every 50 ms: the eventfd
+/// is not registered with the runtime, which has no I/O driver here.
+async fn cancelled(cancel: Option<&crate::cancel::Cancel>) {
+    match cancel {
+        None => std::future::pending().await,
+        Some(c) => {
+            while !c.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// Takes the lease on the etcd lock the builder names: at once or not at all (`one_shot`), or
@@ -167,9 +182,26 @@ pub(crate) fn acquire(
                 (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
                 reported = Some(rev);
             }
-            match wait(&conn, &mut c, ahead.key(), at, timing.heartbeat, deadline) {
+            let cancel = s.cancel.as_ref();
+            match wait(
+                &conn,
+                &mut c,
+                ahead.key(),
+                at,
+                timing.heartbeat,
+                deadline,
+                cancel,
+            ) {
                 Woken::Look => {}
                 Woken::LeaseLost => break,
+                Woken::Cancelled => {
+                    // Our key leaves the line at once (the lease revoked), as with a timeout.
+                    give_up(&conn, &c);
+                    return Err(Error::Cancelled {
+                        path: conn.lock.url.clone(),
+                        waited: started.elapsed(),
+                    });
+                }
                 Woken::Deadline => {
                     give_up(&conn, &c);
                     return Err(timeout(&conn, started, v));
@@ -440,6 +472,7 @@ fn wait(
     at: i64,
     every: Duration,
     deadline: Option<Instant>,
+    cancel: Option<&crate::cancel::Cancel>,
 ) -> Woken {
     let ahead = ahead.to_vec();
     let id = c.id;
@@ -495,6 +528,7 @@ fn wait(
                     }
                 }
                 _ = &mut until => return Woken::Deadline,
+                _ = cancelled(cancel) => return Woken::Cancelled,
             }
         }
     })
