@@ -266,6 +266,11 @@ pub enum TimingError {
     ZeroTtl,
     /// The heartbeat interval is zero.
     ZeroHeartbeat,
+    /// The TTL is longer than [`MAX_TTL`](crate::timing::MAX_TTL).
+    TooLong {
+        /// The TTL asked for.
+        ttl: Duration,
+    },
     /// Heartbeat + grace + safety margin is not less than the TTL.
     DoesNotFit {
         /// The TTL.
@@ -289,7 +294,7 @@ impl TimingError {
     /// `leasehold` command's flags) matches on the variant instead.
     pub fn culprit(&self) -> &'static str {
         match self {
-            TimingError::ZeroTtl => "the TTL",
+            TimingError::ZeroTtl | TimingError::TooLong { .. } => "the TTL",
             TimingError::ZeroHeartbeat => "the heartbeat",
             TimingError::DoesNotFit {
                 heartbeat_set,
@@ -311,6 +316,13 @@ impl std::fmt::Display for TimingError {
             TimingError::ZeroTtl | TimingError::ZeroHeartbeat => {
                 write!(f, "{} must be greater than zero", self.culprit())
             }
+            TimingError::TooLong { ttl } => write!(
+                f,
+                "the TTL {} is longer than the longest leasehold grants ({}): the TTL is how long a \
+                 silent holder is waited for, not how long the job may run",
+                human_duration(ttl),
+                human_duration(crate::timing::MAX_TTL)
+            ),
             TimingError::DoesNotFit {
                 ttl,
                 heartbeat,

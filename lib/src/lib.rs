@@ -84,6 +84,6 @@ pub use record::{
     Ending, FORMAT_VERSION, Holder, Lease, LeaseState, MAX_WIDTH, Mode, PLAIN_FORMAT_VERSION,
 };
 pub use status::{AtTerminal, BreakMode, Broken, Frees, break_lease, status, status_with};
-pub use timing::Timing;
+pub use timing::{MAX_TTL, Timing};
 pub use verdict::Waiting;
 pub use verdict::{EtcdTtl, State, Verdict};

@@ -283,6 +283,18 @@ impl<S: Store> Breaker<'_, S> {
     fn live(&self, mode: &BreakMode, mut out: Broken) -> Result<Broken> {
         let (v, lease, binding) = (self.v, self.lease, self.store.binding());
         let ttl = Duration::from_millis(lease.ttl_ms);
+        if ttl > crate::timing::MAX_TTL {
+            // No leasehold grants such a TTL: waiting it out (a year, say) is what a forged
+            // record would make every contender do. Cleared at once, signalling nothing.
+            let what = format!(
+                "a TTL of {}, longer than any leasehold grants ({}), so not a lease leasehold wrote",
+                crate::clock::human_duration(ttl),
+                crate::clock::human_duration(crate::timing::MAX_TTL)
+            );
+            self.write(LeaseState::Released, format!("broken: {what}"))?;
+            out.forged = Some(what);
+            return Ok(out);
+        }
         if v.same_host {
             let found = judge_live(lease, binding);
             if let Some(forged) = found.forged() {

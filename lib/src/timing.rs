@@ -10,6 +10,11 @@ use std::time::Duration;
 
 use crate::error::{Error, Result, TimingError};
 
+/// The longest TTL leasehold grants (24 h, as `consul lock`'s sessions): a TTL is how long a
+/// silent holder is waited for, not how long a job may run. A record claiming more was not
+/// written by this leasehold, and `break --force` clears it at once (PROTOCOL.md §10).
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// Timing of a guard, validated: `heartbeat + grace + margin < ttl`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -41,6 +46,9 @@ impl Timing {
     ) -> Result<Timing> {
         if ttl.is_zero() {
             return Err(Error::Timing(TimingError::ZeroTtl));
+        }
+        if ttl > MAX_TTL {
+            return Err(Error::Timing(TimingError::TooLong { ttl }));
         }
         let margin = (ttl / 20).max(Duration::from_millis(20));
         let hb = heartbeat.unwrap_or(ttl / 3);

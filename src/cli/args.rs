@@ -267,7 +267,7 @@ pub struct LeaseOpts {
     /// Give up after DURATION (default: wait forever).
     #[arg(short = 'w', long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
     pub wait: Option<Duration>,
-    /// Lease time-to-live.
+    /// Lease time-to-live: how long a silent holder is waited for (at most 24h).
     #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration, default_value = "30s")]
     pub ttl: Duration,
     /// Renewal interval [default: TTL/3].

@@ -72,6 +72,12 @@ fn timing_text(t: &TimingError) -> String {
     match *t {
         TimingError::ZeroTtl => "--ttl must be greater than zero".into(),
         TimingError::ZeroHeartbeat => "--heartbeat must be greater than zero".into(),
+        TimingError::TooLong { ttl } => format!(
+            "--ttl {} is longer than the longest leasehold grants ({}): the TTL is how long a \
+             silent holder is waited for, not how long the job may run",
+            human_duration(ttl),
+            human_duration(leasehold::MAX_TTL)
+        ),
         TimingError::DoesNotFit {
             ttl,
             heartbeat,

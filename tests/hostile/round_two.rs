@@ -412,6 +412,74 @@ fn a_decoy_flock_lease_beside_an_ordinary_lock_is_not_consulted() {
     sc.finish();
 }
 
+// ---------------------------------------------------------------------------------------------
+// 5. An unclearable forged record
+// ---------------------------------------------------------------------------------------------
+
+/// Member A forges a record on `job.lock` that no contender could ever take over: a lease of a
+/// holder on another host, already revoked, with a TTL of one year (every contender would wait a
+/// year of silence). Root's `break --force job.lock` clears it at once — no leasehold grants
+/// such a TTL (24 h at most) — signalling nothing, and root's routine `run -n` then runs; before,
+/// the break answered "already revoked … frees after at most 8760h" and `run -n` exited 75.
+/// Also: `--ttl 8760h` is refused as a setting (64) saying why.
+#[test]
+fn a_forged_record_with_a_ttl_no_leasehold_grants_is_cleared_by_break_force() {
+    let test = "a_forged_record_with_a_ttl_no_leasehold_grants_is_cleared_by_break_force";
+    let Some((_p, sc, lock)) = attack_scene(test) else {
+        return;
+    };
+    let o = sc.run_as(sc.a(), 0o002, &run_true(&[], &lock));
+    sc.expect_ok(&o, "A using job.lock once");
+    let mut who = leasehold::Identity::current();
+    (who.uid, who.user) = (sc.w.a.uid, sc.w.a.name.clone());
+    who.host = "elsewhere".into();
+    who.boot_id = "00000000-0000-4000-8000-000000000000".into();
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let mut lease = crate::support::crafted(4242, 1, &who, year, 7);
+    lease.state = leasehold::LeaseState::Revoked;
+    lease.ended = Some(leasehold::Ending {
+        at: leasehold::format_rfc3339(std::time::SystemTime::now()),
+        how: "revoked by force: forged".into(),
+        by: Some("a@elsewhere pid 1".into()),
+    });
+    let forged = sc.cs.dir.join("forged-lease");
+    fs::write(&forged, lease.to_bytes()).unwrap();
+    harness::chmod(&forged, 0o644);
+    sc.w.sh(
+        sc.a(),
+        0o002,
+        "cp \"$1\" \"$2.f\" && mv -f \"$2.f\" \"$2\"",
+        &[s(&forged), s(&lock)],
+    );
+    // In place: A's forged record at job.lock, revoked, a year's TTL, another host.
+    let now = read_lease(&lock);
+    assert_eq!(now["state"], "revoked");
+    assert_eq!(now["holder"]["host"], "elsewhere");
+    assert_eq!(now["ttl_ms"].as_u64(), Some(year.as_millis() as u64));
+    assert_eq!(fs::metadata(&lock).unwrap().uid(), sc.w.a.uid);
+    let o = root(&sc, &run_true(&["-n"], &lock));
+    sc.expect(o.code == 75, &o, "root's run -n before the break (held)");
+    let o = root(&sc, &["break", "--force", s(&lock)]);
+    sc.expect(
+        o.code == 0
+            && o.stderr.contains("longer than any leasehold grants")
+            && o.stderr.contains("without signalling"),
+        &o,
+        "root's break --force of the forged record",
+    );
+    let o = root(&sc, &run_true(&["-n"], &lock));
+    sc.expect_ok(&o, "root's run -n after the break");
+    let o = root(&sc, &run_true(&["-n", "--ttl", "8760h"], &lock));
+    sc.expect(
+        o.code == 64
+            && o.stderr
+                .contains("longer than the longest leasehold grants"),
+        &o,
+        "run --ttl 8760h",
+    );
+    sc.finish();
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
