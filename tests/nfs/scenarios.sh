@@ -9,7 +9,7 @@
 #
 # Env: LEASEHOLD_BIN (required, absolute path of a host-built binary; it is copied into the export)
 #      LEASEHOLD_NFS_MODES (default "v4 v3local"), LEASEHOLD_NFS_ROUNDS (default 10 per host),
-#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f g),
+#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f g h),
 #      LEASEHOLD_NFS_RACE_ROUNDS (scenario g's rounds, default 100).
 # Prints every check and the measured figures; the last line is `nfs: N passed, M failed`;
 # exits non-zero when anything failed (including a lab that cannot start on this machine).
@@ -540,6 +540,46 @@ EOF
     fig "[$mode] (g) $(echo "$res" | head -1) in $((SECONDS - t0)) s"
 }
 
+sc_deleted_elsewhere() {  # (h) LOCK removed by another host under a holder: the cross-host window
+    local mode=$1 d=$E/h hp out rc
+    rm -rf "$d" "$E/h.lock" "$E"/.h.lock.leasehold-*
+    mkdir -p "$d"
+    echo "-- (h) hostb removes LOCK under hosta's holder, then takes the lock: how long both jobs run"
+    # hosta's job (TTL 3 s: heartbeat 1 s, grace 0.75 s) writes when it starts and when it ends
+    # (its SIGTERM trap, the fence's first signal); hostb's writes when it starts.
+    printf '%s\n' \
+        'trap '"'"'date +%s.%N > "$1/a.end"; exit 143'"'"' TERM' \
+        'date +%s.%N > "$1/a.start"' \
+        'sleep 120 & wait' \
+        'date +%s.%N > "$1/a.end"' >"$d/a.sh"
+    gx 180 hosta "$LH run -q --poll --ttl 3s $G/h.lock -- sh $G/h/a.sh $G/h; echo \$? > $G/h/a.rc" >/dev/null 2>&1 &
+    hp=$!
+    if ! wait_file "$d/a.start" 60; then
+        bad "[$mode] (h) hosta's holder did not start"; kill $hp 2>/dev/null; wait $hp 2>/dev/null; return
+    fi
+    out=$(gx 60 hostb "date +%s.%N > $G/h/rm.at; rm -f $G/h.lock; $LH run -q --poll --ttl 3s -w 40s $G/h.lock -- sh -c 'date +%s.%N > $G/h/b.start'; echo rc=\$?" 2>&1)
+    wait $hp 2>/dev/null
+    rc=$(cat "$d/a.rc" 2>/dev/null)
+    if [ ! -s "$d/a.end" ] || [ ! -s "$d/b.start" ]; then
+        bad "[$mode] (h) missing timestamps: hosta exit ${rc:-?}, hostb: $out"; return
+    fi
+    local rm_at a_end b_start overlap fenced_after
+    rm_at=$(cat "$d/rm.at") a_end=$(cat "$d/a.end") b_start=$(cat "$d/b.start")
+    overlap=$(sub "$a_end" "$b_start")
+    fenced_after=$(sub "$a_end" "$rm_at")
+    echo "    hosta fenced its job $fenced_after s after the removal (exit ${rc:-?}); hostb's job started $(sub "$b_start" "$rm_at") s after it; both ran for ${overlap} s (negative: none)"
+    # The bound PROTOCOL §10 states: one heartbeat (1 s) + the grace (0.75 s) after the
+    # removal, plus 0.5 s for clocks (synced to ~20 ms) and the command round trips.
+    if [ "$rc" != 74 ]; then
+        bad "[$mode] (h) hosta's holder exited ${rc:-?}, not 74 (fenced): hostb: $out"
+    elif awk -v o="$overlap" 'BEGIN { exit !(o > 2.25) }'; then
+        bad "[$mode] (h) both jobs ran for $overlap s after LOCK was removed on another host (bound 1.75 s + 0.5 s)"
+    else
+        ok "[$mode] (h) LOCK removed on hostb: hosta fenced in $fenced_after s; the jobs overlapped ${overlap} s (bound: heartbeat 1 s + grace 0.75 s; negative: not at all)"
+    fi
+    fig "[$mode] (h) cross-host window after LOCK's removal (ttl 3s): hosta fenced after $fenced_after s, overlap $overlap s"
+}
+
 sc_local_lock() {  # (d) refuse host-local kernel locks by default
     local mode=$1 out rc
     echo "-- (d) local_lock=all mount: leasehold must refuse by default"
@@ -571,6 +611,7 @@ for mode in $MODES; do
             { want b || want c; } && sc_foreign_holder "$mode"
             want b && sc_crash_in_mutex "$mode"
             want g && sc_server_path "$mode"
+            want h && sc_deleted_elsewhere "$mode"
             ;;
         v3local)
             want d && sc_local_lock "$mode"
