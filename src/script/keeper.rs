@@ -51,20 +51,62 @@ pub(super) struct Keeper {
     pub down: OwnedFd,
 }
 
+/// The eventfd of the acquisition's cancel handle, for the SIGTERM handler (see [`detach`]).
+static CANCEL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// SIGTERM while the keeper waits for the lease (the front died: PDEATHSIG, or a `kill`):
+/// cancels the wait, so that the keeper gives up its queue ticket before it exits. Only stores
+/// to an eventfd with `write(2)` (async-signal-safe), keeping errno.
+extern "C" fn cancel_on_term(_: nix::libc::c_int) {
+    let fd = CANCEL_FD.load(std::sync::atomic::Ordering::Acquire);
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: errno is thread-local; write(2) of 8 bytes to an eventfd is async-signal-safe.
+    unsafe {
+        let errno = nix::libc::__errno_location();
+        let saved = *errno;
+        let one = 1u64.to_ne_bytes();
+        let _ = nix::libc::write(fd, one.as_ptr().cast(), one.len());
+        *errno = saved;
+    }
+}
+
+/// Sets SIGTERM's action: the cancelling handler, or the default.
+fn on_term(cancelling: bool) -> io::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};
+    let handler = if cancelling {
+        SigHandler::Handler(cancel_on_term)
+    } else {
+        SigHandler::SigDfl
+    };
+    let act = SigAction::new(handler, SaFlags::SA_RESTART, SigSet::empty());
+    // SAFETY: the handler only writes to an eventfd (see `cancel_on_term`).
+    unsafe { sigaction(Signal::SIGTERM, &act) }?;
+    Ok(())
+}
+
 /// The keeper's whole life; never returns.
 pub(super) fn run(k: Keeper) -> ! {
-    std::process::exit(match detach(&k) {
-        Ok(()) => keep(k),
+    let Ok(cancel) = leasehold::Cancel::new() else {
+        std::process::exit(exit::SOFTWARE)
+    };
+    std::process::exit(match detach(&k, &cancel) {
+        Ok(()) => keep(k, cancel),
         Err(_) => exit::SOFTWARE,
     })
 }
 
-/// Dies with the front until the hand-over is done; own session; stdin and stdout on
-/// /dev/null; every descriptor but stderr and the two pipe ends closed (the script's own, a
-/// cron job's output pipe). SIGUSR1 is blocked before any thread exists, for the signalfd.
-fn detach(k: &Keeper) -> io::Result<()> {
+/// Dies with the front until the hand-over is done — while it waits for the lease, by SIGTERM,
+/// which cancels the wait (the queue ticket is given up; see [`take`]), then by SIGKILL; own
+/// session; stdin and stdout on /dev/null; every descriptor but stderr, the two pipe ends and
+/// the cancel handle closed (the script's own, a cron job's output pipe). SIGUSR1 is blocked
+/// before any thread exists, for the signalfd.
+fn detach(k: &Keeper, cancel: &leasehold::Cancel) -> io::Result<()> {
+    CANCEL_FD.store(cancel.as_raw_fd(), std::sync::atomic::Ordering::Release);
+    on_term(true)?;
     if matches!(k.bound, Bound::Script) {
-        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+        nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
     }
     if getppid().as_raw() != k.front {
         // The front died before PDEATHSIG was set: nobody waits for us.
@@ -79,7 +121,8 @@ fn detach(k: &Keeper) -> io::Result<()> {
         Bound::Descriptor(w) => w.closes.as_ref(),
         Bound::Script => None,
     };
-    let keep = keep_fds(&k.up, &k.down, watched);
+    let mut keep = keep_fds(&k.up, &k.down, watched);
+    keep.push(cancel.as_raw_fd());
     let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
@@ -95,7 +138,7 @@ fn detach(k: &Keeper) -> io::Result<()> {
 }
 
 /// Takes the lease, hands it over, keeps it; the exit status.
-fn keep(k: Keeper) -> i32 {
+fn keep(k: Keeper, cancel: leasehold::Cancel) -> i32 {
     let mut up = File::from(k.up);
     let mut down = File::from(k.down);
     let Some(script) = open_script(k.script_pid, k.script_start) else {
@@ -110,10 +153,33 @@ fn keep(k: Keeper) -> i32 {
     // Bound to a descriptor the keeper does not die with the front; it gives up waiting when
     // the front is gone (nobody will take the kernel lock).
     let orphaned = matches!(k.bound, Bound::Descriptor(_)).then_some(k.front);
-    let guard = match take(&k.builder, k.how, k.quiet || k.flock, lost_w, orphaned) {
-        Ok(g) => g,
+    let waited = take(
+        &k.builder,
+        k.how,
+        k.quiet || k.flock,
+        lost_w,
+        orphaned,
+        cancel.clone(),
+    );
+    // From here on the front's death kills the keeper outright (see the module doc): a lease
+    // taken is never released before the front has answered.
+    let dies =
+        matches!(k.bound, Bound::Script).then(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL));
+    let _ = on_term(false);
+    let guard = match waited {
+        // The front is gone (or we were told to stop): the ticket went with the wait.
+        Err(Error::Cancelled { .. }) => return 0,
         Err(e) => return refused((k.flock, k.how, k.quiet, k.conflict), &e, &mut up),
+        Ok(g) => g,
     };
+    if dies.is_some_and(|r| r.is_err())
+        || (matches!(k.bound, Bound::Script) && getppid().as_raw() != k.front)
+        || cancel.is_cancelled()
+    {
+        // The front died as the lease was taken: it printed nothing. Keep the lease
+        // unreleased (the module doc's rule); it names this keeper, about to be gone.
+        std::process::exit(exit::SOFTWARE);
+    }
     if let (Some(v), false) = (guard.broke(), k.quiet || k.flock) {
         say(&report::broke_line(v, false));
     }
@@ -325,18 +391,23 @@ fn take(
     quiet: bool,
     lost_w: OwnedFd,
     orphaned: Option<i32>,
+    cancel: leasehold::Cancel,
 ) -> leasehold::Result<LeaseGuard> {
     let lost_w = Arc::new(File::from(lost_w));
     let display = WaitDisplay::new(quiet);
     let shown = display.clone();
+    let stop = cancel.clone();
     let b = b
         .clone()
+        .cancel(cancel)
         .on_lost(move |_| {
             let _ = (&*lost_w).write(b"!");
         })
         .on_wait(move |v| {
             if orphaned.is_some_and(|front| getppid().as_raw() != front) {
-                std::process::exit(0);
+                // Nobody will take the kernel lock: stop waiting, giving up the ticket.
+                stop.cancel();
+                return;
             }
             shown.waiting(v)
         });

@@ -29,7 +29,9 @@
 //!    failed: nothing was printed in full, so the keeper releases and answers `r`).
 //! 3. The keeper clears PDEATHSIG and answers `k`; only then does the front exit 0.
 //!
-//! If the front dies at any point before 3, the kernel SIGKILLs the keeper: a lease it held then
+//! If the front dies while the keeper waits, the kernel SIGTERMs it (PDEATHSIG), which cancels
+//! the wait: it gives up its queue ticket and exits. If the front dies at any later point
+//! before 3, the kernel SIGKILLs the keeper: a lease it held then
 //! names a dead keeper and the live script, which a contender treats as a frozen holder
 //! (verified, stopped, taken over) — the lease is never *released* while a script that may have
 //! read the exports still runs. A keeper that reads end-of-file on the down pipe exits without

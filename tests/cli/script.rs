@@ -506,8 +506,8 @@ fn code_of(st: std::process::ExitStatus) -> i32 {
 }
 
 /// A `leasehold lock` killed while it waits for the lock takes its keeper with it: the keeper
-/// (waiting in the queue) dies too, and when the holder releases, nobody holds the lock on
-/// the dead front's behalf.
+/// (waiting in the queue) gives up its queue ticket and exits too, while the holder still
+/// holds, and when the holder releases, nobody holds the lock on the dead front's behalf.
 #[test]
 fn a_lock_killed_while_waiting_leaves_no_keeper_behind() {
     let d = tempfile::tempdir().unwrap();
@@ -535,11 +535,29 @@ fn a_lock_killed_while_waiting_leaves_no_keeper_behind() {
         .parse()
         .unwrap();
     assert!(alive(keeper));
+    let qdir = d.path().join(".job.lock.leasehold-queue");
+    let tickets = || {
+        fs::read_dir(&qdir)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("q-") && !n.contains('.'))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(tickets(), 1, "the keeper's queue ticket");
     front.kill();
     assert!(
         wait_until(LONG, || !alive(keeper)),
         "the keeper died with the front"
     );
+    assert_eq!(
+        tickets(),
+        0,
+        "the dead keeper's ticket was left in the queue"
+    );
+    assert!(holder.kid.try_wait().is_none(), "the holder ended first");
     assert!(holder.finish().success());
     // Judged as leasehold judges it (a record can be released in place, by its mode, while its
     // JSON still says "held"): the lock is free, and no lease names the dead front's target.
