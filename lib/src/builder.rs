@@ -88,12 +88,13 @@ impl std::fmt::Debug for LeaseBuilder {
 }
 
 impl LeaseBuilder {
-    /// Settings for the lock at `path`, with defaults: TTL 30 s, heartbeat TTL/3, grace
-    /// min(5 s, TTL/4), the real clock and identity, hung same-host holders stopped and taken over.
+    /// Settings for the lock at `path`, with defaults: TTL [`DEFAULT_TTL`](crate::DEFAULT_TTL),
+    /// heartbeat [`heartbeat_rule`](crate::heartbeat_rule), grace [`grace_rule`](crate::grace_rule),
+    /// the real clock and identity, hung same-host holders stopped and taken over.
     pub fn new(path: impl AsRef<Path>) -> Self {
         LeaseBuilder {
             path: path.as_ref().to_path_buf(),
-            ttl: Duration::from_secs(30),
+            ttl: crate::timing::DEFAULT_TTL,
             heartbeat: None,
             grace: None,
             note: None,
@@ -119,12 +120,13 @@ impl LeaseBuilder {
         self.ttl = ttl;
         self
     }
-    /// Renewal interval (default TTL/3).
+    /// Renewal interval (default [`heartbeat_rule`](crate::heartbeat_rule): TTL/3).
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = Some(every);
         self
     }
-    /// SIGTERM-to-SIGKILL grace a wrapper allows when fencing (default min(5 s, TTL/4)); the
+    /// SIGTERM-to-SIGKILL grace a wrapper allows when fencing (default
+    /// [`grace_rule`](crate::grace_rule): min(5s, TTL/4)); the
     /// renew deadline leaves room for it.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);

@@ -82,6 +82,9 @@ pub use record::{
     Ending, FORMAT_VERSION, Holder, Lease, LeaseState, MAX_WIDTH, Mode, PLAIN_FORMAT_VERSION,
 };
 pub use status::{AtTerminal, BreakMode, Broken, Frees, break_lease, status, status_with};
-pub use timing::Timing;
+pub use timing::{
+    DEFAULT_TTL, DEFAULT_TTL_TEXT, GRACE_CAP, GRACE_DIVISOR, HEARTBEAT_DIVISOR, MARGIN_DIVISOR,
+    MARGIN_FLOOR, Timing, grace_rule, heartbeat_rule, margin_rule,
+};
 pub use verdict::Waiting;
 pub use verdict::{EtcdTtl, State, Verdict};

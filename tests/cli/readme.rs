@@ -112,7 +112,9 @@ fn block_after(text: &str, marker: &str) -> std::ops::Range<usize> {
     let m = text
         .find(marker)
         .unwrap_or_else(|| panic!("README.md has no {marker:?} marker"));
-    let fence = m + text[m..].find("```").expect("a code block after the marker");
+    let fence = m + text[m..]
+        .find("```")
+        .expect("a code block after the marker");
     let start = fence + text[fence..].find('\n').expect("the fence's line") + 1;
     let end = start + text[start..].find("```").expect("the block's end");
     start..end
@@ -173,7 +175,10 @@ fn readme_run_options_and_exit_statuses_are_run_help() {
     for (marker, title) in HELP_BLOCKS {
         let section = help_section(&help, title);
         // A comparison of two empty texts would check nothing.
-        assert!(section.lines().count() >= 5, "`run --help`'s {title:?}: {section}");
+        assert!(
+            section.lines().count() >= 5,
+            "`run --help`'s {title:?}: {section}"
+        );
         let range = block_after(&readme, marker);
         if bless {
             let body: String = section.lines().map(|l| wrap(l) + "\n").collect();
