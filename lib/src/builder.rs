@@ -1,12 +1,16 @@
 //! Settings for taking a lease: the builder.
 //!
 //! Owns: every setting of an acquisition (TTL, heartbeat, grace, note, command, clock, identity,
-//! callbacks, policies) and their validation into a [`Timing`]; the lease a new holder writes.
-//! Like walkdir's `WalkDir`, it is only settings: the running state of an acquisition lives in
-//! `Acquirer` (`acquire.rs`, which also holds the builder's `acquirer`/`try_acquire`/`acquire`
-//! methods: they make one).
-//! Must never: hold running state (descriptors, tickets, observations); do I/O before an
-//! acquisition is asked for.
+//! callbacks, policies, shared or counted) and their validation into a [`Timing`] (the defaults
+//! are `timing.rs`'s); the lease a new holder writes, and its random lease id. Like walkdir's
+//! `WalkDir`, it is settings: the running state of an acquisition lives in `Acquirer`
+//! (`acquire.rs`, which also holds the builder's `acquirer`/`try_acquire`/`acquire` methods:
+//! they make one). The one thing it carries besides settings is a cache, shared by its clones,
+//! of what the last acquisition resolved (`store::resolved::Resolved`: LOCK's paths, its file
+//! system, the kept mutex descriptor), handed to the next `Acquirer` so that a loop of
+//! `try_acquire` does not resolve LOCK again.
+//! Must never: hold an acquisition's running state (tickets, observations, a held lease); do
+//! I/O before an acquisition is asked for.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -36,6 +36,14 @@
 
 #![deny(missing_docs)]
 
+// Linux only: leases are judged and jobs verified through pidfds, open-file-description locks,
+// timers on CLOCK_BOOTTIME and /proc (README, "Linux only").
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "leasehold runs on Linux only (5.3 or newer): it needs pidfd_open, open-file-description \
+     locks, CLOCK_BOOTTIME timers and /proc, which this target does not have"
+);
+
 mod acquire;
 mod boottime;
 mod builder;
