@@ -6,6 +6,14 @@
 //! is the `leasehold` crate (package `leasehold-lib`). Must never: hold protocol logic, or be
 //! used as a stable API by other programs (use `leasehold-lib`).
 
+// Linux only, as the library (README, "Linux only"): the supervisor's PDEATHSIG, child subreaper,
+// signalfd and pidfds exist nowhere else.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "the leasehold command runs on Linux only (5.3 or newer): it needs pidfds, PR_SET_PDEATHSIG, \
+     a child subreaper, signalfd and /proc, which this target does not have"
+);
+
 pub mod cli;
 pub mod flock;
 pub mod script;

@@ -1,12 +1,16 @@
 //! Settings for taking a lease: the builder.
 //!
 //! Owns: every setting of an acquisition (TTL, heartbeat, grace, note, command, clock, identity,
-//! callbacks, policies) and their validation into a [`Timing`]; the lease a new holder writes.
-//! Like walkdir's `WalkDir`, it is only settings: the running state of an acquisition lives in
-//! `Acquirer` (`acquire.rs`, which also holds the builder's `acquirer`/`try_acquire`/`acquire`
-//! methods: they make one).
-//! Must never: hold running state (descriptors, tickets, observations); do I/O before an
-//! acquisition is asked for.
+//! callbacks, policies, shared or counted) and their validation into a [`Timing`] (the defaults
+//! are `timing.rs`'s); the lease a new holder writes, and its random lease id. Like walkdir's
+//! `WalkDir`, it is settings: the running state of an acquisition lives in `Acquirer`
+//! (`acquire.rs`, which also holds the builder's `acquirer`/`try_acquire`/`acquire` methods:
+//! they make one). The one thing it carries besides settings is a cache, shared by its clones,
+//! of what the last acquisition resolved (`store::resolved::Resolved`: LOCK's paths, its file
+//! system, the kept mutex descriptor), handed to the next `Acquirer` so that a loop of
+//! `try_acquire` does not resolve LOCK again.
+//! Must never: hold an acquisition's running state (tickets, observations, a held lease); do
+//! I/O before an acquisition is asked for.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -90,12 +94,13 @@ impl std::fmt::Debug for LeaseBuilder {
 }
 
 impl LeaseBuilder {
-    /// Settings for the lock at `path`, with defaults: TTL 30 s, heartbeat TTL/3, grace
-    /// min(5 s, TTL/4), the real clock and identity, hung same-host holders stopped and taken over.
+    /// Settings for the lock at `path`, with defaults: TTL [`DEFAULT_TTL`](crate::DEFAULT_TTL),
+    /// heartbeat [`heartbeat_rule`](crate::heartbeat_rule), grace [`grace_rule`](crate::grace_rule),
+    /// the real clock and identity, hung same-host holders stopped and taken over.
     pub fn new(path: impl AsRef<Path>) -> Self {
         LeaseBuilder {
             path: path.as_ref().to_path_buf(),
-            ttl: Duration::from_secs(30),
+            ttl: crate::timing::DEFAULT_TTL,
             heartbeat: None,
             grace: None,
             note: None,
@@ -122,12 +127,13 @@ impl LeaseBuilder {
         self.ttl = ttl;
         self
     }
-    /// Renewal interval (default TTL/3).
+    /// Renewal interval (default [`heartbeat_rule`](crate::heartbeat_rule): TTL/3).
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = Some(every);
         self
     }
-    /// SIGTERM-to-SIGKILL grace a wrapper allows when fencing (default min(5 s, TTL/4)); the
+    /// SIGTERM-to-SIGKILL grace a wrapper allows when fencing (default
+    /// [`grace_rule`](crate::grace_rule): min(5s, TTL/4)); the
     /// renew deadline leaves room for it.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);

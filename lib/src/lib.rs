@@ -36,6 +36,14 @@
 
 #![deny(missing_docs)]
 
+// Linux only: leases are judged and jobs verified through pidfds, open-file-description locks,
+// timers on CLOCK_BOOTTIME and /proc (README, "Linux only").
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "leasehold runs on Linux only (5.3 or newer): it needs pidfd_open, open-file-description \
+     locks, CLOCK_BOOTTIME timers and /proc, which this target does not have"
+);
+
 mod acquire;
 mod boottime;
 mod builder;
@@ -84,6 +92,9 @@ pub use record::{
     Ending, FORMAT_VERSION, Holder, Lease, LeaseState, MAX_WIDTH, Mode, PLAIN_FORMAT_VERSION,
 };
 pub use status::{AtTerminal, BreakMode, Broken, Frees, break_lease, status, status_with};
-pub use timing::{MAX_TTL, Timing};
+pub use timing::{
+    DEFAULT_TTL, DEFAULT_TTL_TEXT, GRACE_CAP, GRACE_DIVISOR, HEARTBEAT_DIVISOR, MARGIN_DIVISOR,
+    MARGIN_FLOOR, MAX_TTL, Timing, grace_rule, heartbeat_rule, margin_rule,
+};
 pub use verdict::Waiting;
 pub use verdict::{EtcdTtl, State, Verdict};

@@ -268,13 +268,16 @@ pub struct LeaseOpts {
     #[arg(short = 'w', long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
     pub wait: Option<Duration>,
     /// Lease time-to-live: how long a silent holder is waited for (at most 24h).
-    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration, default_value = "30s")]
+    // Its default's one home is `leasehold::DEFAULT_TTL_TEXT`.
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration, default_value = leasehold::DEFAULT_TTL_TEXT)]
     pub ttl: Duration,
-    /// Renewal interval [default: TTL/3].
-    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
+    /// Renewal interval (default: `leasehold::heartbeat_rule`).
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration,
+          help = format!("Renewal interval [default: {}]", leasehold::heartbeat_rule()))]
     pub heartbeat: Option<Duration>,
-    /// SIGTERM-to-SIGKILL grace when fencing [default: min(5s, TTL/4)].
-    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration)]
+    /// SIGTERM-to-SIGKILL grace when fencing (default: `leasehold::grace_rule`).
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_duration,
+          help = format!("SIGTERM-to-SIGKILL grace when fencing [default: {}]", leasehold::grace_rule()))]
     pub grace: Option<Duration>,
     /// Exit status when the lock could not be had.
     #[arg(short = 'E', long, value_name = "N", default_value_t = 75)]

@@ -207,14 +207,20 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
     for (var, what) in [
         (
             "SHELL",
-            "the shell that runs the command string of -c (/bin/sh when unset or empty)",
+            "the shell that runs the command string of -c (/bin/sh when unset or empty)"
+                .to_string(),
         ),
         (
             "LEASEHOLD_FLOCK_TTL",
-            "the lease's time-to-live, a DURATION as leasehold(1) takes it (default 30s)",
+            format!(
+                "the lease's time-to-live, a DURATION as leasehold(1) takes it (default {})",
+                leasehold::DEFAULT_TTL_TEXT
+            ),
         ),
     ] {
-        r.control("TP", []).text([bold(var)]).text([roman(what)]);
+        r.control("TP", [])
+            .text([bold(var)])
+            .text([roman(what.as_str())]);
     }
     r.control("SH", ["FILES"]);
     r.control("TP", [])

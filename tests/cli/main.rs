@@ -9,6 +9,7 @@ mod support;
 
 mod basics;
 mod contention;
+mod defaults;
 mod fencing;
 mod flock;
 mod manual;

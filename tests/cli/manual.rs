@@ -12,7 +12,7 @@
 //!   its `Documentation=` names installed), and its `SuccessExitStatus` covers what
 //!   `systemctl stop` makes leasehold exit with (KillMode=mixed: SIGTERM to leasehold, 143);
 //!   every line of the README's systemd units is in those files.
-//! - The README lists every file kept beside LOCK that the man page lists.
+//! - The user's guide (docs/guide.md) lists every file kept beside LOCK that the man page lists.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -442,14 +442,22 @@ fn systemctl_stop_exit_status_is_listed_as_success_in_the_recipe() {
     );
 }
 
+/// The user's guide lists every file kept beside LOCK that the man page lists (update the table
+/// in docs/guide.md, "Files kept beside LOCK", with `cli::generate::FILES`), and the README says
+/// how to install the binary, its manual page and completions.
 #[test]
-fn readme_lists_every_file_kept_beside_lock() {
+fn guide_lists_every_file_kept_beside_lock_and_readme_how_to_install() {
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    let guide = std::fs::read_to_string(root().join("docs/guide.md")).expect("docs/guide.md");
+    assert!(
+        readme.contains("docs/guide.md#files-kept-beside-lock"),
+        "README does not link to the list of files kept beside LOCK"
+    );
     for (f, _) in leasehold_cli::cli::generate::FILES {
-        let in_readme = f.replace("NAME", "LOCK");
+        let in_guide = f.replace("NAME", "LOCK");
         assert!(
-            readme.contains(&in_readme),
-            "README does not list {in_readme}"
+            guide.contains(&format!("| `{in_guide}` |")),
+            "docs/guide.md's table of files kept beside LOCK does not list {in_guide}"
         );
     }
     for needle in [

@@ -530,11 +530,6 @@ impl Section {
             .unwrap_or_else(|e| panic!("cs: append to {}: {e}", self.log.display()));
     }
 
-    /// Logs a sign of life inside the section.
-    pub fn tick(&self) {
-        self.append("tick");
-    }
-
     /// Logs the end and removes `inside` (or, in shared mode, `in/ID`), which must still be
     /// this section's.
     pub fn leave(self) {

@@ -298,20 +298,6 @@ pub fn stray_files(dir: &Path, lock_name: &str) -> Vec<String> {
     stray
 }
 
-/// Tickets (`q-N`, not their `.lease` files) in LOCK's queue directory.
-pub fn queued_tickets(dir: &Path, lock_name: &str) -> Vec<String> {
-    let queue = dir.join(format!(".{lock_name}.leasehold-queue"));
-    let mut v: Vec<String> = fs::read_dir(&queue)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("q-") && !n.ends_with(".lease"))
-        .collect();
-    v.sort();
-    v
-}
-
 /// LOCK (if present and not empty) is JSON and the library can judge it; returns the verdict.
 pub fn assert_lock_parses(lock: &Path) -> leasehold::Verdict {
     if let Ok(bytes) = fs::read(lock)

@@ -13,6 +13,10 @@
 //!   injection.
 //!
 //! Everything is re-exported at the top (`support::Proc`, `support::wait_until`, ...).
+// Each test binary uses a part of this tree, so unused items are allowed here. To find helpers
+// no binary uses, replace this by `#![allow(unused_imports)]`, run `cargo check --tests
+// --message-format short` (and with `--features etcd` for `etcd.rs`) and keep the items every
+// binary reports as never used: remove them.
 #![allow(dead_code, unused_imports)]
 
 pub mod cli;

@@ -1,7 +1,9 @@
 //! How a lock's jobs are bound to it: what judging and stopping an old job need from a store
 //! besides its leases.
 //!
-//! Owns: the [`Binding`] trait and its file-store implementation on [`LockPaths`].
+//! Owns: the [`Binding`] trait, its implementation on [`LockPaths`], and the file store's job
+//! evidence (`file_evidence`, which `FileStore`'s binding in `file/origin.rs` uses too); the
+//! etcd store's binding (by environment alone) is in `etcd/mod.rs`.
 //! Must never: depend on the judge or the store traits (they depend on it), or trust a file
 //! another user can write as evidence (see `process.rs` and PROTOCOL.md §10).
 
@@ -16,8 +18,8 @@ use crate::record::Lease;
 ///
 /// The file store answers with LOCK's path, the evidence of `process.rs` (the job's environment
 /// naming this LOCK and lease id, or the holder's `O_PATH` mark on this lock's mutex file) and
-/// the per-uid observation files beside LOCK; a store without files (etcd) would name its lock
-/// by its URL, bind jobs by their environment alone, and keep observations in memory.
+/// the per-uid observation files beside LOCK; the etcd store, which has no files, names its lock
+/// by its URL, binds jobs by their environment alone, and keeps observations in memory.
 pub(crate) trait Binding: Sync + std::fmt::Debug {
     /// The lock's name: what errors and verdicts name, and what its jobs carry in
     /// `LEASEHOLD_LOCK`.

@@ -2,10 +2,12 @@
 //!
 //! Owns: the [`Store`] and [`Holding`] traits — the contract every store must keep for the
 //! protocol's safety argument (PROTOCOL.md §8) to hold — and the answer to "is this still our
-//! lease?" ([`Ours`]). Today's one store is the lock file ([`file::FileStore`]); an etcd store
-//! (leases with keepalive, revisions as tokens, watches, a key per contender under a prefix
-//! with the lowest create revision first in line) would be a second implementation: the
-//! acquirer, the guard and `status`/`break` speak only to these traits.
+//! lease?" ([`Ours`]). Two stores implement them: the lock file ([`file::FileStore`]) and, with
+//! the `etcd` feature, an etcd cluster (`etcd::`: leases with keepalive, revisions as tokens,
+//! watches, a key per contender under a prefix with the lowest create revision first in line).
+//! `any` dispatches a held lease to either, `binding` says how a store's jobs are bound to its
+//! lock, `resolved` keeps what a builder resolved between acquisitions. The acquirer, the guard
+//! and `status`/`break` speak only to these traits.
 //! Must never: hold policy. Which lease may be taken, when a holder is dead, what a break does
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
