@@ -11,11 +11,15 @@ use super::{Holding, Ours, Release, Renewal};
 use crate::error::Result;
 use crate::record::Lease;
 
-/// A held lease in some store.
+/// A held lease in some store (one per guard: the size difference between variants costs
+/// nothing worth a box).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyHolding {
     File(FileHolding),
     #[cfg(feature = "etcd")]
     Etcd(super::etcd::holding::EtcdHolding),
+    #[cfg(feature = "s3")]
+    S3(super::s3::holding::S3Holding),
 }
 
 /// A held section in some store.
@@ -23,11 +27,20 @@ pub(crate) enum AnySection {
     File(<FileHolding as Holding>::Section),
     #[cfg(feature = "etcd")]
     Etcd,
+    #[cfg(feature = "s3")]
+    S3,
 }
 
 impl From<FileHolding> for AnyHolding {
     fn from(h: FileHolding) -> Self {
         AnyHolding::File(h)
+    }
+}
+
+#[cfg(feature = "s3")]
+impl From<super::s3::holding::S3Holding> for AnyHolding {
+    fn from(h: super::s3::holding::S3Holding) -> Self {
+        AnyHolding::S3(h)
     }
 }
 
@@ -46,6 +59,8 @@ impl Holding for AnyHolding {
             AnyHolding::File(h) => h.still_ours(lease_id),
             #[cfg(feature = "etcd")]
             AnyHolding::Etcd(h) => h.still_ours(lease_id),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.still_ours(lease_id),
         }
     }
 
@@ -54,6 +69,8 @@ impl Holding for AnyHolding {
             AnyHolding::File(h) => h.renew(lease_id, bytes),
             #[cfg(feature = "etcd")]
             AnyHolding::Etcd(h) => h.renew(lease_id, bytes),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.renew(lease_id, bytes),
         }
     }
 
@@ -62,6 +79,8 @@ impl Holding for AnyHolding {
             AnyHolding::File(h) => h.check(lease_id),
             #[cfg(feature = "etcd")]
             AnyHolding::Etcd(h) => h.check(lease_id),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.check(lease_id),
         }
     }
 
@@ -70,6 +89,8 @@ impl Holding for AnyHolding {
             AnyHolding::File(h) => h.watched(),
             #[cfg(feature = "etcd")]
             AnyHolding::Etcd(h) => h.watched(),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.watched(),
         }
     }
 
@@ -78,6 +99,8 @@ impl Holding for AnyHolding {
             AnyHolding::File(h) => h.enter(deadline, stuck_after).map(AnySection::File),
             #[cfg(feature = "etcd")]
             AnyHolding::Etcd(h) => h.enter(deadline, stuck_after).map(|()| AnySection::Etcd),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.enter(deadline, stuck_after).map(|()| AnySection::S3),
         }
     }
 
@@ -86,7 +109,9 @@ impl Holding for AnyHolding {
             (AnyHolding::File(h), AnySection::File(s)) => h.rewrite(s, mine, bytes),
             #[cfg(feature = "etcd")]
             (AnyHolding::Etcd(h), AnySection::Etcd) => h.rewrite(&(), mine, bytes),
-            #[cfg(feature = "etcd")]
+            #[cfg(feature = "s3")]
+            (AnyHolding::S3(h), AnySection::S3) => h.rewrite(&(), mine, bytes),
+            #[cfg(any(feature = "etcd", feature = "s3"))]
             _ => Err(crate::error::Error::Settings(
                 "internal: a section of another store".into(),
             )),
@@ -98,6 +123,8 @@ impl Holding for AnyHolding {
             AnyHolding::File(h) => h.release(release),
             #[cfg(feature = "etcd")]
             AnyHolding::Etcd(h) => h.release(release),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.release(release),
         }
     }
 }

@@ -36,8 +36,8 @@ use crate::wait::Waiter;
 mod holding;
 mod origin;
 
-pub(crate) use holding::FileHolding;
 use holding::holder_mark;
+pub(crate) use holding::{FileHolding, not_ours};
 
 /// Leases on one LOCK path.
 #[derive(Debug, Clone)]

@@ -27,22 +27,109 @@ pub(crate) mod binding;
 pub(crate) mod etcd;
 pub(crate) mod file;
 pub(crate) mod resolved;
+#[cfg(feature = "s3")]
+pub(crate) mod s3;
 
 pub(crate) use binding::Binding;
 
-/// Whether LOCK names an etcd lock (`etcd://...`) rather than a file.
-pub(crate) fn is_etcd(lock: &Path) -> bool {
-    lock.as_os_str().as_encoded_bytes().starts_with(b"etcd://")
+/// Which store a LOCK names. [`Kind::of`] is the one place a LOCK is parsed into a store;
+/// the dispatchers below ([`acquire_elsewhere`], [`status_elsewhere`], [`break_elsewhere`])
+/// are the one place each networked store is reached (and, in a build without its feature,
+/// refused saying how to build it). A new store is a folder plus a line in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lock file (anything that is not a store URL).
+    File,
+    /// `etcd://HOSTS/NAME` (feature `etcd`).
+    Etcd,
+    /// `s3://BUCKET/KEY` (feature `s3`).
+    S3,
 }
 
-/// Why an etcd lock cannot be used by a build without the `etcd` feature.
-#[cfg(not(feature = "etcd"))]
-pub(crate) fn no_etcd(lock: &Path) -> crate::error::Error {
+impl Kind {
+    /// The store LOCK names.
+    pub(crate) fn of(lock: &Path) -> Kind {
+        let b = lock.as_os_str().as_encoded_bytes();
+        if b.starts_with(b"etcd://") {
+            Kind::Etcd
+        } else if b.starts_with(b"s3://") {
+            Kind::S3
+        } else {
+            Kind::File
+        }
+    }
+}
+
+/// Why a lock of a store this build lacks cannot be used.
+#[allow(dead_code)]
+fn not_built(lock: &Path, feature: &str) -> crate::error::Error {
     crate::error::Error::Settings(format!(
-        "{}: this leasehold was built without etcd support; install it with \
-         `cargo install leasehold --features etcd`",
+        "{}: this leasehold was built without {feature} support; install it with \
+         `cargo install leasehold --features {feature}`",
         lock.display()
     ))
+}
+
+/// Takes the lease on a lock kept outside the file system (`None`: LOCK is a file).
+pub(crate) fn acquire_elsewhere(
+    s: &crate::builder::LeaseBuilder,
+    deadline: Option<Instant>,
+    one_shot: bool,
+) -> Option<Result<crate::guard::LeaseGuard>> {
+    let _ = (deadline, one_shot);
+    Some(match Kind::of(&s.path) {
+        Kind::File => return None,
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => etcd::acquire::acquire(s, deadline, one_shot),
+        #[cfg(feature = "s3")]
+        Kind::S3 => s3::acquire::acquire(s, deadline, one_shot),
+        #[allow(unreachable_patterns)]
+        k => Err(refused(k, &s.path)),
+    })
+}
+
+/// `status` of a lock kept outside the file system (`None`: LOCK is a file).
+pub(crate) fn status_elsewhere(
+    lock: &Path,
+    me: &crate::identity::Identity,
+    clock: &dyn crate::clock::Clock,
+) -> Option<Result<Verdict>> {
+    let _ = (me, clock);
+    Some(match Kind::of(lock) {
+        Kind::File => return None,
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => etcd::look::status(lock, me, clock),
+        #[cfg(feature = "s3")]
+        Kind::S3 => s3::look::status(lock, me, clock),
+        #[allow(unreachable_patterns)]
+        k => Err(refused(k, lock)),
+    })
+}
+
+/// `break` of a lock kept outside the file system (`None`: LOCK is a file).
+pub(crate) fn break_elsewhere(
+    lock: &Path,
+    mode: &crate::status::outcome::BreakMode,
+) -> Option<Result<crate::status::outcome::Broken>> {
+    let _ = mode;
+    Some(match Kind::of(lock) {
+        Kind::File => return None,
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => etcd::look::break_lease(lock, mode.clone()),
+        #[cfg(feature = "s3")]
+        Kind::S3 => s3::look::break_lease(lock, mode.clone()),
+        #[allow(unreachable_patterns)]
+        k => Err(refused(k, lock)),
+    })
+}
+
+/// A store this build lacks.
+#[allow(dead_code)]
+fn refused(k: Kind, lock: &Path) -> crate::error::Error {
+    match k {
+        Kind::Etcd => not_built(lock, "etcd"),
+        _ => not_built(lock, "s3"),
+    }
 }
 
 /// What a store does about a contender that has sat in the exclusive section for longer than a
