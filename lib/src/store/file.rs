@@ -37,7 +37,9 @@ mod holding;
 mod origin;
 
 use holding::holder_mark;
-pub(crate) use holding::{FileHolding, not_ours};
+pub(crate) use holding::FileHolding;
+#[cfg(feature = "s3")]
+pub(crate) use holding::not_ours;
 
 /// Leases on one LOCK path.
 #[derive(Debug, Clone)]
