@@ -2,13 +2,14 @@
 # A real S3 server for the S3 store's tests: Ceph RADOS Gateway on 127.0.0.1, with one monitor
 # and one memstore OSD (no disk to prepare), all under one scratch directory.
 #
-#   ceph.sh start DIR [PORT]   start mon, osd and radosgw; make user `leasehold` and bucket `lh`;
+#   ceph.sh start DIR [PORT]   start mon, osd and two gateways (PORT, and PORT+1 for tests that
+#                              freeze one); make user `leasehold` and bucket `leasehold`;
 #                              write DIR/env (shell assignments) and print it
 #   ceph.sh env DIR            print DIR/env
 #   ceph.sh stop DIR           kill every daemon started in DIR, by its pid file; remove DIR
 #
 # Installs nothing: needs `radosgw ceph-mon ceph-osd uuid-runtime` (Debian 12; .ci/run installs
-# them). Uses ports 3300, 6789, 6800-6807 and PORT (default 7480) on 127.0.0.1. Settings that
+# them). Uses ports 3300, 6789, 6800-6807, PORT and PORT+1 (default 7480, 7481) on 127.0.0.1. Settings that
 # matter (see ../../docs/s3.md): auth none, so the gateway needs ms_mon_client_mode = crc; pool
 # size 1; tcp_nodelay on the gateway's frontend (a GET takes ~44 ms without it).
 set -euo pipefail
@@ -76,6 +77,8 @@ osd_data = $dir/osd/\$name
 keyring = /dev/null
 [client.rgw]
 rgw_frontends = beast endpoint=127.0.0.1:$port tcp_nodelay=1
+[client.rgw2]
+rgw_frontends = beast endpoint=127.0.0.1:$((port + 1)) tcp_nodelay=1
 EOF
   local c=(-c "$conf")
   monmaptool --create --fsid "$fsid" --addv a '[v2:127.0.0.1:3300,v1:127.0.0.1:6789]' "$dir/monmap" >/dev/null
@@ -88,6 +91,9 @@ EOF
   ceph-osd "${c[@]}" -i "$id" --mkfs --osd-uuid "$uuid" >/dev/null 2>&1
   ceph-osd "${c[@]}" -i "$id" 2>>"$dir/log/daemons.err"
   radosgw "${c[@]}" -n client.rgw 2>>"$dir/log/daemons.err"
+  # A second gateway on the same cluster, for tests that freeze one (SIGSTOP) without
+  # freezing the tests that run beside them.
+  radosgw "${c[@]}" -n client.rgw2 2>>"$dir/log/daemons.err"
   # The gateway answers once it has made its pools (an OSD up and its PGs active).
   local up=
   for _ in $(seq 1 600); do
@@ -95,6 +101,12 @@ EOF
     sleep 0.1
   done
   [ -n "$up" ] || { echo "ceph.sh: radosgw did not listen on 127.0.0.1:$port within 60 s (logs: $dir/log)" >&2; exit 69; }
+  up=
+  for _ in $(seq 1 600); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null; then up=1; break; fi
+    sleep 0.1
+  done
+  [ -n "$up" ] || { echo "ceph.sh: the second radosgw did not listen on 127.0.0.1:$((port + 1)) within 60 s (logs: $dir/log)" >&2; exit 69; }
   timeout 60 radosgw-admin "${c[@]}" user create --uid=leasehold --display-name=leasehold \
     --access-key="$ACCESS" --secret-key="$SECRET" >/dev/null
   cat >"$dir/env" <<EOF
@@ -103,7 +115,8 @@ AWS_ACCESS_KEY_ID=$ACCESS
 AWS_SECRET_ACCESS_KEY=$SECRET
 AWS_REGION=us-east-1
 LH_S3_BUCKET=$BUCKET
-LH_S3_RGW_PID=$(cat "$dir/run/client.rgw.pid")
+LH_S3_FREEZABLE_ENDPOINT=http://127.0.0.1:$((port + 1))
+LH_S3_FREEZABLE_PID=$(cat "$dir/run/client.rgw2.pid")
 EOF
   # The bucket, made with a signed PUT (curl's --aws-sigv4 omits x-amz-content-sha256, which
   # RGW requires, so it is sent by hand; the empty body's hash).

@@ -36,8 +36,8 @@ use crate::wait::Waiter;
 mod holding;
 mod origin;
 
-use holding::holder_mark;
 pub(crate) use holding::FileHolding;
+use holding::holder_mark;
 #[cfg(feature = "s3")]
 pub(crate) use holding::not_ours;
 

@@ -383,8 +383,9 @@ pub(crate) struct Release<'a> {
     /// Ends the guard's renewals.
     pub stop: &'a mut dyn FnMut(),
     /// Whether the lease was lost (the job was fenced) before this release (the etcd store
-    /// revokes its lease then; the file store's release is the same either way).
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    /// revokes its lease then; the S3 store makes one quick try; the file store's release is
+    /// the same either way).
+    #[cfg_attr(not(any(feature = "etcd", feature = "s3")), allow(dead_code))]
     pub lost: bool,
 }
 

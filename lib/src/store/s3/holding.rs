@@ -150,6 +150,16 @@ impl Holding for S3Holding {
             by: None,
         });
         let bytes = rec.to_bytes();
+        if release.lost {
+            // Fenced already: one quick try to free the lock for the next contender at once; a
+            // gateway that does not answer (the likely cause of the loss) must not hold up our
+            // exit — the record then goes stale by observation within its TTL.
+            let etag = lock(&self.etag).clone();
+            let (body, _) = encode(&bytes);
+            let quick = Duration::from_millis(300);
+            let _ = self.client.put(&body, &Cond::Match(etag), quick);
+            return Ok(());
+        }
         let timeout = release.wait.clamp(Duration::from_millis(100), CALL_TIMEOUT);
         for _ in 0..3 {
             match self.write(&rec.lease_id, &bytes, timeout, true)? {

@@ -479,10 +479,14 @@ fn read_limited(resp: ureq::Response) -> std::io::Result<Vec<u8>> {
 }
 
 fn transport(t: &ureq::Transport) -> String {
+    // ureq's Display starts with the URL and repeats the kind: keep what happened.
     let mut s = t.to_string();
-    // ureq repeats the URL; keep the line short and free of credentials (none are in it).
     if let Some(i) = s.find(": ") {
         s = s[i + 2..].to_string();
+    }
+    let kind = format!("{}: ", t.kind());
+    while let Some(rest) = s.strip_prefix(&kind) {
+        s = rest.to_string();
     }
     s
 }

@@ -1,0 +1,351 @@
+//! The S3 store on a real Ceph RADOS Gateway (`support::s3`): tokens and exclusion across
+//! contenders, `-n` on a held lock, `status --json`, takeover after a SIGKILLed holder, fencing
+//! behind a frozen gateway, racing creates and replaces with one winner, `break` of a live
+//! holder, and the probe refusing a server that ignores conditional writes (a fake endpoint
+//! here). Built only with the `s3` feature; skipped (failed under CI) where Ceph is missing.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::s3::{Gateway, gateway};
+use crate::support::{Cs, Proc, bin, code, ensure_within, lh};
+use std::os::unix::process::CommandExt;
+
+/// `leasehold ARGS` against the gateway: exit code, stdout, stderr.
+fn out(gw: &Gateway, args: &[&str]) -> (i32, String, String) {
+    let o = gw.cmd().args(args).output().expect("run leasehold");
+    (
+        code(o.status),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A `leasehold run` (by `c`) whose command marks `in-NAME` and then blocks until `go-NAME`
+/// is written.
+fn held(mut c: std::process::Command, url: &str, flags: &[&str], dir: &Path, name: &str) -> Proc {
+    let go = dir.join(format!("go-{name}"));
+    nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let script = format!(
+        "touch {d}/in-{name}; read x < {go}; rm {d}/in-{name}",
+        d = dir.display(),
+        go = go.display()
+    );
+    c.arg("run")
+        .args(flags)
+        .args([url, "--", "sh", "-c", &script]);
+    let p = Proc::spawn(c, "leasehold run (held)");
+    ensure_within(
+        "the holder's command to start",
+        Duration::from_secs(20),
+        || dir.join(format!("in-{name}")).exists(),
+    );
+    p
+}
+
+fn let_go(dir: &Path, name: &str) {
+    fs::write(dir.join(format!("go-{name}")), "x\n").unwrap();
+}
+
+#[test]
+fn s3_four_contenders_eight_rounds_never_overlap_and_tokens_strictly_increase() {
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let cs = Cs::new(tmp.path(), "cs");
+    let url = gw.url("excl");
+    let tokens = tmp.path().join("tokens");
+    let rounds = 8;
+    std::thread::scope(|s| {
+        for w in 0..4 {
+            let (cs, url, tokens) = (&cs, &url, &tokens);
+            s.spawn(move || {
+                for i in 0..rounds {
+                    let id = format!("w{w}.{i}");
+                    let job = cs.job(&id, 2, "0.02").join(" ");
+                    let script = format!(
+                        "echo \"$LEASEHOLD_TOKEN\" >> {}; exec {job}",
+                        tokens.display()
+                    );
+                    let mut c = gw.cmd();
+                    c.args([
+                        "run", "--ttl", "5", "-w", "120", url, "--", "sh", "-c", &script,
+                    ]);
+                    let mut p = Proc::spawn(c, "leasehold run (exclusion)");
+                    let st = p.wait_timeout(Duration::from_secs(150));
+                    assert!(
+                        st.success(),
+                        "{id}: leasehold run failed: {st}: {}",
+                        p.stderr()
+                    );
+                }
+            });
+        }
+    });
+    let v = cs.verify();
+    assert_eq!(v.len(), 4 * rounds, "every job entered its section once");
+    let t: Vec<u64> = fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().expect("a token"))
+        .collect();
+    assert_eq!(
+        t.len(),
+        4 * rounds,
+        "every acquisition ran its command once"
+    );
+    for pair in t.windows(2) {
+        assert!(pair[0] < pair[1], "tokens not strictly increasing: {t:?}");
+    }
+    println!(
+        "s3 exclusion: {} acquisitions, tokens {t:?}, 0 overlaps",
+        t.len()
+    );
+}
+
+#[test]
+fn s3_run_n_on_a_held_lock_exits_75_and_status_json_names_the_holder() {
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = gw.url("held");
+    let mut h = held(gw.cmd(), &url, &["--note", "s3-holder"], tmp.path(), "h");
+    let (rc, _, err) = out(gw, &["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 75, "-n on a held lock: {err}");
+    let (rc, json, err) = out(gw, &["status", "--json", &url]);
+    assert_eq!(rc, 0, "status: {err}");
+    let j: serde_json::Value = serde_json::from_str(&json).expect("status --json is JSON");
+    assert_eq!(j["state"], "held", "{json}");
+    assert_eq!(j["pid"], h.pid(), "status names the holder's pid: {json}");
+    assert_eq!(j["note"], "s3-holder", "{json}");
+    assert_eq!(j["path"], url.as_str(), "{json}");
+    let_go(tmp.path(), "h");
+    assert!(h.wait_timeout(Duration::from_secs(20)).success());
+    let (rc, json, _) = out(gw, &["status", "--json", &url]);
+    assert_eq!(rc, 0);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(j["state"], "free", "released on exit: {json}");
+}
+
+#[test]
+fn s3_sigkilled_holder_is_taken_over_by_a_waiter_within_ttl_plus_one_poll() {
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = gw.url("takeover");
+    let flags = ["--ttl", "3", "--heartbeat", "1"];
+    let h = held(gw.cmd(), &url, &flags, tmp.path(), "h");
+    let ran = tmp.path().join("w-ran");
+    let touch = format!("echo $LEASEHOLD_TOKEN > {}", ran.display());
+    let mut c = gw.cmd();
+    c.args([
+        "run",
+        "--ttl",
+        "3",
+        "--heartbeat",
+        "1",
+        "-w",
+        "30",
+        &url,
+        "--",
+    ])
+    .args(["sh", "-c", &touch]);
+    let mut w = Proc::spawn_collecting(c, "waiter");
+    // The waiter has judged the lock held once it says so.
+    ensure_within("the waiter to wait", Duration::from_secs(20), || {
+        w.stderr_so_far().contains("held by")
+    });
+    let t0 = Instant::now();
+    let _ = kill(Pid::from_raw(h.pid()), Signal::SIGKILL);
+    ensure_within("the waiter to run", Duration::from_secs(10), || {
+        fs::read_to_string(&ran).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let took = t0.elapsed();
+    assert!(w.wait_timeout(Duration::from_secs(10)).success());
+    assert!(
+        took <= Duration::from_secs(4),
+        "takeover took {took:?}, more than TTL 3 s + one 1 s poll"
+    );
+    assert_eq!(
+        fs::read_to_string(&ran).unwrap().trim(),
+        "2",
+        "the next token"
+    );
+    println!("s3 takeover after SIGKILL: {took:?} (TTL 3 s)");
+}
+
+#[test]
+fn s3_holder_behind_a_frozen_gateway_fences_and_exits_74_within_its_ttl() {
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = gw.url("frozen");
+    let flags = ["--ttl", "6", "--heartbeat", "1", "--grace", "1"];
+    let mut h = held(gw.cmd_freezable(), &url, &flags, tmp.path(), "h");
+    let rgw = Pid::from_raw(gw.freezable());
+    kill(rgw, Signal::SIGSTOP).unwrap();
+    let t0 = Instant::now();
+    let st = h.wait_timeout(Duration::from_secs(20));
+    let took = t0.elapsed();
+    kill(rgw, Signal::SIGCONT).unwrap();
+    assert_eq!(
+        code(st),
+        74,
+        "the holder must fence and exit 74: {}",
+        h.stderr()
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "fenced after {took:?}: not within its TTL of 6 s"
+    );
+    assert!(
+        tmp.path().join("in-h").exists(),
+        "its command was killed, not let go"
+    );
+    println!("s3 frozen gateway: holder exited 74 after {took:?} (TTL 6 s)");
+}
+
+/// `n` contenders released at once (a FIFO's EOF) each try `run -n` on `url`; how many ran.
+fn race(gw: &Gateway, url: &str, dir: &Path, n: usize) -> usize {
+    let gate = dir.join("gate");
+    let _ = fs::remove_file(&gate);
+    nix::unistd::mkfifo(&gate, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let won = dir.join("won");
+    let _ = fs::remove_file(&won);
+    let mut ps: Vec<Proc> = (0..n)
+        .map(|i| {
+            // `sh` waits at the gate, then execs leasehold, whose command notes the win and
+            // holds the lease long enough for every other contender to have tried.
+            let script = format!(
+                "read x < {gate}; exec {bin} run -n --ttl 10 {url} -- sh -c 'echo {i} >> {won}; sleep 3'",
+                gate = gate.display(),
+                bin = bin().display(),
+                won = won.display()
+            );
+            let mut s = std::process::Command::new("sh");
+            s.args(["-c", &script]).process_group(0);
+            gw.apply(&mut s);
+            Proc::spawn_collecting(s, "racer")
+        })
+        .collect();
+    // Every racer is blocked opening the gate; opening it for writing and closing it lets all
+    // of them go at once.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(fs::OpenOptions::new().write(true).open(&gate).unwrap());
+    let mut ran = 0;
+    for p in &mut ps {
+        let st = p.wait_timeout(Duration::from_secs(30));
+        match code(st) {
+            0 => ran += 1,
+            75 => {}
+            c => panic!("a racer exited {c}: {}", p.stderr()),
+        }
+    }
+    let winners = fs::read_to_string(&won).unwrap_or_default().lines().count();
+    assert_eq!(
+        winners, ran,
+        "each racer that exited 0 ran its command once"
+    );
+    ran
+}
+
+#[test]
+fn s3_racing_creates_and_replaces_have_exactly_one_winner() {
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for round in 0..3 {
+        // A fresh key: every racer creates with If-None-Match: *.
+        let url = gw.url(&format!("race-create-{round}"));
+        assert_eq!(race(gw, &url, tmp.path(), 8), 1, "create round {round}");
+        // The same key, now released: every racer replaces with If-Match.
+        assert_eq!(race(gw, &url, tmp.path(), 8), 1, "replace round {round}");
+    }
+}
+
+#[test]
+fn s3_break_by_lease_id_revokes_a_live_holder_which_fences_and_frees_the_lock() {
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = gw.url("break");
+    let flags = ["--ttl", "6", "--heartbeat", "1"];
+    let mut h = held(gw.cmd(), &url, &flags, tmp.path(), "h");
+    let (rc, json, _) = out(gw, &["status", "--json", &url]);
+    assert_eq!(rc, 0);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let id = j["lease_id"].as_str().unwrap().to_string();
+    let (rc, _, err) = out(gw, &["break", &url]);
+    assert_eq!(rc, 75, "a live lease is not broken without its id: {err}");
+    let (rc, _, err) = out(gw, &["break", "--lease-id", &id, &url]);
+    assert_eq!(rc, 0, "break by id: {err}");
+    let st = h.wait_timeout(Duration::from_secs(10));
+    assert_eq!(code(st), 74, "the revoked holder fences: {}", h.stderr());
+    let (rc, json, _) = out(gw, &["status", "--json", &url]);
+    assert_eq!(rc, 0);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        j["state"], "free",
+        "released by its holder after fencing: {json}"
+    );
+    let (rc, _, err) = out(gw, &["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 0, "free again: {err}");
+}
+
+/// A fake S3 endpoint that ignores conditions: every PUT succeeds, every GET finds nothing.
+fn careless_server() -> (String, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        l.set_nonblocking(false).unwrap();
+        let stop = Instant::now() + Duration::from_secs(20);
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            // Headers, then the body by Content-Length.
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let have = buf.len() - head.find("\r\n\r\n").map_or(buf.len(), |i| i + 4);
+            let mut rest = vec![0u8; len.saturating_sub(have)];
+            let _ = s.read_exact(&mut rest);
+            let reply = if head.starts_with("put") {
+                "HTTP/1.1 200 OK\r\nETag: \"abc\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            };
+            let _ = s.write_all(reply.as_bytes());
+            if Instant::now() > stop {
+                break;
+            }
+        }
+    });
+    (format!("http://{addr}"), t)
+}
+
+#[test]
+fn s3_probe_refuses_a_server_that_ignores_conditional_writes_with_78() {
+    let (endpoint, _t) = careless_server();
+    let o = lh()
+        .args(["run", "s3://bucket/job", "--", "true"])
+        .env("AWS_ENDPOINT_URL_S3", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(o.status), 78, "{err}");
+    assert!(err.contains("ignores conditional writes"), "{err}");
+}
