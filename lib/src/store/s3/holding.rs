@@ -157,7 +157,15 @@ impl Holding for S3Holding {
             let etag = lock(&self.etag).clone();
             let (body, _) = encode(&bytes);
             let quick = Duration::from_millis(300);
-            let _ = self.client.put(&body, &Cond::Match(etag), quick);
+            // Refused at once (the gateway answers): a break's revoked mark on our record,
+            // which we release over; anything else is not ours.
+            if let Ok(Put::Failed) = self.client.put(&body, &Cond::Match(etag), quick)
+                && let Ok((content, Some(e), _)) = self.client.read(quick)
+                && matches!(ours(&content, &rec.lease_id), Ours::Held | Ours::Revoked(_))
+            {
+                let (body, _) = encode(&bytes);
+                let _ = self.client.put(&body, &Cond::Match(e), quick);
+            }
             return Ok(());
         }
         let timeout = release.wait.clamp(Duration::from_millis(100), CALL_TIMEOUT);
