@@ -528,3 +528,62 @@ pub(crate) fn decode(url: &Path, body: &[u8]) -> Result<(LockContent, String)> {
         Parsed::NotALease(w) => Err(not(w)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_env<T>(f: impl FnOnce() -> T) -> T {
+        // SAFETY: the tests of this module are the only ones touching these variables, and
+        // they set the same values.
+        unsafe {
+            std::env::set_var("AWS_ACCESS_KEY_ID", "AK");
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", "SK");
+            std::env::set_var("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9/");
+        }
+        f()
+    }
+
+    #[test]
+    fn an_s3_url_needs_a_bucket_and_a_key_and_a_plain_bucket_name() {
+        with_env(|| {
+            for bad in [
+                "s3://bucket",
+                "s3:///key",
+                "s3://bucket/",
+                "s3://Bad_Bucket/k",
+            ] {
+                let e = S3Lock::parse(Path::new(bad)).unwrap_err();
+                assert!(matches!(e, Error::Settings(_)), "{bad}: {e}");
+            }
+            let l = S3Lock::parse(Path::new("s3://locks/a b/c")).unwrap();
+            assert_eq!((l.bucket.as_str(), l.key.as_str()), ("locks", "a b/c"));
+        });
+    }
+
+    #[test]
+    fn a_custom_endpoint_is_addressed_path_style_with_the_key_uri_encoded() {
+        with_env(|| {
+            let l = S3Lock::parse(Path::new("s3://locks/a b/c+d")).unwrap();
+            let (scheme, host, path) = l.locate(&l.key);
+            assert_eq!(scheme, "http");
+            assert_eq!(host, "127.0.0.1:9");
+            assert_eq!(path, "/locks/a%20b/c%2Bd");
+        });
+    }
+
+    #[test]
+    fn an_object_not_written_by_leasehold_is_not_a_lease_and_every_encoding_differs() {
+        let url = Path::new("s3://b/k");
+        let e = decode(url, b"{\"ID\":\"terraform\"}").unwrap_err();
+        assert!(matches!(e, Error::NotALease { .. }), "{e}");
+        assert!(matches!(decode(url, b"").unwrap().0, LockContent::Empty));
+        let (a, na) = encode(b"same record\n");
+        let (b, nb) = encode(b"same record\n");
+        assert_ne!(
+            a, b,
+            "the same record twice must give different bytes (ETags)"
+        );
+        assert_ne!(na, nb);
+    }
+}
