@@ -55,7 +55,6 @@ pub(crate) fn acquire(
     }
     let me = s.identity.clone().unwrap_or_else(Identity::current);
     let client = Arc::new(Client::new(S3Lock::parse(&s.path)?));
-    client.probe()?;
     let url = client.lock.url.clone();
     let started = Instant::now();
     // One lease id for the whole acquisition: a write of ours whose answer was lost is
@@ -81,13 +80,40 @@ pub(crate) fn acquire(
         wall_skew: s.wall_skew,
         persist: false,
     };
+    // The probe, asked again while an endpoint that cannot serve us (down, 5xx) may come back
+    // before our deadline, as a read is below.
+    loop {
+        match client.probe(call_limit(deadline)) {
+            Ok(()) => break,
+            Err(e @ Error::Unavailable { .. }) if !one_shot => {
+                let mut v = judge.judge(&LockContent::Missing, &mut Memory::default());
+                v.reason.clear();
+                v.behind = Some(format!(
+                    "the S3 endpoint, which cannot serve us ({e}); asking again every {poll:?}"
+                ));
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(timeout(v));
+                }
+                if !said_unavailable && let Some(cb) = &s.on_wait {
+                    (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
+                    said_unavailable = true;
+                }
+                sleep_until(poll, deadline);
+            }
+            Err(e) => return Err(e),
+        }
+    }
     loop {
         let read = client.read(call_limit(deadline));
         let (content, etag) = match read {
             Ok((c, e, _)) => (c, e),
-            Err(e @ Error::Unavailable { .. })
-                if !one_shot && deadline.is_none_or(|d| Instant::now() < d) =>
-            {
+            Err(e @ Error::Unavailable { .. }) if !one_shot => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    let mut v = judge.judge(&LockContent::Missing, &mut Memory::default());
+                    v.reason.clear();
+                    v.behind = Some(format!("the S3 endpoint, which cannot serve us ({e})"));
+                    return Err(timeout(v));
+                }
                 if !said_unavailable && let Some(cb) = &s.on_wait {
                     let mut v = judge.judge(&LockContent::Missing, &mut Memory::default());
                     v.reason.clear();

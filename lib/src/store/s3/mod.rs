@@ -435,12 +435,12 @@ impl Client {
     /// `If-None-Match` (Garage 2.5 does) would let two contenders hold the lock at once: refused
     /// (exit 78). The scratch object stays (leasehold never deletes); once it exists the probe
     /// is one refused PUT.
-    pub(crate) fn probe(&self) -> Result<()> {
+    pub(crate) fn probe(&self, within: Duration) -> Result<()> {
         const OP: &str = "probe conditional writes";
         let key = format!("{}.leasehold-probe", self.lock.key);
         let body = || format!("{MAGIC}{}\nprobe\n", crate::builder::random_id());
         for _ in 0..2 {
-            match self.put_key(&key, body().as_bytes(), &Cond::Absent, CALL_TIMEOUT)? {
+            match self.put_key(&key, body().as_bytes(), &Cond::Absent, within)? {
                 // Refused because the key exists: conditions are honoured.
                 Put::Failed => return Ok(()),
                 // Created (the first probe of this key), or, the second time, replaced.
