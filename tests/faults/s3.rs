@@ -465,3 +465,75 @@ fn s3_unreachable_endpoint_n_exits_69_and_a_waiter_75_after_its_wait() {
     );
     assert!(err.contains("cannot serve us"), "{err}");
 }
+
+/// A holder on "another host": its own UTS and PID namespaces (root, unshare), renewing through
+/// the same gateway. Never taken over while it renews; taken over about a TTL after it dies,
+/// judged by the waiter's own observation of its heartbeat, never before.
+#[test]
+fn s3_foreign_holder_is_never_taken_while_it_renews_and_is_taken_a_ttl_after_it_dies() {
+    if crate::support::need_root()
+        || crate::support::need_tools(&["unshare", "hostname", "mount", "sh", "sleep"])
+    {
+        return;
+    }
+    let Some(gw) = gateway() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = gw.url("foreign");
+    let script = format!(
+        "hostname s3-faraway && exec {} run --ttl 2 --heartbeat 0.5 {url} -- sleep 600",
+        bin().display()
+    );
+    let mut c = std::process::Command::new("unshare");
+    c.args([
+        "--uts",
+        "--pid",
+        "--mount",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+    ])
+    .args(["sh", "-c", &script])
+    .process_group(0);
+    gw.apply(&mut c);
+    let mut f = Proc::spawn_collecting(c, "foreign holder");
+    ensure_within(
+        "the foreign holder to hold",
+        Duration::from_secs(20),
+        || {
+            let (_, json, _) = out(gw, &["status", "--json", &url]);
+            serde_json::from_str::<serde_json::Value>(&json)
+                .is_ok_and(|j| j["state"] == "held" && j["same_host"] == false)
+        },
+    );
+    let ran = tmp.path().join("ran");
+    let mut w = gw.cmd();
+    w.args(["run", "--ttl", "2", "-w", "30", &url, "--", "touch"])
+        .arg(&ran);
+    let mut w = Proc::spawn_collecting(w, "waiter");
+    ensure_within("the waiter to wait", Duration::from_secs(20), || {
+        w.stderr_so_far().contains("held by")
+    });
+    // Two TTLs of a live, renewing foreign holder: never taken.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert!(!ran.exists(), "a live foreign holder was taken over");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t0 = Instant::now();
+    f.kill();
+    ensure_within("the waiter to take over", Duration::from_secs(15), || {
+        ran.exists()
+    });
+    let took = t0.elapsed();
+    assert!(w.wait_timeout(Duration::from_secs(10)).success());
+    // Its last heartbeat was at most one heartbeat (0.5 s) before the kill.
+    assert!(
+        took >= Duration::from_millis(1500),
+        "taken over {took:?} after the kill: before a TTL (2 s) without a heartbeat"
+    );
+    assert!(
+        took <= Duration::from_millis(3500),
+        "taken over only {took:?} after the kill (TTL 2 s + one poll expected)"
+    );
+    println!("s3 foreign holder killed: taken over after {took:?} (TTL 2 s)");
+}
