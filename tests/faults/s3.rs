@@ -300,6 +300,9 @@ enum Fake {
     /// Honours conditions, but answers 500 to the first conditional PUT of the lock's key
     /// *after* applying it (Ceph answers 500 to some race losers: the outcome is unknown).
     HiddenWin,
+    /// Honours conditions, matching `If-Match` only with the ETag quoted (RFC 7232's form;
+    /// Ceph 16 is the other way round).
+    QuotedOnly,
 }
 
 /// One request: method, path, headers (lowercase), body.
@@ -368,6 +371,9 @@ fn fake_s3(mode: Fake) -> String {
                     let ok = mode == Fake::Careless
                         || match (header("if-none-match"), header("if-match")) {
                             (Some(_), _) => cur.is_none(),
+                            (_, Some(m)) if mode == Fake::QuotedOnly => {
+                                cur.map(|c| format!("\"{c}\"")).as_deref() == Some(m.as_str())
+                            }
                             (_, Some(m)) => cur.as_deref() == Some(m.trim_matches('"')),
                             _ => true,
                         };
@@ -439,6 +445,32 @@ fn s3_take_answered_500_after_it_landed_is_settled_by_reading_and_held() {
     );
     assert_eq!(rc, 0, "{err}");
     assert!(err.contains("token=1"), "{err}");
+}
+
+/// A server that matches `If-Match` only on a quoted ETag: the release (a write over our own
+/// record) and the next take (over the released record) still succeed, the client switching
+/// to quotes after a 412 on the very ETag the object has.
+#[test]
+fn s3_a_server_that_wants_quoted_etags_still_releases_and_replaces() {
+    let endpoint = fake_s3(Fake::QuotedOnly);
+    for want in ["token=1", "token=2"] {
+        let (rc, err) = fake_out(
+            &endpoint,
+            &[
+                "run",
+                "-n",
+                "s3://bucket/job",
+                "--",
+                "sh",
+                "-c",
+                "echo token=$LEASEHOLD_TOKEN >&2",
+            ],
+        );
+        assert_eq!(rc, 0, "{err}");
+        assert!(err.contains(want), "{want}: {err}");
+        let (rc, err) = fake_out(&endpoint, &["status", "s3://bucket/job"]);
+        assert_eq!(rc, 0, "{err}");
+    }
 }
 
 /// An endpoint that refuses connections: `-n` exits 69 at once; a waiter asks again until its

@@ -65,6 +65,8 @@ pub(crate) fn acquire(
     let mut mem = Memory::default();
     let mut reported: Option<(String, State)> = None;
     let mut said_unavailable = false;
+    // Takes refused on an ETag the object still had (see below).
+    let mut stuck = 0;
     let poll = timing
         .heartbeat
         .clamp(Duration::from_millis(50), Duration::from_secs(1));
@@ -165,6 +167,25 @@ pub(crate) fn acquire(
                     Put::Done(e) => {
                         let broke = (v.state != State::Free).then_some(v);
                         return hold(s, client, lease, record, e, sent, timing, broke);
+                    }
+                    // Refused on the ETag the object still has, in both forms (see
+                    // `Client::put_key`): a server that cannot compare ETags; never loop on it.
+                    Put::Failed
+                        if etag.is_some()
+                            && matches!(client.get(call_limit(deadline)),
+                                Ok(super::Got::Object { etag: now, .. }) if Some(&now) == etag.as_ref()) =>
+                    {
+                        stuck += 1;
+                        if stuck >= 3 {
+                            return Err(Error::UnsafeFileSystem {
+                                path: url.clone(),
+                                why:
+                                    "the S3 server refuses If-Match with the very ETag it reports \
+                                      for the object (quoted or not): it cannot be used for locks"
+                                        .into(),
+                            });
+                        }
+                        continue;
                     }
                     // Another contender changed it first, or we cannot tell: read again.
                     Put::Failed | Put::Unknown(_) => continue,

@@ -281,6 +281,10 @@ pub(crate) enum Put {
 pub(crate) struct Client {
     pub lock: S3Lock,
     agent: ureq::Agent,
+    /// Whether `If-Match` carries the ETag quoted (RFC 7232's form). Unquoted first: Ceph 16
+    /// matches only that; a server that matches only the quoted form shows itself by a 412 on
+    /// the very ETag the object has, and is then sent quotes.
+    quoted: std::sync::atomic::AtomicBool,
 }
 
 impl Client {
@@ -289,7 +293,11 @@ impl Client {
             .redirects(0)
             .timeout_connect(Duration::from_secs(2))
             .build();
-        Client { lock, agent }
+        Client {
+            lock,
+            agent,
+            quoted: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// A signed request for `key` (SigV4, the payload's hash signed too, as Ceph requires).
@@ -398,10 +406,34 @@ impl Client {
         cond: &Cond,
         timeout: Duration,
     ) -> Result<Put> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let quoted = self.quoted.load(Relaxed);
+        let r = self.put_once(key, body, cond, quoted, timeout)?;
+        if let (Put::Failed, Cond::Match(e)) = (&r, cond)
+            && let Ok(Got::Object { etag, .. }) = self.get_key(key, timeout)
+            && etag == *e
+        {
+            // Refused on the ETag the object has: the server wants the other form. A 412
+            // wrote nothing, so trying once more is no blind retry.
+            self.quoted.store(!quoted, Relaxed);
+            return self.put_once(key, body, cond, !quoted, timeout);
+        }
+        Ok(r)
+    }
+
+    fn put_once(
+        &self,
+        key: &str,
+        body: &[u8],
+        cond: &Cond,
+        quoted: bool,
+        timeout: Duration,
+    ) -> Result<Put> {
         const OP: &str = "write the lock's object";
         let r = self.request("PUT", key, body, timeout);
         let r = match cond {
             Cond::Absent => r.set("If-None-Match", "*"),
+            Cond::Match(e) if quoted => r.set("If-Match", &format!("\"{e}\"")),
             Cond::Match(e) => r.set("If-Match", e),
         };
         match r.send_bytes(body) {
