@@ -1,7 +1,7 @@
 //! A held lease's link to whichever store holds it: what [`crate::LeaseGuard`] keeps.
 //!
-//! Owns: dispatching the [`Holding`] calls to the file store's or (with the `etcd` feature)
-//! the etcd store's holding, so that one public guard type serves both.
+//! Owns: dispatching the [`Holding`] calls to the file store's, or (with the `etcd` and `s3`
+//! features) the etcd or S3 store's holding, so that one public guard type serves them all.
 //! Must never: hold behaviour of its own.
 
 use std::time::{Duration, Instant};
@@ -140,5 +140,21 @@ mod tests {
         assert!(e.to_string().contains("--features etcd"), "{e}");
         // Nothing was made on the file system for it.
         assert!(!std::path::Path::new("etcd:").exists());
+    }
+}
+
+#[cfg(all(test, not(feature = "s3")))]
+mod s3_tests {
+    #[test]
+    fn an_s3_lock_without_the_s3_feature_is_refused_saying_how_to_build_it() {
+        let url = "s3://bucket/job";
+        let e = crate::LeaseBuilder::new(url).try_acquire().unwrap_err();
+        assert!(e.to_string().contains("--features s3"), "{e}");
+        let e = crate::status(url).unwrap_err();
+        assert!(e.to_string().contains("--features s3"), "{e}");
+        let e = crate::break_lease(url, crate::BreakMode::Force).unwrap_err();
+        assert!(e.to_string().contains("--features s3"), "{e}");
+        // Nothing was made on the file system for it.
+        assert!(!std::path::Path::new("s3:").exists());
     }
 }

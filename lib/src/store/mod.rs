@@ -1,11 +1,13 @@
 //! The seam between the lease protocol and where leases are kept.
 //!
-//! Owns: the [`Store`] and [`Holding`] traits — the contract every store must keep for the
-//! protocol's safety argument (PROTOCOL.md §8) to hold — and the answer to "is this still our
-//! lease?" ([`Ours`]). Today's one store is the lock file ([`file::FileStore`]); an etcd store
-//! (leases with keepalive, revisions as tokens, watches, a key per contender under a prefix
-//! with the lowest create revision first in line) would be a second implementation: the
-//! acquirer, the guard and `status`/`break` speak only to these traits.
+//! Owns: [`Kind::of`], the one place a LOCK is parsed into a store (a file, `etcd://`, `s3://`),
+//! and the dispatchers that reach a networked store; the [`Store`] and [`Holding`] traits — the
+//! contract every store must keep for the protocol's safety argument (PROTOCOL.md §8) to hold —
+//! and the answer to "is this still our lease?" ([`Ours`]). The lock file
+//! ([`file::FileStore`]) implements [`Store`] and is driven by the shared acquisition loop
+//! (`acquire.rs`); the etcd store (`etcd/`) and the S3 store (`s3/`) each have an acquisition
+//! loop of their own (their waits are not an exclusive section) and implement [`Holding`], so
+//! the guard, the keeper and `leasehold run` are the same for all three.
 //! Must never: hold policy. Which lease may be taken, when a holder is dead, what a break does
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
