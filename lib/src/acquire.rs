@@ -161,8 +161,8 @@ impl Acquirer {
 
     /// Takes the lease if it is free (or stale) now; `Error::WouldBlock` if a live holder has it.
     pub fn try_acquire(&mut self) -> Result<LeaseGuard> {
-        if crate::store::is_etcd(&self.settings.path) {
-            return etcd(&self.settings, None, true);
+        if let Some(r) = crate::store::acquire_elsewhere(&self.settings, None, true) {
+            return r;
         }
         let store = self.store()?;
         let ctx = ctx(&self.settings, store)?;
@@ -190,8 +190,8 @@ impl Acquirer {
     }
 
     pub(crate) fn acquire_until(&mut self, deadline: Option<Instant>) -> Result<LeaseGuard> {
-        if crate::store::is_etcd(&self.settings.path) {
-            return etcd(&self.settings, deadline, false);
+        if let Some(r) = crate::store::acquire_elsewhere(&self.settings, deadline, false) {
+            return r;
         }
         let store = self.store()?;
         let ctx = ctx(&self.settings, store)?;
@@ -234,17 +234,6 @@ impl Acquirer {
         }
         refuse_unshareable(paths)?;
         Ok(store)
-    }
-}
-
-/// An etcd lock (`etcd://...`): its own acquisition (`store/etcd/acquire.rs`).
-fn etcd(s: &LeaseBuilder, deadline: Option<Instant>, one_shot: bool) -> Result<LeaseGuard> {
-    #[cfg(feature = "etcd")]
-    return crate::store::etcd::acquire::acquire(s, deadline, one_shot);
-    #[cfg(not(feature = "etcd"))]
-    {
-        let _ = (deadline, one_shot);
-        Err(crate::store::no_etcd(&s.path))
     }
 }
 

@@ -186,8 +186,9 @@ pub enum Error {
     },
     /// No member of the lock's store could serve a request: each endpoint tried refused the
     /// connection, had no leader, or did not answer in time (an etcd cluster down or without a
-    /// quorum). `why` names each endpoint tried and its cause, in words.
-    #[error("{path}: cannot {op}: no etcd member could serve it: {why}")]
+    /// quorum; an S3 endpoint down, frozen or answering 5xx). `why` names each endpoint tried
+    /// and its cause, in words.
+    #[error("{path}: cannot {op}: {}{why}", unavailable_lead(path))]
     Unavailable {
         /// The lock's URL.
         path: PathBuf,
@@ -344,3 +345,12 @@ impl std::fmt::Display for TimingError {
 
 /// Shorthand for results in this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What an [`Error::Unavailable`] says before its causes, by the store its lock names.
+fn unavailable_lead(path: &std::path::Path) -> &'static str {
+    if crate::store::Kind::of(path) == crate::store::Kind::S3 {
+        "the S3 endpoint could not serve it: "
+    } else {
+        "no etcd member could serve it: "
+    }
+}

@@ -98,3 +98,10 @@ pub use timing::{
 };
 pub use verdict::Waiting;
 pub use verdict::{EtcdTtl, State, Verdict};
+
+/// Whether LOCK names a lock kept by a store rather than a file (`etcd://…`, `s3://…`): such a
+/// lock has no directory, mutex or files beside it, and its jobs are bound to it by their
+/// environment alone.
+pub fn is_store_url(lock: impl AsRef<std::path::Path>) -> bool {
+    store::Kind::of(lock.as_ref()) != store::Kind::File
+}

@@ -53,11 +53,8 @@ pub fn status(path: impl AsRef<Path>) -> Result<Verdict> {
 
 /// [`status`] as seen by an injected identity and clock (for tests and tools).
 pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
-    if crate::store::is_etcd(path.as_ref()) {
-        #[cfg(feature = "etcd")]
-        return crate::store::etcd::look::status(path.as_ref(), me, clock);
-        #[cfg(not(feature = "etcd"))]
-        return Err(crate::store::no_etcd(path.as_ref()));
+    if let Some(r) = crate::store::status_elsewhere(path.as_ref(), me, clock) {
+        return r;
     }
     let paths = LockPaths::new(path)?;
     // A LOCK that does not exist is said to be so, and looking creates nothing beside it (no
@@ -145,11 +142,8 @@ fn enter<S: Store>(store: &S) -> Result<S::Section> {
 /// # Ok(()) }
 /// ```
 pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
-    if crate::store::is_etcd(path.as_ref()) {
-        #[cfg(feature = "etcd")]
-        return crate::store::etcd::look::break_lease(path.as_ref(), mode);
-        #[cfg(not(feature = "etcd"))]
-        return Err(crate::store::no_etcd(path.as_ref()));
+    if let Some(r) = crate::store::break_elsewhere(path.as_ref(), &mode) {
+        return r;
     }
     let store = FileStore::looking(LockPaths::new(path)?);
     let me = Identity::current();
@@ -211,7 +205,11 @@ fn break_judged<S: Store>(b: &Breaker<'_, S>, mode: &BreakMode) -> Result<Broken
 }
 
 /// Whether `mode` lets the operator break the lease judged `v`: why not, if it does not.
-fn permitted(v: &Verdict, lease: &Lease, mode: &BreakMode) -> std::result::Result<(), String> {
+pub(crate) fn permitted(
+    v: &Verdict,
+    lease: &Lease,
+    mode: &BreakMode,
+) -> std::result::Result<(), String> {
     match mode {
         BreakMode::Stale if v.state != State::Stale => Err(format!(
             "refusing to break a live lease: {v}; break it by its lease id {}, or by force",

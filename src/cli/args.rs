@@ -24,13 +24,14 @@ macro_rules! run_exit_codes {
   65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO),
            or something not leasehold's own sits at a helper name (.LOCK.leasehold-*)
   66       cannot open LOCK or its directory
-  69       an etcd:// LOCK's cluster could not serve us (no endpoint reachable, or no leader);
+  69       an etcd:// or s3:// LOCK's store could not serve us (no endpoint reachable, no leader);
            a waiting run asks again until --wait runs out, then exits 75
   70       internal error
   73       cannot create a file, or no space
   77       permission denied (leasehold needs write access to LOCK's directory), or a helper
            file of another user it may not share
-  78       LOCK's file system cannot make the lock safe (NFS with host-local locks)
+  78       LOCK's file system or store cannot make the lock safe (NFS with host-local locks,
+           an S3 server that ignores conditional writes)
   126/127  the command could not be run / was not found"
     };
 }
@@ -48,7 +49,9 @@ macro_rules! lock_forms {
     () => {
         "LOCK is a file (created if missing; its directory must exist), or etcd://[HOST:PORT,...]/NAME
 for a lock on an etcd cluster (leasehold built with --features etcd; ETCDCTL_ENDPOINTS and the
-other ETCDCTL_* variables as etcdctl takes them)."
+other ETCDCTL_* variables as etcdctl takes them), or s3://BUCKET/KEY for a lock on S3 or an
+S3-compatible server (built with --features s3; AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID and the
+other AWS_* variables and ~/.aws files as the aws command takes them)."
     };
 }
 
@@ -74,7 +77,7 @@ pub const EXIT_CODES: &str = exit_codes!();
 /// The end of `leasehold --help`: what LOCK may be, and every exit status.
 const TOP_HELP: &str = concat!(lock_forms!(), "\n\n", exit_codes!());
 
-/// What LOCK may be: a file or an etcd:// URL.
+/// What LOCK may be: a file, an etcd:// or an s3:// URL.
 pub const LOCK_FORMS: &str = lock_forms!();
 
 /// What a DURATION is, as `run --help` and the man page explain it.

@@ -49,14 +49,19 @@ pub(super) fn unlock(a: &UnlockArgs) -> i32 {
         say_line("held by a script on another host: refused (leasehold break is for that)");
         return exit::NOPERM;
     }
-    let paths = match LockPaths::new(&a.lock) {
-        Ok(p) => p,
-        Err(e) => {
-            say!("{}", report::error_line(&e));
-            return exit::exit_code(&e);
-        }
+    let ev = if leasehold::is_store_url(&a.lock) {
+        // An etcd or S3 lock: no mutex file; its jobs carry the URL in their environment.
+        JobEvidence::by_environment(&l.lease_id, h.uid, &a.lock)
+    } else {
+        let paths = match LockPaths::new(&a.lock) {
+            Ok(p) => p,
+            Err(e) => {
+                say!("{}", report::error_line(&e));
+                return exit::exit_code(&e);
+            }
+        };
+        JobEvidence::new(&l.lease_id, h.uid, &paths.lock, &paths.mutex)
     };
-    let ev = JobEvidence::new(&l.lease_id, h.uid, &paths.lock, &paths.mutex);
     let me = std::process::id() as i32;
     let mine = process::descends_from(me, script, start) || ev.carried_by(me);
     if !mine || nix::unistd::geteuid().as_raw() != h.uid {

@@ -201,7 +201,7 @@ fn readme_run_options_and_exit_statuses_are_run_help() {
 
 /// Documents that other work in progress adds; linked from the README ahead of their arrival.
 /// Remove a name here once its file is in `docs/`.
-const COMING: &[&str] = &["docs/s3.md", "docs/recipes-endings.md"];
+const COMING: &[&str] = &["docs/recipes-endings.md"];
 
 /// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
 fn slug(heading: &str) -> String {

@@ -17,6 +17,10 @@ mod gone;
 mod hosts;
 mod kill;
 mod ns;
+/// The S3 store on a real Ceph RADOS Gateway: built only with `--features s3`
+/// (`cargo test --release --features s3 --test faults -- s3::`).
+#[cfg(feature = "s3")]
+mod s3;
 mod skew;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
@@ -41,5 +45,17 @@ fn etcd_store_tests_need_the_etcd_feature() {
         "etcd::*",
         &format!("{}:{}", file!(), line!()),
         "the etcd store's tests need the cargo feature: cargo test --release --features etcd --test faults -- etcd::",
+    );
+}
+
+/// Without `--features s3` the S3 store's tests are not built: said on the terminal, as a skip
+/// is, so that a passing run does not look as if it covered them.
+#[cfg(not(feature = "s3"))]
+#[test]
+fn s3_store_tests_need_the_s3_feature() {
+    support::env::say_skipped(
+        "s3::*",
+        &format!("{}:{}", file!(), line!()),
+        "the S3 store's tests need the cargo feature: cargo test --release --features s3 --test faults -- s3::",
     );
 }

@@ -8,6 +8,7 @@
 //!   `leasehold run` and library holders alike;
 //! - [`procfs`]: process state from /proc, independent of the library under test;
 //! - [`etcd`]: a real three-member etcd cluster on loopback ports, for the etcd store;
+//! - [`s3`]: a real Ceph RADOS Gateway (`tests/s3/ceph.sh`), for the S3 store;
 //! - [`env`]: root, tools, and skip-or-fail (`CI` set: a missing prerequisite fails);
 //! - [`library`], [`cli`], [`faults`]: helpers for library holders, the command line and fault
 //!   injection.
@@ -27,6 +28,7 @@ pub mod faults;
 pub mod library;
 pub mod proc;
 pub mod procfs;
+pub mod s3;
 pub mod wait;
 pub mod worker;
 

@@ -39,6 +39,8 @@ mod origin;
 
 pub(crate) use holding::FileHolding;
 use holding::holder_mark;
+#[cfg(feature = "s3")]
+pub(crate) use holding::not_ours;
 
 /// Leases on one LOCK path.
 #[derive(Debug, Clone)]

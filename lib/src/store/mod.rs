@@ -1,13 +1,15 @@
 //! The seam between the lease protocol and where leases are kept.
 //!
-//! Owns: the [`Store`] and [`Holding`] traits — the contract every store must keep for the
-//! protocol's safety argument (PROTOCOL.md §8) to hold — and the answer to "is this still our
-//! lease?" ([`Ours`]). Two stores implement them: the lock file ([`file::FileStore`]) and, with
-//! the `etcd` feature, an etcd cluster (`etcd::`: leases with keepalive, revisions as tokens,
-//! watches, a key per contender under a prefix with the lowest create revision first in line).
-//! `any` dispatches a held lease to either, `binding` says how a store's jobs are bound to its
-//! lock, `resolved` keeps what a builder resolved between acquisitions. The acquirer, the guard
-//! and `status`/`break` speak only to these traits.
+//! Owns: [`Kind::of`], the one place a LOCK is parsed into a store (a file, `etcd://`, `s3://`),
+//! and the dispatchers that reach a networked store; the [`Store`] and [`Holding`] traits — the
+//! contract every store must keep for the protocol's safety argument (PROTOCOL.md §8) to hold —
+//! and the answer to "is this still our lease?" ([`Ours`]). The lock file
+//! ([`file::FileStore`]) implements [`Store`] and is driven by the shared acquisition loop
+//! (`acquire.rs`); the etcd store (`etcd/`) and the S3 store (`s3/`) each have an acquisition
+//! loop of their own (their waits are not an exclusive section) and implement [`Holding`], so
+//! the guard, the keeper and `leasehold run` are the same for all three. `any` dispatches a held
+//! lease to its store, `binding` says how a store's jobs are bound to its lock, `resolved` keeps
+//! what a builder resolved between acquisitions.
 //! Must never: hold policy. Which lease may be taken, when a holder is dead, what a break does
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
@@ -29,22 +31,109 @@ pub(crate) mod binding;
 pub(crate) mod etcd;
 pub(crate) mod file;
 pub(crate) mod resolved;
+#[cfg(feature = "s3")]
+pub(crate) mod s3;
 
 pub(crate) use binding::Binding;
 
-/// Whether LOCK names an etcd lock (`etcd://...`) rather than a file.
-pub(crate) fn is_etcd(lock: &Path) -> bool {
-    lock.as_os_str().as_encoded_bytes().starts_with(b"etcd://")
+/// Which store a LOCK names. [`Kind::of`] is the one place a LOCK is parsed into a store;
+/// the dispatchers below ([`acquire_elsewhere`], [`status_elsewhere`], [`break_elsewhere`])
+/// are the one place each networked store is reached (and, in a build without its feature,
+/// refused saying how to build it). A new store is a folder plus a line in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lock file (anything that is not a store URL).
+    File,
+    /// `etcd://HOSTS/NAME` (feature `etcd`).
+    Etcd,
+    /// `s3://BUCKET/KEY` (feature `s3`).
+    S3,
 }
 
-/// Why an etcd lock cannot be used by a build without the `etcd` feature.
-#[cfg(not(feature = "etcd"))]
-pub(crate) fn no_etcd(lock: &Path) -> crate::error::Error {
+impl Kind {
+    /// The store LOCK names.
+    pub(crate) fn of(lock: &Path) -> Kind {
+        let b = lock.as_os_str().as_encoded_bytes();
+        if b.starts_with(b"etcd://") {
+            Kind::Etcd
+        } else if b.starts_with(b"s3://") {
+            Kind::S3
+        } else {
+            Kind::File
+        }
+    }
+}
+
+/// Why a lock of a store this build lacks cannot be used.
+#[allow(dead_code)]
+fn not_built(lock: &Path, feature: &str) -> crate::error::Error {
     crate::error::Error::Settings(format!(
-        "{}: this leasehold was built without etcd support; install it with \
-         `cargo install leasehold --features etcd`",
+        "{}: this leasehold was built without {feature} support; install it with \
+         `cargo install leasehold --features {feature}`",
         lock.display()
     ))
+}
+
+/// Takes the lease on a lock kept outside the file system (`None`: LOCK is a file).
+pub(crate) fn acquire_elsewhere(
+    s: &crate::builder::LeaseBuilder,
+    deadline: Option<Instant>,
+    one_shot: bool,
+) -> Option<Result<crate::guard::LeaseGuard>> {
+    let _ = (deadline, one_shot);
+    Some(match Kind::of(&s.path) {
+        Kind::File => return None,
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => etcd::acquire::acquire(s, deadline, one_shot),
+        #[cfg(feature = "s3")]
+        Kind::S3 => s3::acquire::acquire(s, deadline, one_shot),
+        #[allow(unreachable_patterns)]
+        k => Err(refused(k, &s.path)),
+    })
+}
+
+/// `status` of a lock kept outside the file system (`None`: LOCK is a file).
+pub(crate) fn status_elsewhere(
+    lock: &Path,
+    me: &crate::identity::Identity,
+    clock: &dyn crate::clock::Clock,
+) -> Option<Result<Verdict>> {
+    let _ = (me, clock);
+    Some(match Kind::of(lock) {
+        Kind::File => return None,
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => etcd::look::status(lock, me, clock),
+        #[cfg(feature = "s3")]
+        Kind::S3 => s3::look::status(lock, me, clock),
+        #[allow(unreachable_patterns)]
+        k => Err(refused(k, lock)),
+    })
+}
+
+/// `break` of a lock kept outside the file system (`None`: LOCK is a file).
+pub(crate) fn break_elsewhere(
+    lock: &Path,
+    mode: &crate::status::outcome::BreakMode,
+) -> Option<Result<crate::status::outcome::Broken>> {
+    let _ = mode;
+    Some(match Kind::of(lock) {
+        Kind::File => return None,
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => etcd::look::break_lease(lock, mode.clone()),
+        #[cfg(feature = "s3")]
+        Kind::S3 => s3::look::break_lease(lock, mode.clone()),
+        #[allow(unreachable_patterns)]
+        k => Err(refused(k, lock)),
+    })
+}
+
+/// A store this build lacks.
+#[allow(dead_code)]
+fn refused(k: Kind, lock: &Path) -> crate::error::Error {
+    match k {
+        Kind::Etcd => not_built(lock, "etcd"),
+        _ => not_built(lock, "s3"),
+    }
 }
 
 /// What a store does about a contender that has sat in the exclusive section for longer than a
@@ -304,8 +393,9 @@ pub(crate) struct Release<'a> {
     /// Ends the guard's renewals.
     pub stop: &'a mut dyn FnMut(),
     /// Whether the lease was lost (the job was fenced) before this release (the etcd store
-    /// revokes its lease then; the file store's release is the same either way).
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    /// revokes its lease then; the S3 store makes one quick try; the file store's release is
+    /// the same either way).
+    #[cfg_attr(not(any(feature = "etcd", feature = "s3")), allow(dead_code))]
     pub lost: bool,
 }
 

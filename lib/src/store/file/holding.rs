@@ -338,7 +338,7 @@ impl Holding for FileHolding {
 }
 
 /// Why a renewal that found `o` (anything but [`Ours::Held`]) lost the lease.
-fn not_ours(o: Ours) -> LossReason {
+pub(crate) fn not_ours(o: Ours) -> LossReason {
     match o {
         Ours::Revoked(by) => LossReason::Broken {
             how: LossReason::revoked(by),
