@@ -70,6 +70,17 @@ pub(crate) fn acquire(
     let poll = timing
         .heartbeat
         .clamp(Duration::from_millis(50), Duration::from_secs(1));
+    // A cancelled wait (`LeaseBuilder::cancel`) ends at the next nap: nothing is queued here.
+    let nap = || {
+        sleep_until(s.cancel.as_ref(), poll, deadline);
+        match &s.cancel {
+            Some(c) if c.is_cancelled() => Err(Error::Cancelled {
+                path: url.clone(),
+                waited: started.elapsed(),
+            }),
+            _ => Ok(()),
+        }
+    };
     let timeout = |v: Verdict| Error::Timeout {
         path: url.clone(),
         waited: started.elapsed(),
@@ -100,7 +111,7 @@ pub(crate) fn acquire(
                     (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
                     said_unavailable = true;
                 }
-                sleep_until(poll, deadline);
+                nap()?;
             }
             Err(e) => return Err(e),
         }
@@ -125,7 +136,7 @@ pub(crate) fn acquire(
                     (cb.lock().unwrap_or_else(std::sync::PoisonError::into_inner))(&v);
                     said_unavailable = true;
                 }
-                sleep_until(poll, deadline);
+                nap()?;
                 continue;
             }
             Err(e) => return Err(e),
@@ -223,14 +234,14 @@ pub(crate) fn acquire(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(timeout(v));
         }
-        sleep_until(poll, deadline);
+        nap()?;
     }
 }
 
-/// Sleeps `poll`, never past `deadline`.
-fn sleep_until(poll: Duration, deadline: Option<Instant>) {
+/// Sleeps `poll`, never past `deadline`, and no longer once `cancel` is cancelled.
+fn sleep_until(cancel: Option<&crate::cancel::Cancel>, poll: Duration, deadline: Option<Instant>) {
     let left = deadline.map_or(poll, |d| d.saturating_duration_since(Instant::now()));
-    std::thread::sleep(poll.min(left));
+    crate::cancel::nap(cancel, poll.min(left));
 }
 
 /// The lease is ours: the guard counts from before the write that made it visible.
