@@ -6,6 +6,7 @@
 //! command is dead, or report a conflict with anything but the -E status.
 
 use crate::cli::args::RunArgs;
+use crate::cli::ending::{Before, before_command};
 use crate::cli::exit;
 use crate::cli::progress::WaitDisplay;
 use crate::cli::report;
@@ -60,6 +61,17 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     if a.verbose {
         say!("{}", report::acquired_line(&guard));
     }
+    // The lock's memory of the last holding: --once-per, --after-crash, --recover.
+    if let Before::Stop { code, why } = before_command(a, &guard) {
+        sup.abandon();
+        if let Err(e) = guard.release_skipped(&why) {
+            say!("{}", report::error_line(&e));
+        }
+        return code;
+    }
+    if let Some(d) = a.max_time {
+        sup.max_time(d);
+    }
     let outcome = match sup.run(&guard, &job) {
         Ok(o) => o,
         Err(e) => {
@@ -102,9 +114,12 @@ fn resolve(a: &RunArgs) -> Result<Job, i32> {
 fn take(a: &RunArgs, job: &Job, sup: &Supervisor, child: (i32, u64)) -> Result<LeaseGuard, i32> {
     let display = WaitDisplay::new(a.quiet);
     let shown = display.clone();
+    let mut b = LeaseBuilder::new(&a.lock);
+    if let Some(d) = a.max_time {
+        b = b.max_time(d);
+    }
     let b = a.lease.apply(
-        LeaseBuilder::new(&a.lock)
-            .command(job.argv_lossy())
+        b.command(job.argv_lossy())
             .child(child.0, child.1, child.0)
             .on_lost(sup.loss_notifier())
             .on_wait(move |v| shown.waiting(v)),
@@ -151,6 +166,12 @@ fn report_ending(
             say!(
                 "{}",
                 report::fenced_line(&job.display(), reason, lock, *survivors)
+            );
+        }
+        Outcome::TimedOut { limit, survivors } => {
+            say!(
+                "{}",
+                report::timed_out_line(&job.display(), *limit, lock, *survivors)
             );
         }
         Outcome::NotStarted(n) => say!("{}", report::not_started_line(&n.why)),

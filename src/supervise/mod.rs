@@ -81,7 +81,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -90,7 +90,7 @@ use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::{Pid, pipe2};
 
 use leasehold::{Error, Result};
-use leasehold::{LeaseGuard, LossReason};
+use leasehold::{LeaseGuard, LossReason, human_duration};
 
 use fence::loss_text;
 use guardian::Guardian;
@@ -232,6 +232,14 @@ pub enum Outcome {
         /// Processes of its group still alive after SIGKILL and the wait (normally 0).
         survivors: usize,
     },
+    /// It ran for `--max-time` and was fenced (TERM, grace, KILL of its group), as timeout(1)
+    /// would end it.
+    TimedOut {
+        /// The limit it reached.
+        limit: Duration,
+        /// Processes of its group still alive after SIGKILL and the wait (normally 0).
+        survivors: usize,
+    },
     /// It never ran.
     NotStarted(NotStarted),
 }
@@ -251,6 +259,7 @@ impl Outcome {
             Outcome::Exited(c) => *c,
             Outcome::Signaled(s) => 128 + *s as i32,
             Outcome::Fenced { .. } => crate::cli::exit::IOERR_FENCED,
+            Outcome::TimedOut { .. } => crate::cli::exit::TIMEOUT,
             Outcome::NotStarted(n) => n.code,
         }
     }
@@ -262,6 +271,9 @@ impl Outcome {
             Outcome::Exited(c) => format!("exit {c}"),
             Outcome::Signaled(s) => format!("signal {} ({})", *s as i32, s.as_str()),
             Outcome::Fenced { reason, .. } => format!("fenced: {reason}"),
+            Outcome::TimedOut { limit, .. } => {
+                format!("fenced: --max-time {} reached", human_duration(*limit))
+            }
             Outcome::NotStarted(n) => format!("not started: {}", n.why),
         }
     }
@@ -287,6 +299,8 @@ pub struct Supervisor {
     held: Option<Held>,
     /// The guardian that stops the job if this process dies without ending it (`guardian.rs`).
     guardian: Option<Guardian>,
+    /// `--max-time`: the command is fenced once it has run this long.
+    max_time: Option<Duration>,
 }
 
 impl Supervisor {
@@ -316,7 +330,14 @@ impl Supervisor {
             subreaper,
             held: None,
             guardian: None,
+            max_time: None,
         })
+    }
+
+    /// Fences the command (as for a lost lease) once it has run for `limit` (`--max-time`):
+    /// [`Supervisor::run`] then returns [`Outcome::TimedOut`].
+    pub fn max_time(&mut self, limit: Duration) {
+        self.max_time = Some(limit);
     }
 
     /// A callback for `LeaseBuilder::on_lost`: wakes the supervising thread, which fences.
@@ -399,6 +420,9 @@ impl Supervisor {
         // Peek (WNOWAIT) rather than reap: until we reap it, the command's pid — its process
         // group's id — cannot be reused, so signalling that group stays safe.
         let mut peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        // `--max-time` counts from the gate's opening (the lease's deadline, from its taking,
+        // is a little earlier: what `status` shows is never later than the fence).
+        let limit = self.max_time.map(|d| (d, Instant::now() + d));
         if self.tty.is_some() {
             peek |= WaitPidFlag::WSTOPPED;
         }
@@ -425,13 +449,27 @@ impl Supervisor {
                 let reason = loss_text(guard);
                 return Ok(self.fence(child, guard.timing().grace, reason));
             }
+            if let Some((d, at)) = limit
+                && Instant::now() >= at
+            {
+                let survivors = fence::stop_job(child, guard.timing().grace);
+                let _ = waitpid(child, None);
+                fence::reap_adopted();
+                return Ok(Outcome::TimedOut {
+                    limit: d,
+                    survivors,
+                });
+            }
             self.forward_pending(child);
             // Orphans re-parented to us that have died (never the command).
             fence::reap_adopted_except(Some(child));
             // Signals, the command's end and loss all write to the wake pipe; the timeout is only
             // a safety net, kept long (ten minutes) so that an idle job is woken by its
-            // renewals alone.
-            self.sleep(SAFETY_NET);
+            // renewals alone — or the `--max-time` deadline.
+            let nap = limit.map_or(SAFETY_NET, |(_, at)| {
+                at.saturating_duration_since(Instant::now()).min(SAFETY_NET)
+            });
+            self.sleep(nap);
         }
     }
 
