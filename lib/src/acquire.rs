@@ -514,7 +514,7 @@ fn take<S: Store>(
 ) -> Result<Attempt<S>> {
     // What the new record carries forward: how the holding before ended, the last start.
     let reason = broke.as_ref().map(|v| v.reason.as_str());
-    let history = crate::ending::carried(prev, reason, ctx.s.max_time, ctx.s.clock.wall());
+    let history = crate::ending::carried(prev, reason);
     let prev = prev.map_or(0, |l| l.token);
     take_with(
         ctx,
@@ -552,7 +552,8 @@ fn take_with<S: Store>(
     history: crate::ending::History,
 ) -> Result<Attempt<S>> {
     let s = ctx.s;
-    let mut draft = draft.filter(|d| d.lease().history == history);
+    // A `--max-time` deadline counts from the acquisition time, known only now.
+    let mut draft = draft.filter(|d| s.max_time.is_none() && d.lease().history == history);
     let mut make = |token: u64| {
         let now = format_rfc3339(s.clock.wall());
         match draft.take() {
@@ -561,6 +562,7 @@ fn take_with<S: Store>(
                 let mut lease = s.new_lease(&ctx.me, &ctx.timing, &now);
                 lease.token = token;
                 lease.history = history.clone();
+                lease.history.deadline = crate::ending::deadline(&now, s.max_time);
                 let bytes = lease.to_bytes();
                 (lease, bytes)
             }

@@ -213,7 +213,7 @@ fn own_ending(l: &Lease) -> LastEnding {
     let Some(e) = &l.ended else {
         // Released in place (a hand-over to a waiter, used only after `exit 0` of a named
         // command or a library release) or in its header only (a full disk): no words.
-        out.status = l.holder.child_pid.map(|_| 0);
+        out.status = (l.holder.child_pid.is_some() && !l.holder.on_behalf).then_some(0);
         return out;
     };
     out.at = Some(e.at.clone());
@@ -276,19 +276,19 @@ pub(crate) fn latest_start(r: &Lease) -> Option<String> {
 }
 
 /// The history a new holder's record carries, taking over `prev` (judged `reason` when taken
-/// over as stale or hung), with a `--max-time` of `max_time` from `now`.
-pub(crate) fn carried(
-    prev: Option<&Lease>,
-    reason: Option<&str>,
-    max_time: Option<Duration>,
-    now: std::time::SystemTime,
-) -> History {
+/// over as stale or hung); its deadline is set apart ([`deadline`]).
+pub(crate) fn carried(prev: Option<&Lease>, reason: Option<&str>) -> History {
     History {
         last: after(prev, reason),
         last_start: prev.and_then(latest_start),
-        deadline: max_time.map(|d| format_rfc3339(now + d)),
+        deadline: None,
         acked: None,
     }
+}
+
+/// The `--max-time` deadline of a holding acquired at `acquired` (RFC 3339).
+pub(crate) fn deadline(acquired: &str, max_time: Option<Duration>) -> Option<String> {
+    Some(format_rfc3339(parse_rfc3339(acquired)? + max_time?))
 }
 
 /// The history a waiter drafts its record with while `current` holds the lock: the one a
@@ -301,16 +301,19 @@ pub(crate) fn speculate(current: Option<&Lease>) -> History {
     let mut handed = c.clone();
     handed.state = LeaseState::Released;
     handed.ended = None;
-    carried(Some(&handed), None, None, std::time::UNIX_EPOCH)
+    carried(Some(&handed), None)
 }
 
 /// Whether a release `how` may go in place, leaving a record that says nothing of how it ended
-/// (a hand-over to a waiter): only `exit 0` of a named command, or a library release of a
-/// lease that names none — what [`last_ending`] reads from such a record.
+/// (a hand-over to a waiter): only `exit 0` of a named command, a script's end in script mode
+/// (whose status its keeper never knows), or a library release of a lease that names no
+/// command — what [`last_ending`] reads from such a record.
 pub(crate) fn clean_handover(how: &str, mine: &Lease) -> bool {
-    match mine.holder.child_pid {
-        Some(_) => how == "exit 0",
-        None => how == "released",
+    match (mine.holder.child_pid, mine.holder.on_behalf) {
+        // Script mode: the keeper never learns its script's status.
+        (Some(_), true) => how.starts_with("script pid ") && how.ends_with(" exited"),
+        (Some(_), false) => how == "exit 0",
+        (None, _) => how == "released",
     }
 }
 

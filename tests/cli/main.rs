@@ -9,6 +9,7 @@ mod support;
 
 mod basics;
 mod contention;
+mod endings;
 mod fencing;
 mod flock;
 mod manual;
