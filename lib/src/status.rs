@@ -187,12 +187,12 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     break_judged(&b, &mode)
 }
 
+/// What `ack` decides inside the mutex: the record to write, if any, and what to report.
+pub(crate) type AckFn<'a> = dyn FnMut(&Lease) -> Result<(Option<Lease>, crate::ending::Acked)> + 'a;
+
 /// `leasehold ack`'s write (`ending.rs`): inside the mutex, `f` looks at LOCK's record and
 /// returns the record to write in its place, if any, and what to report.
-pub(crate) fn ack_under_mutex(
-    path: &Path,
-    f: &mut dyn FnMut(&Lease) -> Result<(Option<Lease>, crate::ending::Acked)>,
-) -> Result<crate::ending::Acked> {
+pub(crate) fn ack_under_mutex(path: &Path, f: &mut AckFn<'_>) -> Result<crate::ending::Acked> {
     let store = FileStore::looking(LockPaths::new(path)?);
     let section = enter(&store)?;
     let content = store.read()?;

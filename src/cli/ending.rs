@@ -59,6 +59,21 @@ pub(crate) enum Before {
     Stop { code: i32, why: String },
 }
 
+/// Why `a`'s ending flags cannot be honoured for its LOCK, if they cannot: an etcd lock and
+/// a shared or counted lock keep no ending record yet, and a check that silently never
+/// refused would be worse than a refusal.
+pub(crate) fn unsupported(a: &RunArgs) -> Option<String> {
+    let wants = a.once_per.is_some() || a.after_crash == AfterCrash::Fail || a.recover.is_some();
+    let etcd = a.lock.to_string_lossy().starts_with("etcd://");
+    let shared = a.lease.shared || a.lease.slots.is_some();
+    (wants && (etcd || shared)).then(|| {
+        format!(
+            "leasehold: --once-per, --after-crash fail and --recover need the lock's ending record, which {} locks do not keep yet",
+            if etcd { "etcd://" } else { "shared and counted" }
+        )
+    })
+}
+
 /// `--once-per`, `--after-crash` and `--recover`, in that order, for the lease `guard` holds.
 pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard) -> Before {
     let lock = guard.path().to_path_buf();

@@ -27,6 +27,10 @@ pub(crate) fn is_conflict(e: &Error) -> bool {
 
 /// Runs `leasehold run` and returns the exit status.
 pub(super) fn run(a: &RunArgs) -> i32 {
+    if let Some(why) = crate::cli::ending::unsupported(a) {
+        say!("{why}");
+        return exit::USAGE;
+    }
     let job = match resolve(a) {
         Ok(j) => j,
         Err(code) => return code,
