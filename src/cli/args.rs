@@ -420,7 +420,7 @@ pub const LOCK_HELP: &str = concat!(
 
 Script mode:
   out=$(leasehold lock -n /run/lock/job.lock) || exit $?
-  eval \"$out\"      # sets LEASEHOLD_LOCK, LEASEHOLD_TOKEN, LEASEHOLD_LEASE_ID
+  eval \"$out\"      # sets LEASEHOLD_LOCK, LEASEHOLD_TOKEN, LEASEHOLD_LEASE_ID, LEASEHOLD_PREVIOUS*
   ...               # the work; the lease is released when the script exits
   leasehold unlock /run/lock/job.lock   # optional: release it early
 Do not write eval \"$(leasehold lock ...)\" || exit: eval of an empty string succeeds, so a

@@ -31,8 +31,15 @@ pub(crate) const PREVIOUS: [&str; 5] = [
 /// The `LEASEHOLD_PREVIOUS*` values for `guard`'s lease, in [`PREVIOUS`]'s order: `none` and
 /// empty values when no ending is known; the status only when released.
 pub(crate) fn previous_env(guard: &LeaseGuard) -> Vec<(&'static str, String)> {
-    let acquired = guard.lease().acquired_at;
-    let vals = match guard.previous() {
+    previous_values(guard.previous().as_ref(), &guard.lease().acquired_at)
+}
+
+/// The `LEASEHOLD_PREVIOUS*` values for a holding acquired at `acquired` after `last`.
+pub(crate) fn previous_values(
+    last: Option<&LastEnding>,
+    acquired: &str,
+) -> Vec<(&'static str, String)> {
+    let vals = match last {
         None => [
             "none".to_string(),
             String::new(),
@@ -45,7 +52,7 @@ pub(crate) fn previous_env(guard: &LeaseGuard) -> Vec<(&'static str, String)> {
             p.exit_status().map(|s| s.to_string()).unwrap_or_default(),
             p.host.clone(),
             p.token.to_string(),
-            p.ended_at(&acquired).to_string(),
+            p.ended_at(acquired).to_string(),
         ],
     };
     PREVIOUS.into_iter().zip(vals).collect()

@@ -373,3 +373,27 @@ fn once_per_allows_one_start_per_period_across_processes() {
     let (code, _, err) = run(&lock, &["--once-per", "1ms"], "true");
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn lock_exports_how_the_last_holding_ended() {
+    let dir = tmp();
+    let lock = dir.path().join("job.lock");
+    let (code, _, err) = run(&lock, &[], "exit 3");
+    assert_eq!(code, 3, "{err}");
+    let o = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "out=$('{}' lock -n '{}') || exit $?; eval \"$out\"; echo \"$LEASEHOLD_PREVIOUS $LEASEHOLD_PREVIOUS_STATUS\"",
+            bin().display(),
+            lock.display()
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .expect("script");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "released 3",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
