@@ -313,7 +313,7 @@ pub(crate) fn clean_handover(how: &str, mine: &Lease) -> bool {
         // Script mode: the keeper never learns its script's status.
         (Some(_), true) => how.starts_with("script pid ") && how.ends_with(" exited"),
         (Some(_), false) => how == "exit 0",
-        (None, _) => how == "released",
+        (None, _) => how.starts_with("released"),
     }
 }
 
