@@ -359,6 +359,13 @@ pub fn ack(path: impl AsRef<Path>) -> Result<Acked> {
             path: path.to_path_buf(),
             why,
         };
+        if lease.damaged {
+            // Judged by observation alone (PROTOCOL §2): never rewritten as if it were read.
+            return Err(refuse(
+                "LOCK's record is damaged (its checksum never matched): nothing acknowledged"
+                    .into(),
+            ));
+        }
         if lease.state != LeaseState::Released {
             return Err(refuse(
                 "the lock is held or its holder's end is not recorded yet: acknowledge once it is released (a dead holder's lease is recorded when the next run or `leasehold break` takes it)".into(),
@@ -382,7 +389,6 @@ pub fn ack(path: impl AsRef<Path>) -> Result<Acked> {
             return Ok((None, out));
         }
         let mut rec = lease.clone();
-        rec.damaged = false;
         rec.history.acked = Some(Ack {
             by: by.clone(),
             at: format_rfc3339(SystemClock.wall()),
@@ -405,6 +411,144 @@ mod tests {
         assert!(too_soon(Some(&s), h, t0 + Duration::from_secs(10)).is_some());
         assert!(too_soon(Some(&s), h, t0 + h).is_none());
         assert!(too_soon(None, h, t0).is_none());
+    }
+
+    fn record(state: LeaseState, how: Option<&str>, by: Option<&str>) -> Lease {
+        Lease {
+            state,
+            heartbeat_seq: 0,
+            heartbeat_at: "2026-01-01T00:00:00.000000Z".into(),
+            lease_id: "0".repeat(32),
+            token: 7,
+            ttl_ms: 1000,
+            acquired_at: "2026-01-01T00:00:00.000000Z".into(),
+            holder: crate::record::Holder {
+                pid: 42,
+                pid_start: 1,
+                child_pid: Some(43),
+                child_start: Some(2),
+                pgid: Some(43),
+                host: "web1".into(),
+                boot_id: "b".into(),
+                pid_ns: 1,
+                uid: 0,
+                user: "u".into(),
+                command: vec![],
+                note: None,
+                on_behalf: false,
+            },
+            ended: how.map(|h| crate::record::Ending {
+                at: "2026-01-01T00:00:01.000000Z".into(),
+                how: h.into(),
+                by: by.map(String::from),
+            }),
+            mode: None,
+            history: History::default(),
+            damaged: false,
+        }
+    }
+
+    #[test]
+    fn endings_are_classified_from_format_1_fields() {
+        use LeaseState::*;
+        let end = |l: Lease| last_ending(&l).map(|e| (e.end, e.exit_status()));
+        let released = Some((EndKind::Released, Some(3)));
+        assert_eq!(end(record(Released, Some("exit 3"), None)), released);
+        let signal = Some((EndKind::Released, Some(137)));
+        assert_eq!(
+            end(record(Released, Some("signal 9 (SIGKILL)"), None)),
+            signal
+        );
+        // Released in place: only after exit 0 of a named command.
+        assert_eq!(
+            end(record(Released, None, None)),
+            Some((EndKind::Released, Some(0)))
+        );
+        let fenced = Some((EndKind::Fenced, None));
+        assert_eq!(
+            end(record(Released, Some("fenced: lease lost"), None)),
+            fenced
+        );
+        let broken = Some((EndKind::Broken, None));
+        assert_eq!(
+            end(record(
+                Released,
+                Some("broken: process gone"),
+                Some("a@b pid 1")
+            )),
+            broken
+        );
+        let revoked = record(
+            Released,
+            Some("fenced: x, after it was revoked"),
+            Some("a@b pid 1"),
+        );
+        assert_eq!(end(revoked), broken);
+        // A held record has not ended: it shows the ending before it.
+        assert_eq!(end(record(Held, None, None)), None);
+        // Taken over: died, or broken when it had been revoked.
+        let died = after(Some(&record(Held, None, None)), Some("process gone"));
+        assert_eq!(died.map(|e| e.end), Some(EndKind::Died));
+        let rev = record(Revoked, Some("revoked by force: x"), Some("a@b pid 1"));
+        assert_eq!(
+            after(Some(&rev), None).map(|e| e.end),
+            Some(EndKind::Broken)
+        );
+        assert_eq!(after(None, None), None);
+    }
+
+    #[test]
+    fn a_skipped_holding_keeps_the_ending_and_the_start_before_it() {
+        let mut first = record(LeaseState::Released, Some("fenced: x"), None);
+        first.acquired_at = "2026-01-01T00:00:00.000000Z".into();
+        let mut skipped = record(
+            LeaseState::Released,
+            Some("skipped: --after-crash fail"),
+            None,
+        );
+        skipped.history = carried(Some(&first), None);
+        skipped.acquired_at = "2026-01-01T05:00:00.000000Z".into();
+        let e = last_ending(&skipped).expect("an ending");
+        assert_eq!(
+            (e.end, e.how.as_deref()),
+            (EndKind::Fenced, Some("fenced: x"))
+        );
+        assert_eq!(latest_start(&skipped), Some(first.acquired_at.clone()));
+        // An in-place release is used only where that is what a reader infers.
+        assert!(clean_handover("exit 0", &first));
+        assert!(!clean_handover("exit 3", &first));
+        assert!(!clean_handover("skipped: x", &first));
+    }
+
+    #[test]
+    fn history_round_trips_and_a_record_without_it_reads_as_none() {
+        use crate::record::Parsed;
+        let plain = record(LeaseState::Held, None, None);
+        let bytes = plain.to_bytes();
+        assert!(!String::from_utf8_lossy(&bytes).contains("\"last"));
+        let Parsed::Lease(back) = Lease::parse(&bytes) else {
+            panic!("not parsed")
+        };
+        assert_eq!(back.history, History::default());
+        let mut with = plain.clone();
+        with.history = carried(
+            Some(&record(LeaseState::Released, Some("exit 3"), None)),
+            None,
+        );
+        with.history.deadline = deadline(&with.acquired_at, Some(Duration::from_secs(60)));
+        let bytes = with.to_bytes();
+        assert!(
+            bytes.starts_with(b"{\n  \"leasehold\": 1,"),
+            "format 1 kept"
+        );
+        let Parsed::Lease(back) = Lease::parse(&bytes) else {
+            panic!("not parsed")
+        };
+        assert_eq!(back.history, with.history);
+        assert_eq!(
+            back.history.deadline.as_deref(),
+            Some("2026-01-01T00:01:00.000000Z")
+        );
     }
 
     #[test]
