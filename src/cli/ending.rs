@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 
 use crate::cli::args::{AckArgs, AfterCrash, RunArgs};
 use crate::cli::{exit, report};
+use crate::supervise::Supervisor;
 
 /// The variables the command gets about the holding before it, in the gate's order.
 pub(crate) const PREVIOUS: [&str; 5] = [
@@ -81,8 +82,9 @@ pub(crate) fn unsupported(a: &RunArgs) -> Option<String> {
     })
 }
 
-/// `--once-per`, `--after-crash` and `--recover`, in that order, for the lease `guard` holds.
-pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard) -> Before {
+/// `--once-per`, `--after-crash` and `--recover`, in that order, for the lease `guard` holds
+/// (`sup`'s guardian is armed before a recovery command runs).
+pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard, sup: &mut Supervisor) -> Before {
     let lock = guard.path().to_path_buf();
     if let Some(period) = a.once_per {
         let last = guard.last_start();
@@ -116,6 +118,13 @@ pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard) -> Before {
         };
     }
     if let Some(cmd) = &a.recover {
+        if let Err(e) = sup.arm(guard) {
+            say!("{}", report::error_line(&e));
+            return Before::Stop {
+                code: exit::exit_code(&e),
+                why: "--recover: the guardian could not be armed".into(),
+            };
+        }
         let code = recover(guard, cmd, a.quiet);
         if code != 0 {
             say!("{}", report::recover_failed_line(&lock, cmd, code));

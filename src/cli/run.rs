@@ -66,7 +66,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
         say!("{}", report::acquired_line(&guard));
     }
     // The lock's memory of the last holding: --once-per, --after-crash, --recover.
-    if let Before::Stop { code, why } = before_command(a, &guard) {
+    if let Before::Stop { code, why } = before_command(a, &guard, &mut sup) {
         sup.abandon();
         if let Err(e) = guard.release_skipped(&why) {
             say!("{}", report::error_line(&e));

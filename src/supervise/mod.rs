@@ -301,6 +301,8 @@ pub struct Supervisor {
     guardian: Option<Guardian>,
     /// `--max-time`: the command is fenced once it has run this long.
     max_time: Option<Duration>,
+    /// The guardian was armed already (before a `--recover` command: [`Supervisor::arm`]).
+    armed: bool,
 }
 
 impl Supervisor {
@@ -331,6 +333,7 @@ impl Supervisor {
             held: None,
             guardian: None,
             max_time: None,
+            armed: false,
         })
     }
 
@@ -338,6 +341,18 @@ impl Supervisor {
     /// [`Supervisor::run`] then returns [`Outcome::TimedOut`].
     pub fn max_time(&mut self, limit: Duration) {
         self.max_time = Some(limit);
+    }
+
+    /// Arms the guardian now, before the command's gate opens, for work run under `guard`'s
+    /// lease before the command (`run --recover`): if this process dies, it stops whatever
+    /// carries the lease's environment, the recovery command included. A no-op without a
+    /// command forked by [`Supervisor::prepare`].
+    pub fn arm(&mut self, guard: &LeaseGuard) -> Result<()> {
+        if let (Some(g), Some(h), false) = (&self.guardian, &self.held, self.armed) {
+            g.arm(guard, h.start)?;
+            self.armed = true;
+        }
+        Ok(())
     }
 
     /// A callback for `LeaseBuilder::on_lost`: wakes the supervising thread, which fences.

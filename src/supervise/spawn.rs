@@ -116,7 +116,7 @@ impl Supervisor {
             return Ok(Started::Done(fence_unstarted(child, loss_text(guard))));
         }
         // The guardian stops the job if we die without ending it: armed before the gate opens.
-        if let Some(g) = &self.guardian
+        if let (Some(g), false) = (&self.guardian, self.armed)
             && let Err(e) = g.arm(guard, held.start)
         {
             return abort(e);

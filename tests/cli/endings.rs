@@ -397,3 +397,40 @@ fn lock_exports_how_the_last_holding_ended() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn a_recovery_command_is_stopped_when_its_wrapper_is_killed() {
+    let dir = tmp();
+    let lock = dir.path().join("job.lock");
+    let pid_file = dir.path().join("rpid");
+    fenced_run(&lock);
+    // The recovery's own child, in its group, and carrying the lease's environment.
+    let rec = format!(
+        "sleep 100 & echo $! > '{p}.tmp' && mv '{p}.tmp' '{p}'; wait",
+        p = pid_file.display()
+    );
+    let mut w = Proc::spawn(
+        lh().args(["run", "--grace", "200ms", "--recover", &rec])
+            .arg(&lock)
+            .arg("-c")
+            .arg("true")
+            .stderr(Stdio::null()),
+        "recovering run",
+    );
+    ensure_within("the recovery to start", Duration::from_secs(10), || {
+        pid_file.exists()
+    });
+    let sleeper: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    assert!(alive(sleeper));
+    w.signal(nix::sys::signal::Signal::SIGKILL);
+    w.wait_timeout(Duration::from_secs(5));
+    ensure_within(
+        "the guardian to stop the recovery",
+        Duration::from_secs(10),
+        || !alive(sleeper),
+    );
+}
