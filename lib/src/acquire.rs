@@ -446,10 +446,17 @@ fn line_up<S: Store>(
     let first = ahead.is_none();
     ctx.store.join(&section, &mut q.place, token, first, who)?;
     ctx.store.leave(section, kept);
-    // Serialised now, while we wait, rather than after the wake-up.
-    if q.draft.is_none() {
+    // Serialised now, while we wait, rather than after the wake-up (with the history a
+    // hand-over from the holder we wait for would carry: `ending.rs`).
+    let history = crate::ending::speculate(v.lease.as_ref());
+    if q.draft
+        .as_ref()
+        .is_none_or(|d| d.lease().history != history)
+    {
         let now = format_rfc3339(clock.wall());
-        q.draft = Draft::new(ctx.s.new_lease(&ctx.me, &ctx.timing, &now));
+        let mut lease = ctx.s.new_lease(&ctx.me, &ctx.timing, &now);
+        lease.history = history;
+        q.draft = Draft::new(lease);
     }
     if let Some(d) = &q.draft {
         ctx.store.prepare(&mut q.place, d.bytes());
@@ -510,8 +517,19 @@ fn take<S: Store>(
     broke: Option<Verdict>,
     draft: Option<Draft>,
 ) -> Result<Attempt<S>> {
+    // What the new record carries forward: how the holding before ended, the last start.
+    let reason = broke.as_ref().map(|v| v.reason.as_str());
+    let history = crate::ending::carried(prev, reason);
     let prev = prev.map_or(0, |l| l.token);
-    take_in(ctx, &ctx.store, section, place, prev, broke, draft)
+    take_with(
+        ctx,
+        &ctx.store,
+        (section, place),
+        prev,
+        broke,
+        draft,
+        history,
+    )
 }
 
 /// [`take`] into `store` (LOCK's, or a holder file's of a shared lock), above token `prev`.
@@ -524,8 +542,23 @@ fn take_in<S: Store>(
     broke: Option<Verdict>,
     draft: Option<Draft>,
 ) -> Result<Attempt<S>> {
+    let h = crate::ending::History::default();
+    take_with(ctx, store, (section, place), prev, broke, draft, h)
+}
+
+/// [`take_in`], the new record carrying `history` (a draft serialised with another is not used).
+fn take_with<S: Store>(
+    ctx: &Ctx<'_, S>,
+    store: &S,
+    (section, place): (S::Section, S::Place),
+    prev: u64,
+    broke: Option<Verdict>,
+    draft: Option<Draft>,
+    history: crate::ending::History,
+) -> Result<Attempt<S>> {
     let s = ctx.s;
-    let mut draft = draft;
+    // A `--max-time` deadline counts from the acquisition time, known only now.
+    let mut draft = draft.filter(|d| s.max_time.is_none() && d.lease().history == history);
     let mut make = |token: u64| {
         let now = format_rfc3339(s.clock.wall());
         match draft.take() {
@@ -533,6 +566,8 @@ fn take_in<S: Store>(
             None => {
                 let mut lease = s.new_lease(&ctx.me, &ctx.timing, &now);
                 lease.token = token;
+                lease.history = history.clone();
+                lease.history.deadline = crate::ending::deadline(&now, s.max_time);
                 let bytes = lease.to_bytes();
                 (lease, bytes)
             }

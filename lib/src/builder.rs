@@ -56,6 +56,8 @@ pub struct LeaseBuilder {
     pub(crate) heartbeat: Option<Duration>,
     pub(crate) grace: Option<Duration>,
     pub(crate) note: Option<String>,
+    /// `--max-time`: the deadline the lease shows (`ending.rs`); the wrapper enforces it.
+    pub(crate) max_time: Option<Duration>,
     pub(crate) command: Option<Vec<String>>,
     /// The job's process, already forked and held back: pid, start time, process group.
     pub(crate) child: Option<(i32, u64, i32)>,
@@ -104,6 +106,7 @@ impl LeaseBuilder {
             heartbeat: None,
             grace: None,
             note: None,
+            max_time: None,
             command: None,
             child: None,
             clock: Arc::new(SystemClock),
@@ -137,6 +140,13 @@ impl LeaseBuilder {
     /// renew deadline leaves room for it.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);
+        self
+    }
+    /// The longest the job may run (`run --max-time`): recorded in the lease as its `deadline`
+    /// (acquisition time plus `limit`, shown by `status`). The library only records it: the
+    /// holder enforces it (the `run` wrapper fences its command there).
+    pub fn max_time(mut self, limit: Duration) -> Self {
+        self.max_time = Some(limit);
         self
     }
     /// Free text stored in the lease.
@@ -304,6 +314,7 @@ impl LeaseBuilder {
             },
             ended: None,
             mode: None,
+            history: Default::default(),
             damaged: false,
         }
     }

@@ -262,6 +262,25 @@ impl LeaseGuard {
         Ok(())
     }
 
+    /// How the holding before this one ended, as this lease recorded it when it was taken
+    /// (`None`: the lock was never held, or was emptied). See [`crate::LastEnding`].
+    pub fn previous(&self) -> Option<crate::ending::LastEnding> {
+        lock(&self.inner.record).lease.history.last.clone()
+    }
+
+    /// When a command last started under this lock before this holding (RFC 3339, the
+    /// starter's wall clock), for `--once-per`.
+    pub fn last_start(&self) -> Option<String> {
+        lock(&self.inner.record).lease.history.last_start.clone()
+    }
+
+    /// Releases the lease without an ending of its own: the command was not started on purpose
+    /// (`--after-crash fail`, `--once-per`, a failed `--recover`), so the ending before it and
+    /// the last start stay the lock's last (`why` is recorded after [`crate::SKIPPED`]).
+    pub fn release_skipped(self, why: &str) -> Result<()> {
+        self.release_with(&format!("{}{why}", crate::ending::SKIPPED))
+    }
+
     /// Releases the lease, recording `how` the job ended (e.g. `exit 0`). Writes a released record
     /// atomically; if that cannot be written (a full disk, a mutex some stopped process sits on),
     /// marks our record released in place instead, which releases it just the same (only `how`

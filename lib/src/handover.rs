@@ -138,9 +138,13 @@ impl Prepared {
         })
     }
 
-    /// Whether `bytes` can be written over it (the same length: no new blocks).
+    /// Whether `bytes` can be written over it: any lease (the same length as drafted needs no
+    /// new blocks; another length — a record whose history came out otherwise than drafted,
+    /// `ending.rs` — is written and the file cut to it, which still beats a temp file: no file
+    /// to create, and nothing left beside LOCK if we are killed mid-way, since whoever removes
+    /// our dead ticket removes this file with it).
     pub(crate) fn fits(&self, bytes: &[u8]) -> bool {
-        self.len == bytes.len()
+        bytes.len() as u64 <= crate::record::MAX_LEASE_BYTES
     }
 
     /// Takes the lease through the prepared file: writes `bytes` into it, optionally fsyncs it,
@@ -165,6 +169,11 @@ impl Prepared {
             p.file
                 .write_all_at(bytes, 0)
                 .map_err(|e| Error::io(&p.path, "write our prepared lease", e))?;
+            if bytes.len() < p.len {
+                p.file
+                    .set_len(bytes.len() as u64)
+                    .map_err(|e| Error::io(&p.path, "cut our prepared lease", e))?;
+            }
             if durable {
                 p.file
                     .sync_data()

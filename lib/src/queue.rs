@@ -431,7 +431,7 @@ impl Ticket {
         }
     }
 
-    /// Takes the lease through our prepared file, if we have one of the right length (see
+    /// Takes the lease through our prepared file, if we have one (see
     /// [`Prepared::install`]). Under the mutex, with our ticket still queued.
     pub(crate) fn install(
         &mut self,

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::RFC3339_WIDTH;
+use crate::ending::{Ack, History, LastEnding};
 
 /// The highest format version this build reads and writes: 2, a lock used with `--shared` or
 /// `--slots` (a record carrying a [`Mode`]); a plain lock's records stay version 1.
@@ -209,6 +210,10 @@ pub struct Lease {
     /// In LOCK of a shared or counted lock: its setting and width (the record is then format
     /// 2). `None` for a plain lock (format 1) and in holder files.
     pub mode: Option<Mode>,
+    /// What the record carries forward beyond its own holding: how the holding before it ended,
+    /// the last start, its `--max-time` deadline, an acknowledgement (`ending.rs`; all
+    /// optional fields a format-1 reader ignores).
+    pub history: History,
     /// True when the checksum never matched (a record damaged, e.g. by a crash of the machine
     /// mid-write); such a record is only ever judged by observation, never by its content.
     pub damaged: bool,
@@ -225,6 +230,14 @@ struct Body {
     ended: Option<Ending>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deadline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_start: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last: Option<LastEnding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acked: Option<Ack>,
 }
 
 /// The whole record as read. Flat rather than `#[serde(flatten)]` over [`Body`]: flattening
@@ -246,6 +259,14 @@ struct Wire {
     ended: Option<Ending>,
     #[serde(default)]
     mode: Option<Mode>,
+    #[serde(default)]
+    deadline: Option<String>,
+    #[serde(default)]
+    last_start: Option<String>,
+    #[serde(default)]
+    last: Option<LastEnding>,
+    #[serde(default)]
+    acked: Option<Ack>,
 }
 
 /// What a read of LOCK's bytes gave.
@@ -303,6 +324,10 @@ impl Lease {
             holder: self.holder.clone(),
             ended: self.ended.clone(),
             mode: self.mode,
+            deadline: self.history.deadline.clone(),
+            last_start: self.history.last_start.clone(),
+            last: self.history.last.clone(),
+            acked: self.history.acked.clone(),
         };
         // Serialising plain structs of strings and integers cannot fail.
         let mut body = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "{\n}".into());
@@ -438,6 +463,12 @@ impl Lease {
             holder: w.holder,
             ended: w.ended,
             mode: w.mode,
+            history: History {
+                last: w.last,
+                last_start: w.last_start,
+                deadline: w.deadline,
+                acked: w.acked,
+            },
             damaged: false,
         })
     }
@@ -477,6 +508,11 @@ impl Draft {
             token_at,
             acquired_at,
         })
+    }
+
+    /// The lease drafted.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     /// The record as it stands (token 0 and the time it was drafted, unless finished).

@@ -181,6 +181,37 @@ pub fn break_lease(path: impl AsRef<Path>, mode: BreakMode) -> Result<Broken> {
     break_judged(&b, &mode)
 }
 
+/// What `ack` decides inside the mutex: the record to write, if any, and what to report.
+pub(crate) type AckFn<'a> = dyn FnMut(&Lease) -> Result<(Option<Lease>, crate::ending::Acked)> + 'a;
+
+/// `leasehold ack`'s write (`ending.rs`): inside the mutex, `f` looks at LOCK's record and
+/// returns the record to write in its place, if any, and what to report.
+pub(crate) fn ack_under_mutex(path: &Path, f: &mut AckFn<'_>) -> Result<crate::ending::Acked> {
+    let store = FileStore::looking(LockPaths::new(path)?);
+    let section = enter(&store)?;
+    let content = store.read()?;
+    let lease = match &content {
+        LockContent::Lease(l, _) if l.mode.is_none() => l,
+        LockContent::Lease(..) => {
+            return Err(Error::Refused {
+                path: store.paths().lock.clone(),
+                why: "a shared or counted lock keeps no ending record".into(),
+            });
+        }
+        _ => {
+            return Err(Error::Refused {
+                path: store.paths().lock.clone(),
+                why: "no ending is recorded: LOCK is missing or empty".into(),
+            });
+        }
+    };
+    let (rec, out) = f(lease)?;
+    if let Some(r) = rec {
+        store.replace(&section, &r)?;
+    }
+    Ok(out)
+}
+
 /// Breaks the lease `b` judged, as `mode` allows: a live one revoked (or, when forged or
 /// hung, replaced), a stale one released — LOCK's own lease, or one holder's of a shared lock.
 fn break_judged<S: Store>(b: &Breaker<'_, S>, mode: &BreakMode) -> Result<Broken> {

@@ -18,8 +18,12 @@ macro_rules! run_exit_codes {
     () => {
         "  N        the command's own exit status
   128+N    the command died of signal N
-  75       the lock could not be had (--no-wait, or --wait ran out); see -E
+  75       the lock could not be had (--no-wait, or --wait ran out), or --once-per: the last
+           start was less than its DURATION ago; see -E
   74       the lease was lost (taken, or could not be renewed) and the command was fenced
+  79       --after-crash fail: the last holding ended uncleanly (fenced, died, broken); the
+           command was not run until `leasehold ack LOCK`
+  124      --max-time ran out: the command was fenced (TERM, grace, KILL), as timeout(1) exits
   64       usage error (bad flag, DURATION, no command, or timing that cannot fit)
   65       LOCK exists but is not a leasehold lease (other content, symlink, directory, FIFO),
            or something not leasehold's own sits at a helper name (.LOCK.leasehold-*)
@@ -64,7 +68,8 @@ macro_rules! exit_codes {
             "
 `lock` exits as `run` does (0: held); `unlock` exits 0 when released, 77 when refused, 75 when
 its keeper is gone; `status` exits 0 when every LOCK could be read; `break` exits 75 when it
-refuses; `flock` exits as util-linux's flock(1) does.
+refuses; `ack` exits 0 when recorded, 75 when there is nothing to acknowledge; `flock` exits
+as util-linux's flock(1) does.
 See `leasehold run --help` (and lock, unlock, status, break, flock) for examples;
 `leasehold --generate man` (and man-flock) for the manual pages."
         )
@@ -100,7 +105,18 @@ Examples:
   leasehold run --ttl 10s /mnt/nfs/jobs/report.lock -- ./report.sh
       a shorter TTL: a dead holder on another host is noticed after 10s
   leasehold run -n etcd://10.0.0.1:2379,10.0.0.2:2379/reports -- ./report.sh
-      once across every host sharing that etcd cluster"
+      once across every host sharing that etcd cluster
+  leasehold run -n --max-time 4h /var/lock/backup.lock -- ./backup.sh
+      a hung backup is fenced after 4 hours (exit 124) instead of blocking every night after
+  leasehold run --after-crash fail /srv/tf.lock -- terraform apply -auto-approve
+      refuse (exit 79) after a crashed, fenced or broken apply until `leasehold ack /srv/tf.lock`
+  leasehold run -n -E 0 --once-per 1h /shared/hourly.lock -- ./hourly.sh
+      at most one start per hour across every host using the lock
+
+The command gets LEASEHOLD_PREVIOUS (none, released, fenced, died or broken),
+LEASEHOLD_PREVIOUS_STATUS (the exit status when released; 128+N for signal N; else empty),
+LEASEHOLD_PREVIOUS_HOST, LEASEHOLD_PREVIOUS_TOKEN and LEASEHOLD_PREVIOUS_ENDED (RFC 3339):
+how the holding before it ended."
 );
 
 /// The end of `leasehold status --help`: its exit statuses, examples.
@@ -143,6 +159,17 @@ Examples:
   leasehold break --lease-id 6f1c0e9a2b7d4c85a3e1f0b2c4d6e8fa /srv/deploy.lock
       revoke exactly that lease (the id is in `status` and in the job's $LEASEHOLD_LEASE_ID)"
 );
+
+/// The end of `leasehold ack --help`: its exit statuses, examples.
+const ACK_HELP: &str = "\
+Exit status:
+  0        recorded (or acknowledged already)
+  75       refused: the lock is held, keeps no ending, or its last ending was clean
+  65, 66, 70, 77  as for `run`
+
+Examples:
+  leasehold status /srv/tf.lock && leasehold ack /srv/tf.lock
+      look at how the last apply ended, check what it left, then let the next run go";
 
 /// The end of `leasehold unlock --help`: its exit statuses, examples.
 const UNLOCK_HELP: &str = "\
@@ -236,6 +263,10 @@ pub enum Command {
     /// Break the lease on LOCK: a stale one, one named by its id, or (--force) any.
     #[command(name = "break", after_help = BREAK_HELP)]
     Break(BreakArgs),
+    /// Acknowledge an unclean end of LOCK's last holding (fenced, died, broken), recording who
+    /// and when: `run --after-crash fail` runs again, `--recover` is not run for it.
+    #[command(after_help = ACK_HELP)]
+    Ack(AckArgs),
     /// flock(1)'s command line (util-linux), with a lease beside the file: waiters are told who
     /// holds it, and `status` and `break` work on it.
     #[command(
@@ -349,6 +380,43 @@ pub struct RunArgs {
     /// The command and its arguments, after `--` (or use -c).
     #[arg(value_name = "CMD", last = true)]
     pub cmd: Vec<OsString>,
+    /// Fence the command once it has run DURATION (TERM, grace, KILL of its group) and exit
+    /// 124, as timeout(1) does; `status` shows the deadline.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_time: Option<Duration>,
+    /// After an unclean end of the last holding (fenced, died, broken): `run` the command
+    /// anyway, or `fail` (exit 79, naming the ending) until `leasehold ack LOCK`.
+    #[arg(long, value_name = "WHAT", value_enum, default_value = "run")]
+    pub after_crash: AfterCrash,
+    /// After an unclean end of the last holding (not acknowledged), run SHELL COMMAND under the
+    /// lease first (with the command's environment and LEASEHOLD_PREVIOUS*): if it fails, exit
+    /// with its status without running the command.
+    #[arg(long, value_name = "SHELL COMMAND")]
+    pub recover: Option<String>,
+    /// At most one start per DURATION across every host using LOCK: a start within DURATION
+    /// of the last one exits 75 (or -E's status), saying when the next is allowed.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub once_per: Option<Duration>,
+}
+
+/// `run --after-crash`: what to do after an unclean end of the last holding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AfterCrash {
+    /// Run the command (it sees LEASEHOLD_PREVIOUS).
+    Run,
+    /// Do not run it: exit 79 until `leasehold ack LOCK`.
+    Fail,
+}
+
+/// `leasehold ack LOCK`.
+#[derive(Debug, Args)]
+pub struct AckArgs {
+    /// Print only errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The lock file.
+    #[arg(value_name = "LOCK")]
+    pub lock: PathBuf,
 }
 
 /// How `leasehold lock` is used, printed after its `--help`.
@@ -358,7 +426,7 @@ pub const LOCK_HELP: &str = concat!(
 
 Script mode:
   out=$(leasehold lock -n /run/lock/job.lock) || exit $?
-  eval \"$out\"      # sets LEASEHOLD_LOCK, LEASEHOLD_TOKEN, LEASEHOLD_LEASE_ID
+  eval \"$out\"      # sets LEASEHOLD_LOCK, LEASEHOLD_TOKEN, LEASEHOLD_LEASE_ID, LEASEHOLD_PREVIOUS*
   ...               # the work; the lease is released when the script exits
   leasehold unlock /run/lock/job.lock   # optional: release it early
 Do not write eval \"$(leasehold lock ...)\" || exit: eval of an empty string succeeds, so a

@@ -28,6 +28,12 @@ pub const IOERR_FENCED: i32 = 74;
 pub const TEMPFAIL: i32 = 75;
 /// Permission denied.
 pub const NOPERM: i32 = 77;
+/// `run --after-crash fail`: the last holding ended uncleanly (fenced, died, broken) and no
+/// operator has run `leasehold ack` since; the command was not run. Outside sysexits.h's range
+/// so that no tool reads it as one of its meanings.
+pub const AFTER_CRASH: i32 = 79;
+/// `run --max-time`: the command ran that long and was fenced (as timeout(1) exits).
+pub const TIMEOUT: i32 = 124;
 /// LOCK's file system cannot make the lock safe (configuration error).
 pub const CONFIG: i32 = 78;
 

@@ -48,6 +48,29 @@ const ENVIRONMENT: &[(&str, &str)] = &[
         "LEASEHOLD_LEASE_ID",
         "this holding's random id (32 hex digits), for leasehold break --lease-id",
     ),
+    (
+        "LEASEHOLD_PREVIOUS",
+        "how the holding before this one ended: none (never held, or LOCK emptied), released \
+         (the command ended by itself), fenced (lease lost, or --max-time), died (taken over \
+         from a dead or silent holder) or broken (leasehold break)",
+    ),
+    (
+        "LEASEHOLD_PREVIOUS_STATUS",
+        "when released: its exit status (128+N for signal N; empty when not known); else empty",
+    ),
+    (
+        "LEASEHOLD_PREVIOUS_HOST",
+        "the host the previous holding ran on (empty with none)",
+    ),
+    (
+        "LEASEHOLD_PREVIOUS_TOKEN",
+        "the previous holding's fencing token (empty with none)",
+    ),
+    (
+        "LEASEHOLD_PREVIOUS_ENDED",
+        "when it ended, RFC 3339 (for a takeover or a hand-over: when the next holder found it \
+         ended; empty with none)",
+    ),
 ];
 
 /// The files leasehold keeps beside LOCK, as (name, role). NAME is LOCK's file name.

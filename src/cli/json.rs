@@ -62,6 +62,19 @@ pub fn verdict(v: &Verdict) -> Value {
         "ended": l.and_then(|l| l.ended.as_ref()).map(|e| json!({
             "at": e.at, "how": e.how, "by": e.by,
         })),
+        // The lock's memory (`ending.rs`): this holding's --max-time deadline, the last start,
+        // and how the last holding ended (for a held lock: the one before it).
+        "deadline": l.and_then(|l| l.history.deadline.clone()),
+        "last_start": l.and_then(|l| l.history.last_start.clone()),
+        "last_ending": l.and_then(|l| leasehold::last_ending(l).map(|e| json!({
+            "how": e.end.word(),
+            "at": e.ended_at(&l.acquired_at),
+            "host": e.host, "pid": e.pid, "token": e.token,
+            "exit_status": e.status, "signal": e.signal,
+            "detail": e.how, "by": e.by,
+            "acked": e.acked.as_ref().map(|a| json!({"by": a.by, "at": a.at})),
+            "needs_ack": e.needs_attention(),
+        }))),
         // A shared or counted lock: its setting, and every holder of a holder file (LOCK's
         // own exclusive holder, if any, is the object itself).
         "mode": l.and_then(|l| l.mode).map(|m| json!({

@@ -130,7 +130,8 @@ fn target(pid: i32) -> Result<(Script, i32), i32> {
     Ok((script, s.pgrp))
 }
 
-/// `export LEASEHOLD_LOCK='…' LEASEHOLD_TOKEN='…' LEASEHOLD_LEASE_ID='…'`, quoted so that
+/// `export LEASEHOLD_LOCK='…' LEASEHOLD_TOKEN='…' LEASEHOLD_LEASE_ID='…'` and the
+/// `LEASEHOLD_PREVIOUS*` values, quoted so that
 /// POSIX `eval` gives back exactly these bytes (quotes, spaces, newlines in LOCK included).
 fn exports(h: &Held) -> Vec<u8> {
     let mut out = b"export LEASEHOLD_LOCK=".to_vec();
@@ -139,8 +140,24 @@ fn exports(h: &Held) -> Vec<u8> {
     out.extend(text::sh_word(h.token.to_string().as_bytes()));
     out.extend(b" LEASEHOLD_LEASE_ID=");
     out.extend(text::sh_word(h.lease_id.as_bytes()));
+    for (k, v) in previous(h) {
+        out.extend(format!(" {k}=").as_bytes());
+        out.extend(text::sh_word(v.as_bytes()));
+    }
     out.push(b'\n');
     out
+}
+
+/// `LEASEHOLD_PREVIOUS*` for the script (`cli/ending.rs`), from the keeper's record in LOCK —
+/// the lease `h` names (`none` if LOCK shows another, or cannot be read).
+fn previous(h: &Held) -> Vec<(&'static str, String)> {
+    let lease = leasehold::status(&h.lock)
+        .ok()
+        .and_then(|v| v.lease)
+        .filter(|l| l.lease_id == h.lease_id);
+    let last = lease.as_ref().and_then(|l| l.history.last.clone());
+    let acquired = lease.map(|l| l.acquired_at).unwrap_or_default();
+    crate::cli::ending::previous_values(last.as_ref(), &acquired)
 }
 
 /// Writes all of `bytes` to stdout, unbuffered (one `write` for anything up to a pipe's

@@ -30,6 +30,7 @@ macro_rules! out {
 pub mod args;
 mod brk;
 pub mod duration;
+pub(crate) mod ending;
 pub mod exit;
 pub mod generate;
 pub mod json;
@@ -119,6 +120,7 @@ where
         Some(args::Command::Lock(a)) => lock::lock(&a),
         Some(args::Command::Unlock(a)) => unlock::unlock(&a),
         Some(args::Command::Break(a)) => brk::brk(&a),
+        Some(args::Command::Ack(a)) => ending::ack(&a),
         // Taken before clap above (`argv[1] == "flock"`); reached only if clap saw it anyway.
         Some(args::Command::Flock(a)) => crate::flock::main("leasehold flock", &a.args),
         // clap shows the help when nothing is given; `--generate` was handled above.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use leasehold::text::{self, escape, escape_path, scrub};
 use leasehold::{
-    AtTerminal, Broken, Error, Frees, Lease, LeaseState, State, TimingError, Verdict,
+    AtTerminal, Broken, Error, Frees, LastEnding, Lease, LeaseState, State, TimingError, Verdict,
     human_duration,
 };
 
@@ -298,6 +298,67 @@ pub fn fenced_line(cmd: &str, reason: &str, lock: &Path, survivors: usize) -> St
     s
 }
 
+/// `run --max-time` ran out: the command was fenced. `cmd` is the shell-quoted command.
+pub fn timed_out_line(cmd: &str, limit: Duration, lock: &Path, survivors: usize) -> String {
+    let mut s = format!(
+        "leasehold: fenced {}: it ran for --max-time {} (lease on {}); exit 124",
+        scrub(cmd),
+        human_duration(limit),
+        escape_path(lock)
+    );
+    if survivors > 0 {
+        let _ = write!(
+            s,
+            " ({survivors} process(es) of its group still alive after SIGKILL)"
+        );
+    }
+    s
+}
+
+/// `run --after-crash fail` refused: how the last holding ended, and the fix.
+pub fn after_crash_line(lock: &Path, e: &LastEnding, acquired: &str) -> String {
+    format!(
+        "leasehold: not running the command: the last holding of {} {} (--after-crash fail); check what it left behind, then run `leasehold ack {}`",
+        escape_path(lock),
+        scrub(&e.describe(acquired)),
+        escape_path(lock)
+    )
+}
+
+/// `run --once-per` refused: when the last start was, and when the next is allowed.
+pub fn once_per_line(lock: &Path, last: &str, period: Duration, next: &str) -> String {
+    format!(
+        "leasehold: not running the command: it last started under {} at {} (--once-per {}); the next start is allowed at {}",
+        escape_path(lock),
+        scrub(last),
+        human_duration(period),
+        scrub(next)
+    )
+}
+
+/// `run --recover`'s command failed: the command is not run and the ending stays unclean.
+pub fn recover_failed_line(lock: &Path, cmd: &str, code: i32) -> String {
+    format!(
+        "leasehold: the recovery command failed (exit {code}): not running the command; the last ending of {} stays unclean ({})",
+        escape_path(lock),
+        scrub(cmd)
+    )
+}
+
+/// `leasehold ack` recorded (or found) an acknowledgement.
+pub fn acked_line(lock: &Path, a: &leasehold::Acked) -> String {
+    let what = if a.already {
+        "was acknowledged already"
+    } else {
+        "acknowledged"
+    };
+    format!(
+        "leasehold: {}: last ending {what}: {}",
+        escape_path(lock),
+        scrub(&a.ending.describe(&a.acquired_at))
+    )
+}
+
 /// What a keeper writes on its script's terminal when the lease is lost: the script is not
 /// signalled (it has a terminal), so the person at it must know its work is unprotected.
 pub fn script_lost_line(lock: &Path, reason: &str, pid: i32) -> String {
@@ -461,8 +522,24 @@ pub fn status_block(v: &Verdict) -> String {
     if let Some(n) = &l.holder.note {
         field(&mut s, "note", &escape(n));
     }
+    ending_fields(&mut s, v, l);
     queue_fields(&mut s, v);
     s
+}
+
+/// The lock's memory (`ending.rs`): a live holding's `--max-time` deadline, and how the last
+/// holding ended (for a held lock, the one before the holder), with whether it awaits `ack`.
+fn ending_fields(s: &mut String, v: &Verdict, l: &Lease) {
+    if let (Some(d), false) = (&l.history.deadline, v.state == State::Free) {
+        field(s, "deadline", &format!("{} (--max-time)", escape(d)));
+    }
+    if let Some(e) = leasehold::last_ending(l) {
+        let mut line = e.describe(&l.acquired_at);
+        if e.needs_attention() {
+            line.push_str(" (not acknowledged: `leasehold ack`)");
+        }
+        field(s, "last ending", &line);
+    }
 }
 
 /// The `status` fields of a shared or counted lock: its setting, then each holder as a block of

@@ -6,6 +6,7 @@
 //! command is dead, or report a conflict with anything but the -E status.
 
 use crate::cli::args::RunArgs;
+use crate::cli::ending::{Before, before_command};
 use crate::cli::exit;
 use crate::cli::progress::WaitDisplay;
 use crate::cli::report;
@@ -26,6 +27,10 @@ pub(crate) fn is_conflict(e: &Error) -> bool {
 
 /// Runs `leasehold run` and returns the exit status.
 pub(super) fn run(a: &RunArgs) -> i32 {
+    if let Some(why) = crate::cli::ending::unsupported(a) {
+        say!("{why}");
+        return exit::USAGE;
+    }
     let job = match resolve(a) {
         Ok(j) => j,
         Err(code) => return code,
@@ -72,6 +77,17 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     let lock = guard.path().to_path_buf();
     if a.verbose {
         say!("{}", report::acquired_line(&guard));
+    }
+    // The lock's memory of the last holding: --once-per, --after-crash, --recover.
+    if let Before::Stop { code, why } = before_command(a, &guard, &mut sup) {
+        sup.abandon();
+        if let Err(e) = guard.release_skipped(&why) {
+            say!("{}", report::error_line(&e));
+        }
+        return code;
+    }
+    if let Some(d) = a.max_time {
+        sup.max_time(d);
     }
     let outcome = match sup.run(&guard, &job) {
         Ok(o) => o,
@@ -121,9 +137,12 @@ fn take(
 ) -> Result<LeaseGuard, i32> {
     let display = WaitDisplay::new(a.quiet);
     let shown = display.clone();
+    let mut b = LeaseBuilder::new(&a.lock);
+    if let Some(d) = a.max_time {
+        b = b.max_time(d);
+    }
     let b = a.lease.apply(
-        LeaseBuilder::new(&a.lock)
-            .command(job.argv_lossy())
+        b.command(job.argv_lossy())
             .child(child.0, child.1, child.0)
             .on_lost(sup.loss_notifier())
             .on_wait(move |v| shown.waiting(v))
@@ -174,6 +193,12 @@ fn report_ending(
             say!(
                 "{}",
                 report::fenced_line(&job.display(), reason, lock, *survivors)
+            );
+        }
+        Outcome::TimedOut { limit, survivors } => {
+            say!(
+                "{}",
+                report::timed_out_line(&job.display(), *limit, lock, *survivors)
             );
         }
         Outcome::NotStarted(n) => say!("{}", report::not_started_line(&n.why)),

@@ -81,7 +81,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -90,7 +90,7 @@ use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::{Pid, pipe2};
 
 use leasehold::{Error, Result};
-use leasehold::{LeaseGuard, LossReason};
+use leasehold::{LeaseGuard, LossReason, human_duration};
 
 use fence::loss_text;
 use guardian::Guardian;
@@ -232,6 +232,14 @@ pub enum Outcome {
         /// Processes of its group still alive after SIGKILL and the wait (normally 0).
         survivors: usize,
     },
+    /// It ran for `--max-time` and was fenced (TERM, grace, KILL of its group), as timeout(1)
+    /// would end it.
+    TimedOut {
+        /// The limit it reached.
+        limit: Duration,
+        /// Processes of its group still alive after SIGKILL and the wait (normally 0).
+        survivors: usize,
+    },
     /// It never ran.
     NotStarted(NotStarted),
 }
@@ -251,6 +259,7 @@ impl Outcome {
             Outcome::Exited(c) => *c,
             Outcome::Signaled(s) => 128 + *s as i32,
             Outcome::Fenced { .. } => crate::cli::exit::IOERR_FENCED,
+            Outcome::TimedOut { .. } => crate::cli::exit::TIMEOUT,
             Outcome::NotStarted(n) => n.code,
         }
     }
@@ -262,6 +271,9 @@ impl Outcome {
             Outcome::Exited(c) => format!("exit {c}"),
             Outcome::Signaled(s) => format!("signal {} ({})", *s as i32, s.as_str()),
             Outcome::Fenced { reason, .. } => format!("fenced: {reason}"),
+            Outcome::TimedOut { limit, .. } => {
+                format!("fenced: --max-time {} reached", human_duration(*limit))
+            }
             Outcome::NotStarted(n) => format!("not started: {}", n.why),
         }
     }
@@ -289,6 +301,10 @@ pub struct Supervisor {
     guardian: Option<Guardian>,
     /// The wait's cancel handle, kept for as long as a signal handler may write to its fd.
     cancel: Option<leasehold::Cancel>,
+    /// `--max-time`: the command is fenced once it has run this long.
+    max_time: Option<Duration>,
+    /// The guardian was armed already (before a `--recover` command: [`Supervisor::arm`]).
+    armed: bool,
 }
 
 impl Supervisor {
@@ -320,7 +336,27 @@ impl Supervisor {
             held: None,
             guardian: None,
             cancel: None,
+            max_time: None,
+            armed: false,
         })
+    }
+
+    /// Fences the command (as for a lost lease) once it has run for `limit` (`--max-time`):
+    /// [`Supervisor::run`] then returns [`Outcome::TimedOut`].
+    pub fn max_time(&mut self, limit: Duration) {
+        self.max_time = Some(limit);
+    }
+
+    /// Arms the guardian now, before the command's gate opens, for work run under `guard`'s
+    /// lease before the command (`run --recover`): if this process dies, it stops whatever
+    /// carries the lease's environment, the recovery command included. A no-op without a
+    /// command forked by [`Supervisor::prepare`].
+    pub fn arm(&mut self, guard: &LeaseGuard) -> Result<()> {
+        if let (Some(g), Some(h), false) = (&self.guardian, &self.held, self.armed) {
+            g.arm(guard, h.start)?;
+            self.armed = true;
+        }
+        Ok(())
     }
 
     /// A callback for `LeaseBuilder::on_lost`: wakes the supervising thread, which fences.
@@ -432,6 +468,9 @@ impl Supervisor {
         // Peek (WNOWAIT) rather than reap: until we reap it, the command's pid — its process
         // group's id — cannot be reused, so signalling that group stays safe.
         let mut peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        // `--max-time` counts from the gate's opening (the lease's deadline, from its taking,
+        // is a little earlier: what `status` shows is never later than the fence).
+        let limit = self.max_time.map(|d| (d, Instant::now() + d));
         if self.tty.is_some() {
             peek |= WaitPidFlag::WSTOPPED;
         }
@@ -458,13 +497,27 @@ impl Supervisor {
                 let reason = loss_text(guard);
                 return Ok(self.fence(child, guard.timing().grace, reason));
             }
+            if let Some((d, at)) = limit
+                && Instant::now() >= at
+            {
+                let survivors = fence::stop_job(child, guard.timing().grace);
+                let _ = waitpid(child, None);
+                fence::reap_adopted();
+                return Ok(Outcome::TimedOut {
+                    limit: d,
+                    survivors,
+                });
+            }
             self.forward_pending(child);
             // Orphans re-parented to us that have died (never the command).
             fence::reap_adopted_except(Some(child));
             // Signals, the command's end and loss all write to the wake pipe; the timeout is only
             // a safety net, kept long (ten minutes) so that an idle job is woken by its
-            // renewals alone.
-            self.sleep(SAFETY_NET);
+            // renewals alone — or the `--max-time` deadline.
+            let nap = limit.map_or(SAFETY_NET, |(_, at)| {
+                at.saturating_duration_since(Instant::now()).min(SAFETY_NET)
+            });
+            self.sleep(nap);
         }
     }
 

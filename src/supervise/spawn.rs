@@ -116,7 +116,7 @@ impl Supervisor {
             return Ok(Started::Done(fence_unstarted(child, loss_text(guard))));
         }
         // The guardian stops the job if we die without ending it: armed before the gate opens.
-        if let Some(g) = &self.guardian
+        if let (Some(g), false) = (&self.guardian, self.armed)
             && let Err(e) = g.arm(guard, held.start)
         {
             return abort(e);
@@ -155,12 +155,34 @@ const TOKEN_ROOM: usize = 21;
 const ID_ROOM: usize = 65;
 /// Room for `LEASEHOLD_LOCK`'s value (an absolute path) and its NUL.
 const LOCK_ROOM: usize = libc::PATH_MAX as usize;
-/// The gate message: the three values, each NUL-padded to its room, in this order.
-const GATE_LEN: usize = TOKEN_ROOM + ID_ROOM + LOCK_ROOM;
+/// Room for each `LEASEHOLD_PREVIOUS*` value (`crate::cli::ending::PREVIOUS`), in order.
+const PREVIOUS_ROOMS: [usize; 5] = [16, 12, 256, 21, 40];
+/// The gate message: the values, each NUL-padded to its room, in this order.
+const GATE_LEN: usize = TOKEN_ROOM
+    + ID_ROOM
+    + LOCK_ROOM
+    + PREVIOUS_ROOMS[0]
+    + PREVIOUS_ROOMS[1]
+    + PREVIOUS_ROOMS[2]
+    + PREVIOUS_ROOMS[3]
+    + PREVIOUS_ROOMS[4];
+/// How many variables the gate fills in.
+const GATED: usize = 3 + PREVIOUS_ROOMS.len();
 
-/// The gate message for `guard`'s lease: token, lease id and LOCK path, each NUL-padded.
+/// The gate message for `guard`'s lease: token, lease id and LOCK path, then how the holding
+/// before ended (`LEASEHOLD_PREVIOUS*`), each NUL-padded (a value longer than its room is cut:
+/// a host name is at most 255 bytes, the others are short).
 fn gate_message(guard: &LeaseGuard) -> Result<Vec<u8>> {
     let mut msg = vec![0u8; GATE_LEN];
+    let mut at = TOKEN_ROOM + ID_ROOM + LOCK_ROOM;
+    for ((_, v), room) in crate::cli::ending::previous_env(guard)
+        .iter()
+        .zip(PREVIOUS_ROOMS)
+    {
+        let v: Vec<u8> = v.bytes().filter(|b| *b != 0).take(room - 1).collect();
+        msg[at..at + v.len()].copy_from_slice(&v);
+        at += room;
+    }
     let token = guard.token().to_string();
     let id = guard.lease_id();
     let lock = guard.path().as_os_str().as_bytes();
@@ -291,8 +313,8 @@ pub(super) struct Prepared {
     _envp: Vec<CString>,
     /// `KEY=` followed by zeroed room for the value (and one more NUL), for the three.
     _ours: Vec<Vec<u8>>,
-    /// Where each of the three values goes, and its room, in gate-message order.
-    slots: [(*mut u8, usize); 3],
+    /// Where each gated value goes, and its room, in gate-message order.
+    slots: [(*mut u8, usize); GATED],
     envp_ptrs: Vec<*const libc::c_char>,
     reset: Vec<libc::c_int>,
 }
@@ -317,10 +339,17 @@ impl Prepared {
             .map(|a| cstr(a, "an argument"))
             .collect::<Result<Vec<_>>>()?;
         // In gate-message order.
+        let [p0, p1, p2, p3, p4] = crate::cli::ending::PREVIOUS;
+        let [r0, r1, r2, r3, r4] = PREVIOUS_ROOMS;
         let ours = [
             ("LEASEHOLD_TOKEN", TOKEN_ROOM),
             ("LEASEHOLD_LEASE_ID", ID_ROOM),
             ("LEASEHOLD_LOCK", LOCK_ROOM),
+            (p0, r0),
+            (p1, r1),
+            (p2, r2),
+            (p3, r3),
+            (p4, r4),
         ];
         let mut envp = Vec::new();
         for (k, v) in std::env::vars_os() {
@@ -340,7 +369,7 @@ impl Prepared {
                 kv
             })
             .collect();
-        let mut slots = [(std::ptr::null_mut(), 0); 3];
+        let mut slots = [(std::ptr::null_mut(), 0); GATED];
         for (i, ((k, room), kv)) in ours.iter().zip(own.iter_mut()).enumerate() {
             // SAFETY: `k.len() + 1` is within `kv`, which has `room + 1` bytes after it.
             slots[i] = (unsafe { kv.as_mut_ptr().add(k.len() + 1) }, *room);

@@ -10,6 +10,7 @@ mod support;
 mod basics;
 mod contention;
 mod defaults;
+mod endings;
 mod fencing;
 mod flock;
 mod manual;

@@ -74,6 +74,7 @@ pub fn crafted(pid: i32, pid_start: u64, who: &Identity, ttl: Duration, token: u
         },
         ended: None,
         mode: None,
+        history: Default::default(),
         damaged: false,
     }
 }

@@ -84,6 +84,7 @@ fn lease(host: &str, state: LeaseState) -> Lease {
             by: Some("bob@here pid 1".into()),
         }),
         mode: None,
+        history: Default::default(),
         damaged: false,
     }
 }

@@ -26,6 +26,7 @@ fn sample() -> Lease {
         },
         ended: None,
         mode: None,
+        history: Default::default(),
         damaged: false,
     }
 }

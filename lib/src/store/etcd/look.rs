@@ -75,6 +75,7 @@ pub(crate) fn record(kv: &KeyValue) -> (Lease, bool) {
                 lease_id,
                 ended: None,
                 mode: None,
+                history: Default::default(),
                 damaged: false,
             },
             false,

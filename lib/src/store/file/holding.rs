@@ -377,8 +377,11 @@ impl FileHolding {
         // On a local file system, with someone waiting: mark our file released in place (no
         // mutex: the file is the one we renamed into place, which only we change in place, and
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
+        // Only after a clean end: a record released in place says nothing of how (`ending.rs`).
         let handed = match (written, self.storage.network) {
-            (Some(w), false) => handover::release_in_place(&self.paths, r.bytes, w),
+            (Some(w), false) if crate::ending::clean_handover(r.how, r.mine) => {
+                handover::release_in_place(&self.paths, r.bytes, w)
+            }
             _ => None,
         };
         (r.stop)();
