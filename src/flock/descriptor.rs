@@ -90,9 +90,7 @@ pub(super) fn descriptor(prog: &str, o: &Options, fd: i32) -> i32 {
             Err(None) => Some(KernelOnly::LeaseUnavailable),
         },
     };
-    if let (Some(why), true) = (only, o.verbose) {
-        warn(prog, &format!("kernel lock only: {}", why.why()));
-    }
+    super::say_kernel_only(prog, o, only);
     match lock::lock(fd, o.api, o.mode, run::wait_for(o.wait, deadline)) {
         Ok(()) => {
             if let Some(f) = front
@@ -136,6 +134,12 @@ fn named(fd: i32) -> Option<(PathBuf, (u64, u64))> {
 /// Whether this lock gets a lease, and for whom: the parent (the shell running `flock N`) when
 /// its descriptor N is on the same file; else why not.
 fn plan(o: &Options, fd: i32) -> Result<Plan, KernelOnly> {
+    if !super::fence_asked() {
+        return Err(KernelOnly::NotAsked);
+    }
+    if o.api == super::args::Api::Ofd {
+        return Err(KernelOnly::Fcntl);
+    }
     let Ok(st) = fs::metadata(format!("/proc/self/fd/{fd}")) else {
         return Err(KernelOnly::NotAFile);
     };
@@ -240,9 +244,10 @@ fn take(o: &Options, fd: i32, p: Plan, ttl: Option<Duration>) -> Result<Front, O
 /// the calling process, and waits for it to exit if the lease stands for descriptor N.
 fn unlock(prog: &str, o: &Options, fd: i32) -> i32 {
     let started = Instant::now();
+    let shared = held_shared(fd);
     match lock::lock(fd, o.api, o.mode, run::wait_for(o.wait, None)) {
         Ok(()) => {
-            nudge(fd);
+            nudge(fd, !shared);
             if o.verbose {
                 super::took(prog, started);
             }
@@ -252,10 +257,21 @@ fn unlock(prog: &str, o: &Options, fd: i32) -> i32 {
     }
 }
 
+/// Whether descriptor `fd`'s open file description holds a shared (read) lock, by the kernel's
+/// `lock:` lines in `/proc/self/fdinfo/FD`.
+fn held_shared(fd: i32) -> bool {
+    fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.starts_with("lock:") && l.contains(" READ "))
+    })
+}
+
 /// Tells the keepers of the leases beside descriptor `fd`'s file, taken for our parent, to look
 /// again (SIGUSR1: a keeper bound to a descriptor only looks at what the kernel shows), and
-/// waits for the one that stands for descriptor `fd` to release and exit.
-fn nudge(fd: i32) {
+/// with `wait` waits for the one that stands for descriptor `fd` to release and exit. A shared
+/// lock is never waited for: another holder of the job (a sibling's shared lock) may keep its
+/// keeper, and `flock -u` of a shared lock returns at once, as flock(1)'s does.
+fn nudge(fd: i32, wait: bool) {
     let Some((path, _)) = named(fd) else {
         return;
     };
@@ -268,7 +284,7 @@ fn nudge(fd: i32) {
     };
     for l in leased_for(&lease, ppid, parent.start) {
         let ours = l.holder.note.as_deref().and_then(parse_note);
-        ask_keeper(&lease, &l, ours.is_some_and(|(k, _)| k == fd));
+        ask_keeper(&lease, &l, wait && ours.is_some_and(|(k, _)| k == fd));
     }
 }
 

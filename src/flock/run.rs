@@ -46,6 +46,12 @@ pub(super) fn wait_for(w: Wait, deadline: Option<Instant>) -> Option<Duration> {
 
 /// Whether this lock gets a lease, from the options and the opened file.
 fn plan(o: &Options, path: &OsStr, fd: &OwnedFd) -> Plan {
+    if !super::fence_asked() {
+        return Plan::Kernel(KernelOnly::NotAsked);
+    }
+    if o.api == super::args::Api::Ofd {
+        return Plan::Kernel(KernelOnly::Fcntl);
+    }
     match o.mode {
         Mode::Unlock => return Plan::Kernel(KernelOnly::Unlock),
         // A shared kernel lock takes a shared lease (`LeaseBuilder::shared`): shared holders
@@ -110,9 +116,7 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
             Err(None) => only = Some(KernelOnly::LeaseUnavailable),
         },
     }
-    if let (Some(why), true) = (only, o.verbose) {
-        warn(prog, &format!("kernel lock only: {}", why.why()));
-    }
+    super::say_kernel_only(prog, o, only);
     if let Err(code) = kernel_lock(prog, o, path, &mut fd, deadline) {
         if let Some((_, guard)) = held {
             let _ = guard.release_with("not started: the kernel lock was not had");
