@@ -335,6 +335,10 @@ fn supervised(prog: &str, sup: &mut Supervisor, guard: LeaseGuard, command: &[Os
         Err(e) => format!("leasehold failed: {e}"),
     };
     let _ = guard.release_with(&how);
+    if let Ok(o) = &outcome {
+        // A terminal's Ctrl-C or Ctrl-\ that ended the command ends the calling script too.
+        sup.pass_on_terminal_signal(o);
+    }
     match outcome {
         Ok(Outcome::NotStarted(n)) => {
             let e = if n.code == 126 {
