@@ -152,8 +152,8 @@ const FLOCK_DESCRIPTION: [&str; 2] = [
          process group, what it leaves behind keeps running (and keeps the lock through the \
          inherited descriptor), nothing is ever killed, and no file is created but the named \
          one. Only with LEASEHOLD_FLOCK_FENCE=1 in the environment, for a lock around a \
-         command it first takes a heartbeat lease beside the file \
-         (.NAME.leasehold-flock; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
+         command it first takes a heartbeat lease (in the runtime directory; beside the file, \
+         .NAME.leasehold-flock, on NFS; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
          told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
          the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
          74). With --no-fork and in the file-descriptor form a detached keeper keeps the \
@@ -230,9 +230,11 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
     r.control("TP", [])
         .text([bold(".NAME.leasehold-flock")])
         .text([roman(
-            "with LEASEHOLD_FLOCK_FENCE=1 only, beside the named file DIR/NAME: the lease, an \
-             ordinary leasehold LOCK with its own helper files (see leasehold(1)); by default \
-             nothing is created but the named file",
+            "with LEASEHOLD_FLOCK_FENCE=1 only, on NFS (or without a runtime directory), beside \
+             the named file DIR/NAME: the lease, an ordinary leasehold LOCK with its own helper \
+             files (see leasehold(1)); on a local file system the lease is \
+             /run/lock/leasehold/flock-DEV-INO (root) or $XDG_RUNTIME_DIR/leasehold/flock-DEV-INO; \
+             by default nothing is created but the named file",
         )]);
     r.control("SH", ["SEE ALSO"]);
     paragraph(

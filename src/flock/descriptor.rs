@@ -1,4 +1,4 @@
-//! The FD form, `flock [opts] N` on a descriptor the calling shell holds: the lease beside the
+//! The FD form, `flock [opts] N` on a descriptor the calling shell holds: the lease of the
 //! descriptor's file, kept by a keeper bound to the shell and its descriptor (script mode's,
 //! `crate::script`), then the kernel lock on the inherited descriptor; `flock -u N` drops the
 //! kernel lock and nudges that keeper. PROTOCOL.md §12.
@@ -148,7 +148,7 @@ fn plan(o: &Options, fd: i32) -> Result<Plan, KernelOnly> {
         return Err(KernelOnly::NotAFile);
     }
     let (path, id) = named(fd).ok_or(KernelOnly::NoPlaceBeside)?;
-    let lease = leasehold::lease_beside(&path).ok_or(KernelOnly::NoPlaceBeside)?;
+    let lease = leasehold::flock_lease_path(&path, id, true).ok_or(KernelOnly::NoPlaceBeside)?;
     let ppid = nix::unistd::getppid().as_raw();
     let me = nix::unistd::geteuid().as_raw();
     let s = match process::stat(ppid) {
@@ -266,7 +266,7 @@ fn held_shared(fd: i32) -> bool {
     })
 }
 
-/// Tells the keepers of the leases beside descriptor `fd`'s file, taken for our parent, to look
+/// Tells the keepers of the leases of descriptor `fd`'s file, taken for our parent, to look
 /// again (SIGUSR1: a keeper bound to a descriptor only looks at what the kernel shows), and
 /// with `wait` waits for the one that stands for descriptor `fd` to release and exit. A shared
 /// lock is never waited for: another holder of the job (a sibling's shared lock) may keep its
@@ -275,7 +275,7 @@ fn nudge(fd: i32, wait: bool) {
     let Some((path, _)) = named(fd) else {
         return;
     };
-    let Some(lease) = leasehold::existing_lease_beside(&path) else {
+    let Some(lease) = leasehold::existing_flock_lease(&path) else {
         return;
     };
     let ppid = nix::unistd::getppid().as_raw();
@@ -288,7 +288,7 @@ fn nudge(fd: i32, wait: bool) {
     }
 }
 
-/// Before a `-n` attempt on the lease `lease` beside the file `file` (device, inode): a lease
+/// Before a `-n` attempt on the lease `lease` of the file `file` (device, inode): a lease
 /// the FD form holds on this host for a job of this user that, by the kernel, no longer holds
 /// its lock — its keeper has not looked yet (the job closed the descriptor a moment ago) — is
 /// given the time to be released: its keeper is nudged and waited for. So `-n` is refused only

@@ -4,7 +4,8 @@
 //! `leasehold flock ARGS...`. It takes the same kernel lock flock(1) takes on the named file, so
 //! unconverted flock(1) users, `lslocks` and udev see and respect it. Only when asked
 //! (`LEASEHOLD_FLOCK_FENCE=1`, [`FENCE_VAR`]) and for a lock around a command, also a heartbeat
-//! lease beside the file ([`leasehold::lease_beside`]; shared for `-s`), taken first, so
+//! lease ([`leasehold::flock_lease_path`]: in the runtime directory on a local file system,
+//! beside the file on NFS; shared for `-s`), taken first, so
 //! converted users queue in FIFO order, `leasehold status FILE` explains who holds it, and a
 //! lost lease fences the command (exit 74).
 //!

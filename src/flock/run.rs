@@ -1,5 +1,6 @@
 //! The file form, `flock [opts] FILE|DIR CMD [ARGS]` / `-c CMD`: open the user's file, take the
-//! lease beside it (when this lock has one) and then the kernel lock, run the command, release.
+//! lease (only when asked for, `LEASEHOLD_FLOCK_FENCE=1`; where `leasehold::flock_lease_path`
+//! puts it) and then the kernel lock, run the command, release.
 //!
 //! Owns: the plan (lease and kernel lock, or kernel lock only, and why), the order (lease first,
 //! then the kernel lock, within one deadline; released in the reverse order: lease, then the
@@ -58,16 +59,16 @@ fn plan(o: &Options, path: &OsStr, fd: &OwnedFd) -> Plan {
         // together, an exclusive one alone, first come first served (PROTOCOL.md §13).
         Mode::Shared | Mode::Exclusive => {}
     }
-    let Some(lease) = leasehold::lease_beside(Path::new(path)) else {
-        return Plan::Kernel(KernelOnly::NoPlaceBeside);
-    };
     match fstat(fd) {
         Ok(st) => {
             let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-            if kind == SFlag::S_IFREG || kind == SFlag::S_IFDIR {
-                Plan::Lease(lease)
-            } else {
-                Plan::Kernel(KernelOnly::NotAFile)
+            if kind != SFlag::S_IFREG && kind != SFlag::S_IFDIR {
+                return Plan::Kernel(KernelOnly::NotAFile);
+            }
+            // In the runtime directory on a local file system, beside the file on NFS.
+            match leasehold::flock_lease_path(Path::new(path), (st.st_dev, st.st_ino), true) {
+                Some(lease) => Plan::Lease(lease),
+                None => Plan::Kernel(KernelOnly::NoPlaceBeside),
             }
         }
         Err(_) => Plan::Kernel(KernelOnly::NotAFile),

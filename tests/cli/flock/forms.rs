@@ -220,16 +220,14 @@ fn descriptor_form_in_a_real_shell_behaves_as_util_linux_flock() {
 #[test]
 fn directories_and_a_script_locking_itself() {
     let Some(b) = Bench::new() else { return };
-    // A directory: locked read-only, its lease beside it, the directory itself unchanged.
+    // A directory: locked read-only, its lease in the runtime directory, the directory itself
+    // unchanged, nothing created beside it.
     let d = b.path("data");
     fs::create_dir(&d).unwrap();
     let before = fingerprint(&d);
     let mut ours = b.hold(&b.ours_path(), &[], &d);
     assert_eq!(outcome(real(&["-n", d.to_str().unwrap(), "true"])).0, 1);
-    assert_eq!(
-        lease_state(&b.path(".data.leasehold-flock")).as_deref(),
-        Some("held")
-    );
+    assert_eq!(lease_state(&lease_of(&d)).as_deref(), Some("held"));
     ours.close_stdin();
     assert_eq!(code(ours.wait_timeout(LIMIT)), 0);
     assert_eq!(fingerprint(&d), before, "the directory changed");
@@ -359,8 +357,22 @@ impl Drop for Unmount {
 fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
     let Some(b) = Bench::new() else { return };
     let f = b.path("f");
-    let squatter = b.path(".f.leasehold-flock");
+    // A decoy beside the file is never consulted on a local file system.
+    let decoy = b.path(".f.leasehold-flock");
+    fs::write(&decoy, "not a lease\n").unwrap();
+    let decoy_before = fingerprint(&decoy);
+    // The lease's own name, in the runtime directory (made by a first lock).
+    assert_eq!(outcome(b.ours(&[f.to_str().unwrap(), "true"])).0, 0);
+    let squatter = lease_of(&f);
+    let _ = fs::remove_file(&squatter);
     fs::write(&squatter, "not a lease\n").unwrap();
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(&self.0);
+        }
+    }
+    let _gone = Gone(squatter.clone());
     let before = fingerprint(&squatter);
     let mut ours = b.hold(&b.ours_path(), &[], &f);
     assert_eq!(outcome(real(&["-n", f.to_str().unwrap(), "true"])).0, 1);
@@ -374,6 +386,11 @@ fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
         fingerprint(&squatter),
         before,
         "a file at the lease's name was changed"
+    );
+    assert_eq!(
+        fingerprint(&decoy),
+        decoy_before,
+        "the decoy beside was changed"
     );
 }
 
@@ -417,4 +434,31 @@ fn the_command_starts_with_the_signal_dispositions_it_has_under_util_linux_flock
             "flock {pre:?}: nohup kept, SIGPIPE default"
         );
     }
+}
+
+/// Asked for its lease, the drop-in keeps it in the runtime directory on a local file system:
+/// nothing beside a locked file, nothing beside a locked directory (in its parent).
+#[test]
+fn asked_for_its_lease_the_drop_in_creates_nothing_beside_the_file_or_directory() {
+    let Some(b) = Bench::new() else { return };
+    let d = b.path("work");
+    fs::create_dir(&d).unwrap();
+    let f = d.join("job.lock");
+    let sub = d.join("sub");
+    fs::create_dir(&sub).unwrap();
+    assert_eq!(outcome(b.ours(&[f.to_str().unwrap(), "true"])).0, 0);
+    assert_eq!(outcome(b.ours(&[sub.to_str().unwrap(), "-c", "true"])).0, 0);
+    let mut names: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["job.lock", "sub"], "files created beside");
+    assert_eq!(
+        fs::read_dir(&sub).unwrap().count(),
+        0,
+        "files created inside"
+    );
+    assert_eq!(lease_state(&lease_of(&f)).as_deref(), Some("released"));
+    assert_eq!(lease_state(&lease_of(&sub)).as_deref(), Some("released"));
 }

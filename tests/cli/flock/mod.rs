@@ -138,6 +138,13 @@ fn users_file(b: &Bench, name: &str) -> PathBuf {
     f
 }
 
+/// Where the drop-in, asked for its lease, keeps FILE's (which exists): in the runtime directory,
+/// keyed by device and inode, on a local file system.
+fn lease_of(file: &Path) -> PathBuf {
+    let m = fs::metadata(file).unwrap();
+    leasehold::flock_lease_path(file, (m.dev(), m.ino()), false).expect("a lease path")
+}
+
 /// The lease's state field, if the lease file parses.
 fn lease_state(lease: &Path) -> Option<String> {
     Some(lease_json(lease)?["lease_state"].as_str()?.to_string())
