@@ -462,3 +462,41 @@ fn asked_for_its_lease_the_drop_in_creates_nothing_beside_the_file_or_directory(
     assert_eq!(lease_state(&lease_of(&f)).as_deref(), Some("released"));
     assert_eq!(lease_state(&lease_of(&sub)).as_deref(), Some("released"));
 }
+
+/// Issue 26: whoever may write the locked file's directory cannot reach a job that asked for
+/// fencing: deleting what is beside the file (before, the lease: the job was fenced, 74) or
+/// planting a decoy lease there changes nothing, and `status` reports the real lease.
+#[test]
+fn files_deleted_or_planted_beside_the_file_never_reach_a_fenced_job() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("f");
+    let mut ours = b.hold(&b.ours_path(), &[], &f);
+    for e in fs::read_dir(b.dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .contains(".leasehold-")
+        {
+            let _ = fs::remove_file(&p);
+            let _ = fs::remove_dir_all(&p);
+        }
+    }
+    // A decoy: a released record at the lease's old name beside the file.
+    let decoy = b.path(".f.leasehold-flock");
+    let d = tempfile::tempdir().unwrap();
+    let other = d.path().join("other.lock");
+    assert!(
+        lh().args(["run"])
+            .arg(&other)
+            .args(["--", "true"])
+            .status()
+            .unwrap()
+            .success()
+    );
+    fs::copy(&other, &decoy).unwrap();
+    let v = lease_json(&f).expect("status of f");
+    assert_eq!(v["state"], "held", "status of f reads the real lease: {v}");
+    ours.close_stdin();
+    assert_eq!(code(ours.wait_timeout(LIMIT)), 0, "{}", ours.stderr());
+}
