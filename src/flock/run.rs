@@ -371,11 +371,20 @@ fn forked(prog: &str, command: &[OsString]) -> i32 {
     };
     let mut cmd = std::process::Command::new(first);
     cmd.args(rest);
-    // SAFETY: the hook does nothing (so it is async-signal-safe). Its presence makes std fork
-    // and exec rather than use posix_spawn, whose child leaves glibc's internal real-time
-    // signals ignored across the exec: the command starts with the dispositions flock(1)'s does.
+    // The caller's signal mask, which std clears in the child before the hook runs: flock(1)'s
+    // command inherits it.
+    let mask = nix::sys::signal::SigSet::thread_get_mask().ok();
+    // SAFETY: the hook only calls pthread_sigmask (async-signal-safe). Its presence also makes
+    // std fork and exec rather than use posix_spawn, whose child leaves glibc's internal
+    // real-time signals ignored across the exec: the command starts with the dispositions and
+    // the mask flock(1)'s does.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || Ok(()));
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if let Some(m) = mask {
+                let _ = m.thread_set_mask();
+            }
+            Ok(())
+        });
     }
     match cmd.status() {
         Ok(st) => match (st.code(), st.signal()) {

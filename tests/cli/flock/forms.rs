@@ -395,8 +395,9 @@ fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
 }
 
 /// The command's ignored and blocked standard signals (1–31), under `flock ARGS` started by a
-/// shell that ignores SIGHUP (as `nohup` does): `(SigIgn, SigBlk)`, as the command (a shell
-/// that execs `grep`, so that no shell of its own blocks signals meanwhile) inherited them.
+/// shell that ignores SIGHUP (as `nohup` does), with SIGUSR2 blocked: `(SigIgn, SigBlk)`, as the
+/// command (a shell that execs `grep`, so that no shell of its own blocks signals meanwhile)
+/// inherited them.
 fn dispositions(flock: &Path, args: &[&str]) -> (u64, u64) {
     let mut c = Command::new("sh");
     c.args(["-c", "trap '' HUP; exec \"$@\"", "sh"])
@@ -404,6 +405,14 @@ fn dispositions(flock: &Path, args: &[&str]) -> (u64, u64) {
         .args(args)
         .args(["sh", "-c", "exec grep -E '^Sig(Ign|Blk)' /proc/self/status"])
         .stdin(Stdio::null());
+    // SAFETY: pthread_sigmask is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            let mut usr2 = nix::sys::signal::SigSet::empty();
+            usr2.add(nix::sys::signal::Signal::SIGUSR2);
+            usr2.thread_block().map_err(std::io::Error::from)
+        });
+    }
     let (code, out, err) = outcome(c);
     assert_eq!(code, 0, "{err}");
     let field = |name: &str| {
@@ -423,11 +432,18 @@ fn the_command_starts_with_the_signal_dispositions_it_has_under_util_linux_flock
     let fs_ = f.to_str().unwrap();
     const HUP: u64 = 1 << 0;
     const PIPE: u64 = 1 << 12;
+    // The drop-in asked for its lease, and by default (a plain symlink called flock).
+    let plain = b.path("plain");
+    fs::create_dir(&plain).unwrap();
+    std::os::unix::fs::symlink(bin(), plain.join("flock")).unwrap();
     for pre in [&[][..], &["-s"][..], &["-F"][..], &["-o"][..]] {
         let args: Vec<&str> = pre.iter().copied().chain([fs_]).collect();
-        let ours = dispositions(&b.ours_path(), &args);
         let theirs = dispositions(Path::new(REAL), &args);
-        assert_eq!(ours, theirs, "flock {pre:?}: (ignored, blocked)");
+        // Asked for its lease, the command starts with no signal blocked, as under `run`.
+        let fenced = dispositions(&b.ours_path(), &args);
+        assert_eq!(fenced.0, theirs.0, "flock {pre:?}: ignored");
+        let ours = dispositions(&plain.join("flock"), &args);
+        assert_eq!(ours, theirs, "flock {pre:?} by default: (ignored, blocked)");
         assert_eq!(
             ours.0 & (HUP | PIPE),
             HUP,
