@@ -253,3 +253,34 @@ fn without_a_terminal_the_wait_line_is_printed_once_per_holder() {
     assert!(lines[0].contains("[note: CI run 7]"), "{err}");
     assert_eq!(h.finish().code(), Some(0));
 }
+
+/// The flock drop-in at a terminal, as util-linux's: `flock L cmd; step2` in a script, Ctrl-C
+/// ends the command and the script (step2 never runs), with `/usr/bin/flock` and the drop-in.
+#[test]
+fn ctrl_c_stops_a_script_around_the_flock_drop_in_as_around_util_linux_flock() {
+    let real = std::path::Path::new("/usr/bin/flock");
+    if skip(!real.exists(), "no /usr/bin/flock (util-linux)") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let ours = d.path().join("flock");
+    std::os::unix::fs::symlink(bin(), &ours).unwrap();
+    for flock in [real, ours.as_path()] {
+        let lock = d.path().join("drop-in.lock");
+        let script = format!(
+            "'{}' '{}' sh -c 'echo ready; exec sleep 100'; echo step2; sleep 1",
+            flock.display(),
+            lock.display()
+        );
+        let mut t = OnPty::start_program(std::path::Path::new("/bin/sh"), &["-c", &script]);
+        t.expect("ready");
+        t.type_(b"\x03");
+        t.dies_of(Signal::SIGINT);
+        assert!(
+            !t.transcript().contains("step2"),
+            "{}: {}",
+            flock.display(),
+            t.transcript()
+        );
+    }
+}
