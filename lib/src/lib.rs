@@ -65,6 +65,7 @@ mod loss;
 mod mutex;
 mod observe;
 mod paths;
+mod runtime;
 // Reading /proc: public for the `leasehold` command's supervisor and this workspace's tests;
 // not a stable API.
 #[doc(hidden)]
@@ -93,6 +94,7 @@ pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_besi
 pub use record::{
     Ending, FORMAT_VERSION, Holder, Lease, LeaseState, MAX_WIDTH, Mode, PLAIN_FORMAT_VERSION,
 };
+pub use runtime::{existing_flock_lease, flock_lease_path};
 pub use status::{AtTerminal, BreakMode, Broken, Frees, break_lease, status, status_with};
 pub use timing::{
     DEFAULT_TTL, DEFAULT_TTL_TEXT, GRACE_CAP, GRACE_DIVISOR, HEARTBEAT_DIVISOR, MARGIN_DIVISOR,

@@ -73,8 +73,20 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
         return Ok(v);
     }
     // Take the mutex if we can (so the observation file is written by one process at a time);
-    // a status that cannot get it, or cannot write beside LOCK, still reads and judges.
-    let m = enter(&store).ok();
+    // a status that cannot get it, or cannot write beside LOCK, still reads and judges. A look
+    // never creates the mutex: without one (a file no lease was ever taken on — `/dev/null`, an
+    // ordinary file — or a mutex deleted), it reads without it and records no observation, so
+    // looking at any file creates nothing beside it (LOCK's record is replaced atomically and
+    // read with torn-read retries, so a read without the mutex is a consistent one).
+    let mutex_exists = !matches!(
+        store.paths().handle().stat(store.paths().mutex_name()),
+        Ok(None)
+    );
+    let m = if mutex_exists {
+        enter(&store).ok()
+    } else {
+        None
+    };
     let content = store.read()?;
     let mut judge = store.judge(me, clock);
     judge.persist = m.is_some();

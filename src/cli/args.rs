@@ -195,8 +195,9 @@ Examples:
 fn flock_help() -> String {
     use crate::flock::args::{EXAMPLES, EXIT_STATUS};
     let mut s = String::from(
-        "util-linux 2.41 flock(1)'s command line, with a heartbeat lease beside the file
-(.NAME.leasehold-flock): `leasehold flock --help` for its options, `leasehold --generate
+        "util-linux 2.41 flock(1)'s command line and behaviour (with LEASEHOLD_FLOCK_FENCE=1 also
+a heartbeat lease, in the runtime directory or on NFS beside the file, and fencing): `leasehold flock --help`
+for its options, `leasehold --generate
 man-flock` for its manual page. Also called as `flock` (ln -s leasehold flock).
 
 Exit status: ",

@@ -171,8 +171,12 @@ const FLOCK_DESCRIPTION: [&str; 2] = [
          lock), so unconverted flock(1) users, lslocks and udev see and respect it, and it is \
          silent unless asked to be verbose. The named file is never written, truncated, \
          renamed or chmodded; it may be the script itself, a directory or a device.",
-    "For a lock around a command it first takes a heartbeat lease beside the file \
-         (.NAME.leasehold-flock; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
+    "By default that is all it does, exactly as flock(1): the command runs in the caller's \
+         process group, what it leaves behind keeps running (and keeps the lock through the \
+         inherited descriptor), nothing is ever killed, and no file is created but the named \
+         one. Only with LEASEHOLD_FLOCK_FENCE=1 in the environment, for a lock around a \
+         command it first takes a heartbeat lease (in the runtime directory; beside the file, \
+         .NAME.leasehold-flock, on NFS; a shared one for a shared lock), then the kernel lock: waiters queue in order and are \
          told who holds the lock, leasehold status FILE and leasehold break FILE work on it, \
          the command gets LEASEHOLD_TOKEN, and a command whose lease is lost is stopped (exit \
          74). With --no-fork and in the file-descriptor form a detached keeper keeps the \
@@ -234,9 +238,17 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
                 .to_string(),
         ),
         (
+            "LEASEHOLD_FLOCK_FENCE",
+            "1: take a heartbeat lease as well (in the runtime directory; beside the file on \
+             NFS), and stop (exit 74) a command whose lease is lost; unset or anything else: \
+             flock(1) exactly"
+                .to_string(),
+        ),
+        (
             "LEASEHOLD_FLOCK_TTL",
             format!(
-                "the lease's time-to-live, a DURATION as leasehold(1) takes it (default {})",
+                "the lease's time-to-live with LEASEHOLD_FLOCK_FENCE=1, a DURATION as \
+                 leasehold(1) takes it (default {})",
                 leasehold::DEFAULT_TTL_TEXT
             ),
         ),
@@ -249,8 +261,11 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
     r.control("TP", [])
         .text([bold(".NAME.leasehold-flock")])
         .text([roman(
-            "beside the named file DIR/NAME: the lease, an ordinary leasehold LOCK with its own \
-             helper files (see leasehold(1))",
+            "with LEASEHOLD_FLOCK_FENCE=1 only, on NFS (or without a runtime directory), beside \
+             the named file DIR/NAME: the lease, an ordinary leasehold LOCK with its own helper \
+             files (see leasehold(1)); on a local file system the lease is \
+             /run/lock/leasehold/flock-DEV-INO (root) or $XDG_RUNTIME_DIR/leasehold/flock-DEV-INO; \
+             by default nothing is created but the named file",
         )]);
     r.control("SH", ["SEE ALSO"]);
     paragraph(

@@ -106,6 +106,8 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     } else if a.verbose {
         say!("{}", report::released_line(&lock, &how));
     }
+    // A terminal's Ctrl-C or Ctrl-\ that ended the command ends the calling script too.
+    sup.pass_on_terminal_signal(&outcome);
     outcome.exit_code()
 }
 

@@ -17,7 +17,7 @@ use crate::cli::{exit, json, report};
 /// lease record. An ordinary LOCK is its own lease, whatever someone planted beside it (a
 /// decoy `.LOCK.leasehold-flock` would otherwise be reported, or broken, in its place).
 pub(super) fn flock_lease_of(file: &Path) -> Option<PathBuf> {
-    let lease = leasehold::existing_lease_beside(file)?;
+    let lease = leasehold::existing_flock_lease(file)?;
     (!holds_a_lease_record(file)).then_some(lease)
 }
 

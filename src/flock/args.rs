@@ -542,7 +542,8 @@ pub fn help_text(prog: &str) -> String {
     }
     s.push_str(
         "\nManage file locks from shell scripts (leasehold's flock(1)-compatible front end: the\n\
-         kernel lock flock(1) takes, plus a heartbeat lease beside the file; see leasehold(1)).\n\
+         kernel lock flock(1) takes; with LEASEHOLD_FLOCK_FENCE=1 also a heartbeat lease\n\
+         beside the file, and fencing; see leasehold(1)).\n\
          \nOptions:\n",
     );
     for (left, what) in OPTIONS {

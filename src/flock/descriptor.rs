@@ -1,4 +1,4 @@
-//! The FD form, `flock [opts] N` on a descriptor the calling shell holds: the lease beside the
+//! The FD form, `flock [opts] N` on a descriptor the calling shell holds: the lease of the
 //! descriptor's file, kept by a keeper bound to the shell and its descriptor (script mode's,
 //! `crate::script`), then the kernel lock on the inherited descriptor; `flock -u N` drops the
 //! kernel lock and nudges that keeper. PROTOCOL.md §12.
@@ -90,9 +90,7 @@ pub(super) fn descriptor(prog: &str, o: &Options, fd: i32) -> i32 {
             Err(None) => Some(KernelOnly::LeaseUnavailable),
         },
     };
-    if let (Some(why), true) = (only, o.verbose) {
-        warn(prog, &format!("kernel lock only: {}", why.why()));
-    }
+    super::say_kernel_only(prog, o, only);
     match lock::lock(fd, o.api, o.mode, run::wait_for(o.wait, deadline)) {
         Ok(()) => {
             if let Some(f) = front
@@ -136,6 +134,12 @@ fn named(fd: i32) -> Option<(PathBuf, (u64, u64))> {
 /// Whether this lock gets a lease, and for whom: the parent (the shell running `flock N`) when
 /// its descriptor N is on the same file; else why not.
 fn plan(o: &Options, fd: i32) -> Result<Plan, KernelOnly> {
+    if !super::fence_asked() {
+        return Err(KernelOnly::NotAsked);
+    }
+    if o.api == super::args::Api::Ofd {
+        return Err(KernelOnly::Fcntl);
+    }
     let Ok(st) = fs::metadata(format!("/proc/self/fd/{fd}")) else {
         return Err(KernelOnly::NotAFile);
     };
@@ -144,7 +148,7 @@ fn plan(o: &Options, fd: i32) -> Result<Plan, KernelOnly> {
         return Err(KernelOnly::NotAFile);
     }
     let (path, id) = named(fd).ok_or(KernelOnly::NoPlaceBeside)?;
-    let lease = leasehold::lease_beside(&path).ok_or(KernelOnly::NoPlaceBeside)?;
+    let lease = leasehold::flock_lease_path(&path, id, true).ok_or(KernelOnly::NoPlaceBeside)?;
     let ppid = nix::unistd::getppid().as_raw();
     let me = nix::unistd::geteuid().as_raw();
     let s = match process::stat(ppid) {
@@ -240,9 +244,10 @@ fn take(o: &Options, fd: i32, p: Plan, ttl: Option<Duration>) -> Result<Front, O
 /// the calling process, and waits for it to exit if the lease stands for descriptor N.
 fn unlock(prog: &str, o: &Options, fd: i32) -> i32 {
     let started = Instant::now();
+    let shared = held_shared(fd);
     match lock::lock(fd, o.api, o.mode, run::wait_for(o.wait, None)) {
         Ok(()) => {
-            nudge(fd);
+            nudge(fd, !shared);
             if o.verbose {
                 super::took(prog, started);
             }
@@ -252,14 +257,25 @@ fn unlock(prog: &str, o: &Options, fd: i32) -> i32 {
     }
 }
 
-/// Tells the keepers of the leases beside descriptor `fd`'s file, taken for our parent, to look
+/// Whether descriptor `fd`'s open file description holds a shared (read) lock, by the kernel's
+/// `lock:` lines in `/proc/self/fdinfo/FD`.
+fn held_shared(fd: i32) -> bool {
+    fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.starts_with("lock:") && l.contains(" READ "))
+    })
+}
+
+/// Tells the keepers of the leases of descriptor `fd`'s file, taken for our parent, to look
 /// again (SIGUSR1: a keeper bound to a descriptor only looks at what the kernel shows), and
-/// waits for the one that stands for descriptor `fd` to release and exit.
-fn nudge(fd: i32) {
+/// with `wait` waits for the one that stands for descriptor `fd` to release and exit. A shared
+/// lock is never waited for: another holder of the job (a sibling's shared lock) may keep its
+/// keeper, and `flock -u` of a shared lock returns at once, as flock(1)'s does.
+fn nudge(fd: i32, wait: bool) {
     let Some((path, _)) = named(fd) else {
         return;
     };
-    let Some(lease) = leasehold::existing_lease_beside(&path) else {
+    let Some(lease) = leasehold::existing_flock_lease(&path) else {
         return;
     };
     let ppid = nix::unistd::getppid().as_raw();
@@ -268,11 +284,11 @@ fn nudge(fd: i32) {
     };
     for l in leased_for(&lease, ppid, parent.start) {
         let ours = l.holder.note.as_deref().and_then(parse_note);
-        ask_keeper(&lease, &l, ours.is_some_and(|(k, _)| k == fd));
+        ask_keeper(&lease, &l, wait && ours.is_some_and(|(k, _)| k == fd));
     }
 }
 
-/// Before a `-n` attempt on the lease `lease` beside the file `file` (device, inode): a lease
+/// Before a `-n` attempt on the lease `lease` of the file `file` (device, inode): a lease
 /// the FD form holds on this host for a job of this user that, by the kernel, no longer holds
 /// its lock — its keeper has not looked yet (the job closed the descriptor a moment ago) — is
 /// given the time to be released: its keeper is nudged and waited for. So `-n` is refused only

@@ -2,10 +2,12 @@
 //!
 //! Invoked as `flock` (the binary's file name, e.g. through `ln -s leasehold flock`) or as
 //! `leasehold flock ARGS...`. It takes the same kernel lock flock(1) takes on the named file, so
-//! unconverted flock(1) users, `lslocks` and udev see and respect it, and — for a lock around
-//! a command — a heartbeat lease beside the file ([`leasehold::lease_beside`]; shared for `-s`),
-//! taken first, so converted users queue in FIFO order, `leasehold status FILE` explains who
-//! holds it, and a lost lease fences the command (exit 74).
+//! unconverted flock(1) users, `lslocks` and udev see and respect it. Only when asked
+//! (`LEASEHOLD_FLOCK_FENCE=1`, [`FENCE_VAR`]) and for a lock around a command, also a heartbeat
+//! lease ([`leasehold::flock_lease_path`]: in the runtime directory on a local file system,
+//! beside the file on NFS; shared for `-s`), taken first, so
+//! converted users queue in FIFO order, `leasehold status FILE` explains who holds it, and a
+//! lost lease fences the command (exit 74).
 //!
 //! The FD form (`exec 9>F; flock -n 9`) and `-F` hold their lease through a detached keeper
 //! (script mode's, `crate::script`): bound to the shell and its descriptor for the FD form
@@ -18,8 +20,10 @@
 //! chmod, rename or delete the named file; print anything flock(1) would not print without
 //! `--verbose`.
 //!
-//! Not leased (kernel lock only, exactly as flock(1)), each marked [`KernelOnly`]: `-u`, and
-//! whatever cannot keep a lease.
+//! By default nothing is leased: the kernel lock only, exactly as flock(1) (no helper file, no
+//! fencing, the command in the caller's process group). The lease is taken only when
+//! [`FENCE_VAR`] asks for it; even then some locks are kernel-only, each marked [`KernelOnly`]:
+//! `-u`, `--fcntl`, and whatever cannot keep a lease.
 
 pub mod args;
 pub(crate) mod descriptor;
@@ -53,6 +57,12 @@ pub enum KernelOnly {
     /// The lease could not be taken for a reason other than a holder (no write access to the
     /// directory, a read-only or full file system, an untrusted file at its name...).
     LeaseUnavailable,
+    /// The default: [`FENCE_VAR`] does not ask for a lease, so flock does exactly what
+    /// flock(1) does (PROTOCOL.md §12).
+    NotAsked,
+    /// `--fcntl`: its lock is independent of the flock(2) locks on the same file (util-linux
+    /// 2.41), so it shares no lease with them.
+    Fcntl,
 }
 
 impl KernelOnly {
@@ -65,7 +75,29 @@ impl KernelOnly {
             KernelOnly::NoPlaceBeside => "the path has no directory to keep a lease in",
             KernelOnly::NotAFile => "not a regular file or directory",
             KernelOnly::LeaseUnavailable => "the lease cannot be taken",
+            KernelOnly::NotAsked => "no lease asked for",
+            KernelOnly::Fcntl => "--fcntl locks are independent of flock locks",
         }
+    }
+}
+
+/// The environment variable that asks for a lease (and so for fencing) around the kernel lock:
+/// `LEASEHOLD_FLOCK_FENCE=1`. Unset (or anything but `1`), flock does exactly what util-linux
+/// flock(1) does: the kernel lock decides, the command runs in the caller's process group, what
+/// it leaves behind keeps running, nothing is ever killed and no file is created but the one
+/// named (PROTOCOL.md §12).
+pub const FENCE_VAR: &str = "LEASEHOLD_FLOCK_FENCE";
+
+/// Whether [`FENCE_VAR`] asks for a lease.
+pub(crate) fn fence_asked() -> bool {
+    std::env::var_os(FENCE_VAR).is_some_and(|v| v == "1")
+}
+
+/// `--verbose`'s "kernel lock only: WHY", said only when a lease was asked for (flock(1) has
+/// no such line, so the default never prints it).
+fn say_kernel_only(prog: &str, o: &args::Options, why: Option<KernelOnly>) {
+    if let (Some(why), true, true) = (why, o.verbose, fence_asked()) {
+        warn(prog, &format!("kernel lock only: {}", why.why()));
     }
 }
 

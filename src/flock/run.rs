@@ -1,5 +1,6 @@
 //! The file form, `flock [opts] FILE|DIR CMD [ARGS]` / `-c CMD`: open the user's file, take the
-//! lease beside it (when this lock has one) and then the kernel lock, run the command, release.
+//! lease (only when asked for, `LEASEHOLD_FLOCK_FENCE=1`; where `leasehold::flock_lease_path`
+//! puts it) and then the kernel lock, run the command, release.
 //!
 //! Owns: the plan (lease and kernel lock, or kernel lock only, and why), the order (lease first,
 //! then the kernel lock, within one deadline; released in the reverse order: lease, then the
@@ -46,22 +47,28 @@ pub(super) fn wait_for(w: Wait, deadline: Option<Instant>) -> Option<Duration> {
 
 /// Whether this lock gets a lease, from the options and the opened file.
 fn plan(o: &Options, path: &OsStr, fd: &OwnedFd) -> Plan {
+    if !super::fence_asked() {
+        return Plan::Kernel(KernelOnly::NotAsked);
+    }
+    if o.api == super::args::Api::Ofd {
+        return Plan::Kernel(KernelOnly::Fcntl);
+    }
     match o.mode {
         Mode::Unlock => return Plan::Kernel(KernelOnly::Unlock),
         // A shared kernel lock takes a shared lease (`LeaseBuilder::shared`): shared holders
         // together, an exclusive one alone, first come first served (PROTOCOL.md §13).
         Mode::Shared | Mode::Exclusive => {}
     }
-    let Some(lease) = leasehold::lease_beside(Path::new(path)) else {
-        return Plan::Kernel(KernelOnly::NoPlaceBeside);
-    };
     match fstat(fd) {
         Ok(st) => {
             let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-            if kind == SFlag::S_IFREG || kind == SFlag::S_IFDIR {
-                Plan::Lease(lease)
-            } else {
-                Plan::Kernel(KernelOnly::NotAFile)
+            if kind != SFlag::S_IFREG && kind != SFlag::S_IFDIR {
+                return Plan::Kernel(KernelOnly::NotAFile);
+            }
+            // In the runtime directory on a local file system, beside the file on NFS.
+            match leasehold::flock_lease_path(Path::new(path), (st.st_dev, st.st_ino), true) {
+                Some(lease) => Plan::Lease(lease),
+                None => Plan::Kernel(KernelOnly::NoPlaceBeside),
             }
         }
         Err(_) => Plan::Kernel(KernelOnly::NotAFile),
@@ -110,9 +117,7 @@ pub(super) fn file(prog: &str, o: &Options, path: &OsStr, command: &[OsString]) 
             Err(None) => only = Some(KernelOnly::LeaseUnavailable),
         },
     }
-    if let (Some(why), true) = (only, o.verbose) {
-        warn(prog, &format!("kernel lock only: {}", why.why()));
-    }
+    super::say_kernel_only(prog, o, only);
     if let Err(code) = kernel_lock(prog, o, path, &mut fd, deadline) {
         if let Some((_, guard)) = held {
             let _ = guard.release_with("not started: the kernel lock was not had");
@@ -331,6 +336,10 @@ fn supervised(prog: &str, sup: &mut Supervisor, guard: LeaseGuard, command: &[Os
         Err(e) => format!("leasehold failed: {e}"),
     };
     let _ = guard.release_with(&how);
+    if let Ok(o) = &outcome {
+        // A terminal's Ctrl-C or Ctrl-\ that ended the command ends the calling script too.
+        sup.pass_on_terminal_signal(o);
+    }
     match outcome {
         Ok(Outcome::NotStarted(n)) => {
             let e = if n.code == 126 {
@@ -362,11 +371,20 @@ fn forked(prog: &str, command: &[OsString]) -> i32 {
     };
     let mut cmd = std::process::Command::new(first);
     cmd.args(rest);
-    // SAFETY: the hook does nothing (so it is async-signal-safe). Its presence makes std fork
-    // and exec rather than use posix_spawn, whose child leaves glibc's internal real-time
-    // signals ignored across the exec: the command starts with the dispositions flock(1)'s does.
+    // The caller's signal mask, which std clears in the child before the hook runs: flock(1)'s
+    // command inherits it.
+    let mask = nix::sys::signal::SigSet::thread_get_mask().ok();
+    // SAFETY: the hook only calls pthread_sigmask (async-signal-safe). Its presence also makes
+    // std fork and exec rather than use posix_spawn, whose child leaves glibc's internal
+    // real-time signals ignored across the exec: the command starts with the dispositions and
+    // the mask flock(1)'s does.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || Ok(()));
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if let Some(m) = mask {
+                let _ = m.thread_set_mask();
+            }
+            Ok(())
+        });
     }
     match cmd.status() {
         Ok(st) => match (st.code(), st.signal()) {

@@ -52,8 +52,11 @@
 //!
 //! Known differences: a process piped *with* leasehold (`leasehold run L -- cmd | less`) is no
 //! longer in the terminal's foreground while the command runs, so put such a pipeline inside the
-//! command (`-c 'cmd | less'`); a non-interactive script that calls leasehold does not itself
-//! receive the terminal's Ctrl-C (leasehold exits 130, which `set -e` or a status check sees).
+//! command (`-c 'cmd | less'`). A non-interactive script that calls leasehold does not itself
+//! receive the terminal's Ctrl-C or Ctrl-\: when the command dies of one, leasehold gives the
+//! terminal back, releases the lease, and sends the same signal to its own (the caller's)
+//! group, dying of it too (`Supervisor::pass_on_terminal_signal`), so the script stops as it
+//! would under flock(1). `trap 'kill 0'` in the command reaches the command's group only.
 //! While the whole job is suspended its heartbeat stops too: a job suspended for longer than its
 //! renew window is fenced when it is continued, and may be taken over once it has been silent
 //! for a TTL.

@@ -2,9 +2,12 @@
 //!
 //! Owns: finding the controlling terminal when leasehold is its foreground, giving the terminal
 //! to the command's process group and taking it back, and the Ctrl-Z dance (take the terminal
-//! back, stop our own group, on `fg` hand it over again and SIGCONT the command).
+//! back, stop our own group, on `fg` hand it over again and SIGCONT the command), and passing a
+//! terminal's Ctrl-C or Ctrl-\ on to the caller's group once the command died of it.
 //! Must never: take the terminal when leasehold was not in its foreground; or leave SIGTTOU
-//! unblocked while changing the foreground group.
+//! unblocked while changing the foreground group; pass a signal on to the caller's group
+//! without having handed the command the terminal (a signal sent to the command alone, with no
+//! terminal involved, stays the command's).
 
 use std::os::fd::OwnedFd;
 
@@ -12,7 +15,7 @@ use nix::fcntl::OFlag;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 
-use super::Supervisor;
+use super::{Outcome, Supervisor};
 
 /// The controlling terminal, when leasehold runs in its foreground.
 #[derive(Debug)]
@@ -71,5 +74,29 @@ impl Supervisor {
             t.give(child);
         }
         let _ = killpg(child, Signal::SIGCONT);
+    }
+}
+
+impl Supervisor {
+    /// After the command, which had the terminal, died of SIGINT or SIGQUIT (the terminal's
+    /// Ctrl-C or Ctrl-\\): the terminal is back with our own process group — the caller's —
+    /// and that group gets the same signal, with our own disposition set to the default, as if
+    /// the command had stayed in the caller's group: a calling script is interrupted rather than
+    /// going on to its next step, and leasehold itself dies of the signal (as flock(1) would).
+    /// Call it last, after the lease was released and the ending said. Does nothing in any
+    /// other case (no terminal, another ending).
+    pub fn pass_on_terminal_signal(&self, outcome: &Outcome) {
+        let (Some(t), Outcome::Signaled(sig)) = (&self.tty, outcome) else {
+            return;
+        };
+        if !matches!(sig, Signal::SIGINT | Signal::SIGQUIT) {
+            return;
+        }
+        // SAFETY: setting a disposition to SIG_DFL installs no handler.
+        let _ = unsafe { nix::sys::signal::signal(*sig, nix::sys::signal::SigHandler::SigDfl) };
+        let mut set = SigSet::empty();
+        set.add(*sig);
+        let _ = set.thread_unblock();
+        let _ = killpg(t.home, *sig);
     }
 }

@@ -1,6 +1,7 @@
 //! The command sees the terminal as it would without leasehold: through a real pseudo-terminal
 //! (leasehold as a session leader with the pty as its controlling terminal, like a login shell's
-//! job), an interactive prompt gets its answer, Ctrl-C reaches the command (exit 130), and
+//! job), an interactive prompt gets its answer, Ctrl-C reaches the command and then the caller
+//! (leasehold dies of it, and a calling script stops before its next step), and
 //! Ctrl-Z stops the job — the wrapper stops too, and once continued the command gets the
 //! terminal back and still reads its answer.
 
@@ -23,9 +24,14 @@ struct OnPty {
 
 impl OnPty {
     fn start(args: &[&str]) -> OnPty {
+        OnPty::start_program(&bin(), args)
+    }
+
+    /// `program ARGS...` as the session leader on a fresh pty (a login shell's job).
+    fn start_program(program: &std::path::Path, args: &[&str]) -> OnPty {
         let pty = nix::pty::openpty(None, None).expect("openpty");
         let slave: OwnedFd = pty.slave;
-        let mut c = Command::new(bin());
+        let mut c = Command::new(program);
         c.args(args)
             .stdin(Stdio::from(slave.try_clone().expect("dup")))
             .stdout(Stdio::from(slave.try_clone().expect("dup")))
@@ -75,6 +81,19 @@ impl OnPty {
         self.master.write_all(bytes).expect("write to the pty");
     }
 
+    /// Waits (10 s at most) for the process to end, and asserts that it died of `sig`.
+    #[track_caller]
+    fn dies_of(&mut self, sig: Signal) {
+        use std::os::unix::process::ExitStatusExt;
+        let st = self.kid.wait_timeout(Duration::from_secs(10));
+        assert_eq!(
+            st.signal(),
+            Some(sig as i32),
+            "{st:?}: {}",
+            self.transcript()
+        );
+    }
+
     fn transcript(&self) -> String {
         self.seen.lock().unwrap().clone()
     }
@@ -118,7 +137,39 @@ fn ctrl_c_reaches_the_command() {
             .is_some_and(|c| c.trim() == "sleep")
     });
     t.type_(b"\x03");
-    t.exits(130);
+    // As if the command had been in leasehold's own group: leasehold dies of the SIGINT too.
+    t.dies_of(Signal::SIGINT);
+}
+
+/// A script at a terminal running `leasehold run L -- cmd; step2`: Ctrl-C ends the command and
+/// the script (step2 never runs), as with `flock L cmd; step2`; the same for Ctrl-\.
+#[test]
+fn ctrl_c_and_ctrl_backslash_stop_the_calling_script() {
+    for (key, sig) in [(b"\x03", Signal::SIGINT), (b"\x1c", Signal::SIGQUIT)] {
+        let d = tempfile::tempdir().unwrap();
+        let lock = d.path().join("script.lock");
+        let script = format!(
+            "'{}' run --ttl 2s '{}' -- sh -c 'echo ready; exec sleep 100'; echo step2; sleep 1",
+            bin().display(),
+            lock.display()
+        );
+        let mut t = OnPty::start_program(std::path::Path::new("/bin/sh"), &["-c", &script]);
+        t.expect("ready");
+        ensure_within("the command to run sleep", Duration::from_secs(10), || {
+            lease(&lock)
+                .and_then(|l| l["holder"]["child_pid"].as_i64())
+                .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+                .is_some_and(|c| c.trim() == "sleep")
+        });
+        t.type_(key);
+        t.dies_of(sig);
+        assert!(!t.transcript().contains("step2"), "{}", t.transcript());
+        assert_eq!(
+            lease(&lock).and_then(|l| l["state"].as_str().map(String::from)),
+            Some("released".into()),
+            "the lease is released before the signal is passed on"
+        );
+    }
 }
 
 #[test]
@@ -201,4 +252,35 @@ fn without_a_terminal_the_wait_line_is_printed_once_per_holder() {
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].contains("[note: CI run 7]"), "{err}");
     assert_eq!(h.finish().code(), Some(0));
+}
+
+/// The flock drop-in at a terminal, as util-linux's: `flock L cmd; step2` in a script, Ctrl-C
+/// ends the command and the script (step2 never runs), with `/usr/bin/flock` and the drop-in.
+#[test]
+fn ctrl_c_stops_a_script_around_the_flock_drop_in_as_around_util_linux_flock() {
+    let real = std::path::Path::new("/usr/bin/flock");
+    if skip(!real.exists(), "no /usr/bin/flock (util-linux)") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let ours = d.path().join("flock");
+    std::os::unix::fs::symlink(bin(), &ours).unwrap();
+    for flock in [real, ours.as_path()] {
+        let lock = d.path().join("drop-in.lock");
+        let script = format!(
+            "'{}' '{}' sh -c 'echo ready; exec sleep 100'; echo step2; sleep 1",
+            flock.display(),
+            lock.display()
+        );
+        let mut t = OnPty::start_program(std::path::Path::new("/bin/sh"), &["-c", &script]);
+        t.expect("ready");
+        t.type_(b"\x03");
+        t.dies_of(Signal::SIGINT);
+        assert!(
+            !t.transcript().contains("step2"),
+            "{}: {}",
+            flock.display(),
+            t.transcript()
+        );
+    }
 }

@@ -105,7 +105,8 @@ fn caller(s: &Scene, script: &str) -> Proc {
 /// The same shell around the flock(1) drop-in: `"$0" flock LOCK -c SCRIPT`, with a TTL of 4 s
 /// (so a grace of 1 s).
 fn flock_caller(s: &Scene, script: &str) -> Proc {
-    let line = "LEASEHOLD_FLOCK_TTL=4s \"$0\" flock \"$1\" -c \"$2\"; echo after";
+    let line =
+        "LEASEHOLD_FLOCK_FENCE=1 LEASEHOLD_FLOCK_TTL=4s \"$0\" flock \"$1\" -c \"$2\"; echo after";
     caller_of(s, line, script)
 }
 

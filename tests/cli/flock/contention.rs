@@ -196,7 +196,7 @@ fn a_frozen_holder_is_taken_over_but_its_kernel_lock_still_excludes() {
         blocked_in_kernel(bp.pid(), &f)
     });
     assert_eq!(
-        lease_json(&b.path(".f.leasehold-flock")).and_then(|l| l["pid"].as_i64()),
+        lease_json(&lease_of(&f)).and_then(|l| l["pid"].as_i64()),
         Some(i64::from(bp.pid())),
         "the contender holds the lease"
     );

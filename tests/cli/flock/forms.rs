@@ -220,16 +220,14 @@ fn descriptor_form_in_a_real_shell_behaves_as_util_linux_flock() {
 #[test]
 fn directories_and_a_script_locking_itself() {
     let Some(b) = Bench::new() else { return };
-    // A directory: locked read-only, its lease beside it, the directory itself unchanged.
+    // A directory: locked read-only, its lease in the runtime directory, the directory itself
+    // unchanged, nothing created beside it.
     let d = b.path("data");
     fs::create_dir(&d).unwrap();
     let before = fingerprint(&d);
     let mut ours = b.hold(&b.ours_path(), &[], &d);
     assert_eq!(outcome(real(&["-n", d.to_str().unwrap(), "true"])).0, 1);
-    assert_eq!(
-        lease_state(&b.path(".data.leasehold-flock")).as_deref(),
-        Some("held")
-    );
+    assert_eq!(lease_state(&lease_of(&d)).as_deref(), Some("held"));
     ours.close_stdin();
     assert_eq!(code(ours.wait_timeout(LIMIT)), 0);
     assert_eq!(fingerprint(&d), before, "the directory changed");
@@ -359,8 +357,22 @@ impl Drop for Unmount {
 fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
     let Some(b) = Bench::new() else { return };
     let f = b.path("f");
-    let squatter = b.path(".f.leasehold-flock");
+    // A decoy beside the file is never consulted on a local file system.
+    let decoy = b.path(".f.leasehold-flock");
+    fs::write(&decoy, "not a lease\n").unwrap();
+    let decoy_before = fingerprint(&decoy);
+    // The lease's own name, in the runtime directory (made by a first lock).
+    assert_eq!(outcome(b.ours(&[f.to_str().unwrap(), "true"])).0, 0);
+    let squatter = lease_of(&f);
+    let _ = fs::remove_file(&squatter);
     fs::write(&squatter, "not a lease\n").unwrap();
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(&self.0);
+        }
+    }
+    let _gone = Gone(squatter.clone());
     let before = fingerprint(&squatter);
     let mut ours = b.hold(&b.ours_path(), &[], &f);
     assert_eq!(outcome(real(&["-n", f.to_str().unwrap(), "true"])).0, 1);
@@ -375,11 +387,17 @@ fn a_foreign_file_at_the_lease_name_is_left_alone_and_flock_falls_back() {
         before,
         "a file at the lease's name was changed"
     );
+    assert_eq!(
+        fingerprint(&decoy),
+        decoy_before,
+        "the decoy beside was changed"
+    );
 }
 
 /// The command's ignored and blocked standard signals (1–31), under `flock ARGS` started by a
-/// shell that ignores SIGHUP (as `nohup` does): `(SigIgn, SigBlk)`, as the command (a shell
-/// that execs `grep`, so that no shell of its own blocks signals meanwhile) inherited them.
+/// shell that ignores SIGHUP (as `nohup` does), with SIGUSR2 blocked: `(SigIgn, SigBlk)`, as the
+/// command (a shell that execs `grep`, so that no shell of its own blocks signals meanwhile)
+/// inherited them.
 fn dispositions(flock: &Path, args: &[&str]) -> (u64, u64) {
     let mut c = Command::new("sh");
     c.args(["-c", "trap '' HUP; exec \"$@\"", "sh"])
@@ -387,6 +405,14 @@ fn dispositions(flock: &Path, args: &[&str]) -> (u64, u64) {
         .args(args)
         .args(["sh", "-c", "exec grep -E '^Sig(Ign|Blk)' /proc/self/status"])
         .stdin(Stdio::null());
+    // SAFETY: pthread_sigmask is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            let mut usr2 = nix::sys::signal::SigSet::empty();
+            usr2.add(nix::sys::signal::Signal::SIGUSR2);
+            usr2.thread_block().map_err(std::io::Error::from)
+        });
+    }
     let (code, out, err) = outcome(c);
     assert_eq!(code, 0, "{err}");
     let field = |name: &str| {
@@ -406,15 +432,87 @@ fn the_command_starts_with_the_signal_dispositions_it_has_under_util_linux_flock
     let fs_ = f.to_str().unwrap();
     const HUP: u64 = 1 << 0;
     const PIPE: u64 = 1 << 12;
+    // The drop-in asked for its lease, and by default (a plain symlink called flock).
+    let plain = b.path("plain");
+    fs::create_dir(&plain).unwrap();
+    std::os::unix::fs::symlink(bin(), plain.join("flock")).unwrap();
     for pre in [&[][..], &["-s"][..], &["-F"][..], &["-o"][..]] {
         let args: Vec<&str> = pre.iter().copied().chain([fs_]).collect();
-        let ours = dispositions(&b.ours_path(), &args);
         let theirs = dispositions(Path::new(REAL), &args);
-        assert_eq!(ours, theirs, "flock {pre:?}: (ignored, blocked)");
+        // Asked for its lease, the command starts with no signal blocked, as under `run`.
+        let fenced = dispositions(&b.ours_path(), &args);
+        assert_eq!(fenced.0, theirs.0, "flock {pre:?}: ignored");
+        let ours = dispositions(&plain.join("flock"), &args);
+        assert_eq!(ours, theirs, "flock {pre:?} by default: (ignored, blocked)");
         assert_eq!(
             ours.0 & (HUP | PIPE),
             HUP,
             "flock {pre:?}: nohup kept, SIGPIPE default"
         );
     }
+}
+
+/// Asked for its lease, the drop-in keeps it in the runtime directory on a local file system:
+/// nothing beside a locked file, nothing beside a locked directory (in its parent).
+#[test]
+fn asked_for_its_lease_the_drop_in_creates_nothing_beside_the_file_or_directory() {
+    let Some(b) = Bench::new() else { return };
+    let d = b.path("work");
+    fs::create_dir(&d).unwrap();
+    let f = d.join("job.lock");
+    let sub = d.join("sub");
+    fs::create_dir(&sub).unwrap();
+    assert_eq!(outcome(b.ours(&[f.to_str().unwrap(), "true"])).0, 0);
+    assert_eq!(outcome(b.ours(&[sub.to_str().unwrap(), "-c", "true"])).0, 0);
+    let mut names: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["job.lock", "sub"], "files created beside");
+    assert_eq!(
+        fs::read_dir(&sub).unwrap().count(),
+        0,
+        "files created inside"
+    );
+    assert_eq!(lease_state(&lease_of(&f)).as_deref(), Some("released"));
+    assert_eq!(lease_state(&lease_of(&sub)).as_deref(), Some("released"));
+}
+
+/// Issue 26: whoever may write the locked file's directory cannot reach a job that asked for
+/// fencing: deleting what is beside the file (before, the lease: the job was fenced, 74) or
+/// planting a decoy lease there changes nothing, and `status` reports the real lease.
+#[test]
+fn files_deleted_or_planted_beside_the_file_never_reach_a_fenced_job() {
+    let Some(b) = Bench::new() else { return };
+    let f = b.path("f");
+    let mut ours = b.hold(&b.ours_path(), &[], &f);
+    for e in fs::read_dir(b.dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .contains(".leasehold-")
+        {
+            let _ = fs::remove_file(&p);
+            let _ = fs::remove_dir_all(&p);
+        }
+    }
+    // A decoy: a released record at the lease's old name beside the file.
+    let decoy = b.path(".f.leasehold-flock");
+    let d = tempfile::tempdir().unwrap();
+    let other = d.path().join("other.lock");
+    assert!(
+        lh().args(["run"])
+            .arg(&other)
+            .args(["--", "true"])
+            .status()
+            .unwrap()
+            .success()
+    );
+    fs::copy(&other, &decoy).unwrap();
+    let v = lease_json(&f).expect("status of f");
+    assert_eq!(v["state"], "held", "status of f reads the real lease: {v}");
+    ours.close_stdin();
+    assert_eq!(code(ours.wait_timeout(LIMIT)), 0, "{}", ours.stderr());
 }

@@ -39,10 +39,10 @@ fn plain_shell(b: &Bench, f: &Path, body: &str) -> Command {
     c
 }
 
-/// `status --json` of the lease beside `f`, once it parses.
+/// `status --json` of the lease of `f`, once it parses.
 #[track_caller]
 fn status_of(b: &Bench, name: &str) -> serde_json::Value {
-    lease_json(&b.path(&format!(".{name}.leasehold-flock"))).expect("a lease beside the file")
+    lease_json(&lease_of(&b.path(name))).expect("a lease for the file")
 }
 
 #[test]
@@ -258,6 +258,7 @@ exec 8>"$F"; "$FLOCK" -n 8; echo "fd=$?"
 fn a_shell_that_execs_flock_gets_the_kernel_lock_only() {
     let Some(b) = Bench::new() else { return };
     let f = b.path("e.lock");
+    let t0 = std::time::SystemTime::now();
     // flock replaces the shell: nobody holds descriptor 9 after it, so no lease is taken.
     let (c, _, err) = outcome(plain_shell(
         &b,
@@ -271,8 +272,12 @@ fn a_shell_that_execs_flock_gets_the_kernel_lock_only() {
         ),
         "{err}"
     );
+    // No lease was written (a file at its name is an earlier file's, of the same inode).
+    let lease = lease_of(&f);
     assert!(
-        !b.path(".e.lock.leasehold-flock").exists(),
-        "no lease was taken"
+        fs::metadata(&lease).map_or(true, |m| m.modified().unwrap() < t0),
+        "a lease was taken: {}",
+        lease.display()
     );
+    assert!(!b.path(".e.lock.leasehold-flock").exists(), "a file beside");
 }

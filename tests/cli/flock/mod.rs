@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
+mod compat;
 mod contention;
 mod forms;
 mod keeper;
@@ -24,7 +25,7 @@ mod parsing;
 const REAL: &str = "/usr/bin/flock";
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// A directory (mode 0755) holding `flock`, a symlink to the binary under test.
+/// A directory (mode 0755) holding `flock`, the binary under test asked for its lease.
 struct Bench {
     dir: tempfile::TempDir,
 }
@@ -37,7 +38,19 @@ impl Bench {
         }
         let dir = tempfile::tempdir().expect("tempdir");
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        std::os::unix::fs::symlink(bin(), dir.path().join("flock")).unwrap();
+        // The drop-in asked for its lease (`LEASEHOLD_FLOCK_FENCE=1`), which these tests are
+        // about; called `flock` (argv[0]), as through the symlink. The default — flock(1)
+        // exactly — is `compat.rs`'s.
+        let wrapper = dir.path().join("flock");
+        fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/bash\nLEASEHOLD_FLOCK_FENCE=1 exec -a flock '{}' \"$@\"\n",
+                bin().display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
         Some(Bench { dir })
     }
 
@@ -123,6 +136,13 @@ fn users_file(b: &Bench, name: &str) -> PathBuf {
         .set_modified(old)
         .unwrap();
     f
+}
+
+/// Where the drop-in, asked for its lease, keeps FILE's (which exists): in the runtime directory,
+/// keyed by device and inode, on a local file system.
+fn lease_of(file: &Path) -> PathBuf {
+    let m = fs::metadata(file).unwrap();
+    leasehold::flock_lease_path(file, (m.dev(), m.ino()), false).expect("a lease path")
 }
 
 /// The lease's state field, if the lease file parses.

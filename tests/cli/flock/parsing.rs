@@ -151,8 +151,13 @@ fn exit_statuses_match_util_linux_flock_and_success_is_silent() {
         assert!(secs.parse::<u64>().is_ok() && micros.len() == 6, "{out}");
         assert_eq!(lines[1], "flock: executing true");
     }
-    // The lease lives beside the file (exclusive, forked), under its documented name.
-    let lease = b.path(".f.leasehold-flock");
+    // The lease lives in the runtime directory (exclusive, forked), under its documented name.
+    let lease = lease_of(&b.path("f"));
+    assert!(
+        lease.starts_with("/run/lock/leasehold/") || !is_root(),
+        "{}",
+        lease.display()
+    );
     assert_eq!(lease_state(&lease).as_deref(), Some("released"));
 }
 
