@@ -363,12 +363,18 @@ fn one_shot<S: Store>(
         return slotted::attempt(ctx, section, place, content, line, &mut mem, None);
     }
     let unseen = holder_unseen(ctx, &section, &content);
-    if !unseen && let Some(l) = released(&content, ahead.is_none()) {
+    let foreign = foreign_lock(ctx, &section, &content, unseen);
+    if !unseen
+        && foreign.is_none()
+        && let Some(l) = released(&content, ahead.is_none())
+    {
         return take(ctx, section, place, Some(l), None, None);
     }
     let mut v = judge(ctx).judge(&content, &mut Memory::default());
     if unseen {
         v.holder_unseen();
+    } else if let Some(who) = foreign {
+        v.kernel_locked(who);
     } else if ahead.is_none() {
         if let Some(broke) = decide(ctx, &mut v, false)? {
             return take(ctx, section, place, v.lease.as_ref(), broke, None);
@@ -405,13 +411,19 @@ fn queued<S: Store>(
         return slotted::attempt(ctx, section, place, content, line, mem, Some(q));
     }
     let unseen = holder_unseen(ctx, &section, &content);
-    if !unseen && let Some(l) = released(&content, ahead.is_none()) {
+    let foreign = foreign_lock(ctx, &section, &content, unseen);
+    if !unseen
+        && foreign.is_none()
+        && let Some(l) = released(&content, ahead.is_none())
+    {
         let place = std::mem::take(&mut q.place);
         return take(ctx, section, place, Some(l), None, q.draft.take());
     }
     let mut v = judge(ctx).judge(&content, mem);
     if unseen {
         v.holder_unseen();
+    } else if let Some(who) = foreign {
+        v.kernel_locked(who);
     } else if ahead.is_none() {
         if let Some(broke) = decide(ctx, &mut v, true)? {
             let place = std::mem::take(&mut q.place);
@@ -480,6 +492,25 @@ fn holder_unseen<S: Store>(ctx: &Ctx<'_, S>, section: &S::Section, content: &Loc
         LockContent::Lease(..) => return false,
     };
     ctx.store.marked(section, from)
+}
+
+/// Inside the section, when LOCK's record would let us in (missing, emptied, released): who
+/// holds a kernel lock on LOCK's own file, if another program does (`Store::kernel_locked`:
+/// util-linux flock(1) on the same file). A record that names a holder is judged as ever.
+fn foreign_lock<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: &S::Section,
+    content: &LockContent,
+    unseen: bool,
+) -> Option<String> {
+    let free = match content {
+        LockContent::Missing => return None, // no file, no lock on it
+        LockContent::Empty => true,
+        LockContent::Lease(l, _) => l.state == crate::record::LeaseState::Released,
+    };
+    (free && !unseen)
+        .then(|| ctx.store.kernel_locked(section))
+        .flatten()
 }
 
 fn decide<S: Store>(

@@ -49,7 +49,14 @@ pub(crate) fn release_in_place(paths: &LockPaths, bytes: &[u8], w: Written) -> O
     };
     match f.try_lock() {
         Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
-        _ => return None, // nobody waits (our exclusive lock goes with `f`), or no flock here
+        Ok(()) => {
+            // Nobody waits. Let go of the probe at once, not when `f` is closed (which may be
+            // later, off the release's way): an exclusive lock on LOCK is what a contender
+            // takes for another program's (flock(1)) kernel lock.
+            let _ = f.unlock();
+            return None;
+        }
+        Err(_) => return None, // no flock here
     }
     // One byte more than expected, to notice a file that grew.
     let mut now = vec![0u8; bytes.len() + 1];

@@ -730,6 +730,52 @@ pub(crate) fn holder_pid(file: &File) -> Option<i32> {
     None
 }
 
+/// Who holds an exclusive (`WRITE`) kernel lock of any kind on `file`'s inode, by
+/// /proc/locks, in words — `pid 812 (user bob, state S, flock)` — if anyone does (this host's
+/// locks only). Shared locks are not counted.
+pub(crate) fn exclusive_locker(file: &File) -> Option<String> {
+    let meta = file.metadata().ok()?;
+    let (maj, min) = (
+        nix::sys::stat::major(meta.dev()),
+        nix::sys::stat::minor(meta.dev()),
+    );
+    let ino = meta.ino();
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    for line in text.lines() {
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF" (a "->" marks blocked waiters)
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) == Some(&"->") || f.len() < 6 || f[3] != "WRITE" {
+            continue;
+        }
+        let mut dev = f[5].split(':');
+        let (Some(a), Some(b), Some(i)) = (dev.next(), dev.next(), dev.next()) else {
+            continue;
+        };
+        let same = u64::from_str_radix(a, 16).ok() == Some(maj)
+            && u64::from_str_radix(b, 16).ok() == Some(min)
+            && i.parse::<u64>().ok() == Some(ino);
+        if !same {
+            continue;
+        }
+        let kind = f[1].to_lowercase();
+        let who = match f[4].parse::<i32>() {
+            Ok(pid) if pid > 0 => match process::stat(pid).ok().flatten() {
+                Some(s) => format!(
+                    "pid {} (user {}, state {}, {kind} lock)",
+                    s.pid,
+                    user_name(s.uid),
+                    s.state
+                ),
+                None => format!("pid {pid} ({kind} lock)"),
+            },
+            // OFD locks name no process.
+            _ => format!("an open file description ({kind} lock; no pid to name)"),
+        };
+        return Some(who);
+    }
+    None
+}
+
 /// Who holds the kernel lock on `file`'s inode, in words: `pid 812 (user bob, state S)`.
 pub(crate) fn describe_holder(file: &File) -> String {
     match holder_pid(file).and_then(|p| process::stat(p).ok().flatten()) {

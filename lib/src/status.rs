@@ -94,6 +94,10 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     let from = v.lease.as_ref().map_or(0, |l| l.token);
     if v.state == State::Free && m.as_ref().is_some_and(|m| store.marked(m, from)) {
         v.holder_unseen();
+    } else if v.state != State::Held
+        && let Some(who) = store.foreign_lock()
+    {
+        v.kernel_locked(who);
     }
     if let Some(mode) = crate::slots::lock_mode(&content) {
         let look = crate::slots::Look {

@@ -132,6 +132,22 @@ impl Verdict {
 }
 
 impl Verdict {
+    /// Makes this verdict say that LOCK's own file is held with a kernel lock (`flock(2)`, or an
+    /// OFD or POSIX lock) by `who`: no leasehold holder takes one, so it is another program —
+    /// util-linux flock(1) on the same file, the flock drop-in — and nobody may take the lease
+    /// until it lets go, whatever the record says.
+    pub(crate) fn kernel_locked(&mut self, who: String) {
+        self.state = State::Held;
+        self.heartbeat_age = None;
+        self.behind = Some("a kernel lock on LOCK itself".into());
+        self.reason = format!(
+            "LOCK itself is locked by {who}: another program (flock(1) on the same file?), not \
+             a leasehold lease, whatever its record says ({}); nobody takes the lease until it \
+             lets go",
+            self.reason
+        );
+    }
+
     /// Makes this verdict on a lock whose record says it is free (missing, emptied, released)
     /// say what the kernel says instead: a holder of this lock is still running — its record was
     /// removed or replaced under it, and it stops its command when it notices.

@@ -392,6 +392,9 @@ fn stale_in(seen: &Verdict) -> Duration {
         {
             UNSEEN_NAP
         }
+        // Behind a kernel lock on LOCK itself (`Verdict::kernel_locked`: flock(1)), whose
+        // release raises no event either.
+        (_, None) if seen.state == State::Held && seen.behind.is_some() => UNSEEN_NAP,
         _ => Duration::MAX,
     }
 }

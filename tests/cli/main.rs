@@ -8,6 +8,7 @@
 mod support;
 
 mod basics;
+mod coexist;
 mod contention;
 mod defaults;
 mod endings;

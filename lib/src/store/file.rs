@@ -75,6 +75,26 @@ pub(crate) struct Place {
 const TOKEN_BLOCK: u64 = 64;
 
 impl FileStore {
+    /// Who holds an exclusive kernel lock on LOCK's own file (a `flock(2)`, an OFD or a POSIX
+    /// write lock), in words, if anyone does: leasehold never locks LOCK exclusively (a waiter's
+    /// hand-over hint is a shared flock, `handover.rs`), so that is another program — util-linux
+    /// flock(1) on the same file, the flock drop-in. On a local file system /proc/locks names
+    /// it; on NFS a test for a conflicting lock on the first byte asks the server.
+    pub(crate) fn foreign_lock(&self) -> Option<String> {
+        let f = self
+            .paths
+            .handle()
+            .open_existing(self.paths.lock_name(), false)
+            .ok()?;
+        if self.storage.network {
+            return match crate::klock::held_by_other(&f, true) {
+                Ok(true) => Some("a process on some host (NFS)".into()),
+                _ => None,
+            };
+        }
+        crate::mutex::exclusive_locker(&f)
+    }
+
     /// LOCK's path, its directory and its helper names.
     pub(crate) fn paths(&self) -> &LockPaths {
         &self.paths
@@ -324,6 +344,10 @@ impl Store for FileStore {
 
     fn marked(&self, section: &MutexGuard, from: u64) -> bool {
         section.holder_marked(from)
+    }
+
+    fn kernel_locked(&self, _: &MutexGuard) -> Option<String> {
+        self.foreign_lock()
     }
 
     fn replace(&self, _: &MutexGuard, lease: &Lease) -> Result<()> {

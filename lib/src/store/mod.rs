@@ -293,6 +293,13 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
         false
     }
 
+    /// Inside the section: who holds a kernel lock on LOCK's own file, if anyone does (util-linux
+    /// flock(1) or another program; leasehold never locks LOCK itself), in words. Default: no
+    /// such lock (a store with no file).
+    fn kernel_locked(&self, _section: &Self::Section) -> Option<String> {
+        None
+    }
+
     /// What wakes this contender, set up lazily (see [`Store::wait`]).
     /// `cancel`, when given, ends any wait at once once it is cancelled.
     fn waker(
