@@ -11,6 +11,10 @@ mod disk;
 /// (`cargo test --release --features etcd --test faults -- etcd::`).
 #[cfg(feature = "etcd")]
 mod etcd;
+/// The etcd store under network partitions, members and clients in network namespaces
+/// (`cargo test --release --features etcd --test faults -- etcd_partition::`).
+#[cfg(feature = "etcd")]
+mod etcd_partition;
 mod freeze;
 mod fuzz_smoke;
 mod gone;
