@@ -68,7 +68,18 @@ pub(super) fn attempt<S: Store>(
             place = std::mem::take(&mut q.place);
         }
         let limit = want.limit_or(crate::record::MAX_WIDTH);
+        // The kernel's count, which no file decides (PROTOCOL.md §13): holders' marks that the
+        // records do not show (a holder file removed, LOCK's width or record forged) keep the
+        // contender out as their holders would.
+        let blocked = marks_block(ctx, &section, &content, want, occupied);
+        if let Some(why) = &blocked {
+            if v.state == State::Free {
+                v.holder_unseen();
+            }
+            v.reason = format!("{why}; {}", v.reason);
+        }
         match want {
+            _ if blocked.is_some() => {}
             Want::Exclusive if occupied == 0 => {
                 return take_in(ctx, &ctx.store, section, place, prev, broke, draft);
             }
@@ -94,6 +105,41 @@ pub(super) fn attempt<S: Store>(
         return busy(ctx, section, v, holders, want, line, q);
     }
     busy(ctx, section, v, holders, want, line, q)
+}
+
+/// Why the holders' kernel marks keep a contender that the records would let in out, if they
+/// do: for an exclusive contender, any shared or slotted holder's mark, or an exclusive
+/// holder's mark of LOCK's token or above while LOCK shows no live lease; for a shared one,
+/// that exclusive mark; for one of N slots, that mark or N shared holders' marks (`occupied`
+/// is how many the holder files show).
+fn marks_block<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: &S::Section,
+    content: &LockContent,
+    want: Want,
+    occupied: usize,
+) -> Option<String> {
+    let cap = match want {
+        Want::Slots(n) => n as usize,
+        Want::Exclusive => 1,
+        Want::Shared => 0,
+    };
+    let marks = if cap == 0 {
+        0
+    } else {
+        ctx.store.shared_holders(section, cap)
+    };
+    if cap > 0 && marks >= cap {
+        return Some(match want {
+            Want::Slots(n) => format!(
+                "{marks} holders of this lock hold their kernel marks (of {n} slots), though \
+                 its holder files show {occupied}"
+            ),
+            _ => "a shared holder of this lock holds its kernel mark".into(),
+        });
+    }
+    exclusive_unseen(ctx, section, content)
+        .then(|| "an exclusive holder of this lock holds its kernel mark".into())
 }
 
 /// Writes LOCK's record of a shared lock with `mode` (see `slots::lock_record`), unless LOCK

@@ -301,7 +301,12 @@ impl Store for FileStore {
         // Our holder's marks, before the lease becomes visible (see [`holder_mark`] and
         // `klock::hold_mark`): the second stays with the mutex descriptor we keep as witness.
         let mark = holder_mark(&self.paths);
-        m.hold_mark(token);
+        if self.origin.is_some() {
+            // A holder file's lease (a shared or slotted holder): a counted mark, no token's.
+            m.hold_shared_mark();
+        } else {
+            m.hold_mark(token);
+        }
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = BootInstant::now();
         let prepared = ticket
@@ -322,6 +327,10 @@ impl Store for FileStore {
 
     fn marked(&self, section: &MutexGuard, from: u64) -> bool {
         section.holder_marked(from)
+    }
+
+    fn shared_holders(&self, section: &MutexGuard, cap: usize) -> usize {
+        section.shared_holders(cap)
     }
 
     fn replace(&self, _: &MutexGuard, lease: &Lease) -> Result<()> {
