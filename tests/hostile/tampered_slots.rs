@@ -381,3 +381,60 @@ fn a_replaced_lock_record_never_lets_an_exclusive_holder_beside_shared_ones() {
     cs.verify_shared(2);
     sc.finish();
 }
+
+/// Member A holds `job.lock` (a plain lock); its wrapper is stopped (a holder that has not
+/// noticed anything yet) and member C replaces LOCK with a released record whose token is above
+/// A's. Root's `run -n` must not enter beside A's job (before: the token hid A's kernel mark
+/// and root entered at once); once A's wrapper is continued it fences (74), and root enters.
+#[test]
+fn a_released_record_with_a_higher_token_never_hides_a_running_holder() {
+    let test = "a_released_record_with_a_higher_token_never_hides_a_running_holder";
+    let Some((_p, sc, lock)) = attack_scene(test) else {
+        return;
+    };
+    let cs = shared_cs(&sc);
+    let a = hold(&sc, &cs, sc.a(), &[], &lock, "a", "x", LONG)
+        .unwrap_or_else(|o| panic!("A could not take job.lock: {}", describe(&o)));
+    let top = token(&lock);
+    a.signal(Signal::SIGSTOP);
+    assert!(harness::wait_until(Duration::from_secs(5), || {
+        crate::support::procfs::is_stopped(a.pid())
+    }));
+    let mut released = crafted(&sc, sc.c(), 1, 0, top + 10);
+    released.state = leasehold::LeaseState::Released;
+    released.ended = Some(leasehold::Ending {
+        at: leasehold::format_rfc3339(std::time::SystemTime::now()),
+        how: "forged".into(),
+        by: None,
+    });
+    forge_lock(&sc, &cs, sc.c(), &lock, &released);
+    // In place: LOCK is C's released record above A's token; A's job alive, its wrapper stopped.
+    let l = read_lease(&lock);
+    assert_eq!(l["token"].as_u64(), Some(top + 10));
+    assert_eq!(fs::metadata(&lock).unwrap().uid(), sc.w.c.uid);
+    alive(&sc, &cs, &["a"], &[&a], "after the forgery");
+    root_kept_out(
+        &sc,
+        &cs,
+        &["-n"],
+        &lock,
+        "r1",
+        "x",
+        "a released record above A's token",
+    );
+    alive(&sc, &cs, &["a"], &[&a], "after root's try");
+    a.signal(Signal::SIGCONT);
+    let mut a = a;
+    let o = a.finish(LONG);
+    sc.expect(
+        o.code == 74,
+        &o,
+        "A's holder, continued after LOCK was replaced",
+    );
+    match hold(&sc, &cs, Who::Root, &["-w", "20"], &lock, "r2", "x", LONG) {
+        Ok(p) => release(&sc, &cs, p, "r2"),
+        Err(o) => sc.expect(false, &o, "root's run -w 20 once A fenced"),
+    }
+    cs.verify_shared(2);
+    sc.finish();
+}

@@ -112,6 +112,18 @@ impl FileStore {
     }
 }
 
+impl FileStore {
+    /// Whether LOCK's file can only have been written by us or root: owned by our uid or root,
+    /// one link, no group or other write bit.
+    fn record_trusted(&self) -> bool {
+        let me = rustix::process::geteuid().as_raw();
+        matches!(
+            self.paths.handle().stat(self.paths.lock_name()),
+            Ok(Some(m)) if (m.uid == me || m.uid == 0) && m.nlink == 1 && m.mode & 0o022 == 0
+        )
+    }
+}
+
 /// A queueing failure (a full or read-only directory) degrades to unordered waiting, never to
 /// refusal — except something planted at the queue's names (not leasehold's own files), which
 /// is refused at once, naming it, rather than silently waited around.
@@ -326,6 +338,14 @@ impl Store for FileStore {
     }
 
     fn marked(&self, section: &MutexGuard, from: u64) -> bool {
+        // The token a record shows is a floor for the marks only if nobody but us or root can
+        // have written that record (PROTOCOL.md §4): a directory writer's released record with
+        // a token above a running holder's must not hide that holder's mark.
+        let from = if from > 0 && !self.record_trusted() {
+            0
+        } else {
+            from
+        };
         section.holder_marked(from)
     }
 
