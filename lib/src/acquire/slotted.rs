@@ -6,7 +6,8 @@
 //! in line only, enter when compatible: an exclusive contender when LOCK is free and no holder
 //! file is held (it then writes a plain lease over LOCK), a shared or slotted one when LOCK
 //! holds no exclusive lease and a holder file below the limit is free (it writes LOCK's shared
-//! record, then its own lease into that file, with a token from the one sequence).
+//! record, then its own lease into that file, with a token from the one sequence) — and in
+//! both cases only if the holders' kernel marks agree (PROTOCOL.md §13: files can be forged).
 //! Must never: enter while an exclusive lease is live, let an exclusive contender in while a
 //! holder file is held, put more holders in files than the slot limit allows, or let anyone
 //! overtake a live waiter.
@@ -71,7 +72,15 @@ pub(super) fn attempt<S: Store>(
         // The kernel's count, which no file decides (PROTOCOL.md §13): holders' marks that the
         // records do not show (a holder file removed, LOCK's width or record forged) keep the
         // contender out as their holders would.
-        let blocked = marks_block(ctx, &section, &content, want, occupied);
+        let would_enter = match want {
+            Want::Exclusive => occupied == 0,
+            Want::Shared | Want::Slots(_) => holders.free_index(limit).is_some(),
+        };
+        let blocked = if would_enter {
+            marks_block(ctx, &section, &content, want, occupied)
+        } else {
+            None
+        };
         if let Some(why) = &blocked {
             if v.state == State::Free {
                 v.holder_unseen();
