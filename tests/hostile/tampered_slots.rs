@@ -322,8 +322,8 @@ fn a_forged_width_never_lets_a_third_holder_into_two_slots() {
 /// Members A and B hold `--shared` leases; member C replaces LOCK with a plain released record
 /// whose token is above theirs, then with a plain lease of a dead process on this host (stale).
 /// Root's plain (exclusive) `run -n` must not enter beside the shared holders either time
-/// (before: it entered at once on the released record). Once both release, root's exclusive
-/// run enters.
+/// (before: it entered at once on the released record), and root's `status` says held. Once
+/// both release, root's exclusive run enters.
 #[test]
 fn a_replaced_lock_record_never_lets_an_exclusive_holder_beside_shared_ones() {
     let test = "a_replaced_lock_record_never_lets_an_exclusive_holder_beside_shared_ones";
@@ -355,6 +355,19 @@ fn a_replaced_lock_record_never_lets_an_exclusive_holder_beside_shared_ones() {
         assert_eq!(l["token"].as_u64(), Some(lease.token));
         assert_eq!(fs::metadata(&lock).unwrap().uid(), sc.w.c.uid);
         alive(&sc, &cs, &["a", "b"], &[&a, &b], &format!("{what}: forged"));
+        // Root's status says held, by the shared holders' marks.
+        let st = sc.run_within(
+            Who::Root,
+            0o022,
+            &["status", "--json", s(&lock)],
+            Duration::from_secs(30),
+        );
+        let v: serde_json::Value = serde_json::from_str(&st.stdout).unwrap_or_default();
+        sc.expect(
+            v["state"] == "held",
+            &st,
+            format!("{what}: root's status with the shared holders' records replaced"),
+        );
         root_kept_out(
             &sc,
             &cs,
