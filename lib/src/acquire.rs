@@ -485,7 +485,18 @@ fn line_up<S: Store>(
 /// holder of this lock still holds its kernel mark — its record was removed or replaced under
 /// it (by hand, a cleanup job, another user): it notices and stops its command, and nobody may
 /// start before it has (`Store::marked`).
+/// An exclusive contender also never enters while a shared or slotted holder holds its
+/// counted mark, whatever LOCK says (a directory writer can replace it, PROTOCOL.md §13).
 fn holder_unseen<S: Store>(ctx: &Ctx<'_, S>, section: &S::Section, content: &LockContent) -> bool {
+    ctx.store.shared_holders(section, 1) > 0 || exclusive_unseen(ctx, section, content)
+}
+
+/// [`holder_unseen`] for an exclusive holder's mark alone (by token, from the one LOCK shows).
+fn exclusive_unseen<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: &S::Section,
+    content: &LockContent,
+) -> bool {
     let from = match content {
         LockContent::Missing | LockContent::Empty => 0,
         LockContent::Lease(l, _) if l.state == crate::record::LeaseState::Released => l.token,

@@ -4,8 +4,9 @@
 //!
 //! Owns: the choice of lock calls — on a local file system `flock(2)` *and* an open file
 //! description (OFD) byte-range lock on the file's first byte; on a network file system the OFD lock
-//! alone —, the test "does anyone else hold it?" (`F_OFD_GETLK`), the holders' marks, and a
-//! section's announcement on LOCK's directory ([`announce`]).
+//! alone —, the test "does anyone else hold it?" (`F_OFD_GETLK`), the holders' marks (an
+//! exclusive holder's by token, a shared or slotted holder's counted), and a section's
+//! announcement on LOCK's directory ([`announce`]).
 //! Must never: block (except [`wait_free`], which a caller runs on its own thread); leave one of
 //! the two locks held when taking the other failed.
 //!
@@ -72,9 +73,15 @@ fn span(kind: libc::c_short, byte: i64, len: i64) -> libc::flock {
     fl
 }
 
+/// Where the shared holders' marks start on the mutex file (see [`hold_shared_mark`]): far
+/// above every token's mark (tokens that large share the last byte below it).
+const SHARED: i64 = 1 << 62;
+
 /// The byte of the mark of token `token`.
 fn mark_byte(token: u64) -> i64 {
-    MARKS.saturating_add(i64::try_from(token).unwrap_or(i64::MAX - MARKS))
+    MARKS
+        .saturating_add(i64::try_from(token).unwrap_or(i64::MAX))
+        .min(SHARED - 1)
 }
 
 fn ofd(file: &File, kind: libc::c_short, wait: bool) -> io::Result<bool> {
@@ -204,9 +211,107 @@ pub(crate) fn drop_mark(file: &File) -> io::Result<()> {
 }
 
 /// Whether another open file description (any process, any host) holds a holder's mark of
-/// token `from` or above on this mutex file.
+/// token `from` or above on this mutex file (shared holders' marks apart).
 pub(crate) fn mark_held(file: &File, from: u64) -> io::Result<bool> {
-    held_in(file, mark_byte(from), 0)
+    let first = mark_byte(from);
+    held_in(file, first, SHARED - first)
+}
+
+/// The lock another open file description holds somewhere in `[lo, hi)` (`F_OFD_GETLK`: any
+/// one of them, not necessarily the lowest), clipped to the range.
+fn other_in(file: &File, lo: i64, hi: i64) -> io::Result<Option<(i64, i64)>> {
+    let mut fl = span(libc::F_WRLCK as libc::c_short, lo, hi - lo);
+    fcntl(file.as_fd(), FcntlArg::F_OFD_GETLK(&mut fl)).map_err(io::Error::from)?;
+    if fl.l_type == libc::F_UNLCK as libc::c_short {
+        return Ok(None);
+    }
+    let from = fl.l_start.clamp(lo, hi - 1);
+    let to = if fl.l_len <= 0 {
+        hi
+    } else {
+        fl.l_start.saturating_add(fl.l_len).clamp(from + 1, hi)
+    };
+    Ok(Some((from, to)))
+}
+
+/// The most `F_OFD_GETLK` calls one look at the shared marks makes: a directory writer holding
+/// many scattered bytes makes the look give up (as "all held": a denial of service).
+const MAX_PROBES: usize = 1 << 16;
+
+/// The lowest byte of `[lo, hi)` no other open file description holds, if any: the ranges are
+/// searched below and above each lock found (which is any one of them, not the lowest).
+fn lowest_free(file: &File, lo: i64, hi: i64) -> io::Result<Option<i64>> {
+    // Ranges still to search, lowest on top.
+    let mut todo = vec![(lo, hi)];
+    let mut probes = 0;
+    while let Some((lo, hi)) = todo.pop() {
+        if lo >= hi {
+            continue;
+        }
+        probes += 1;
+        if probes > MAX_PROBES {
+            return Ok(None);
+        }
+        match other_in(file, lo, hi)? {
+            None => return Ok(Some(lo)),
+            Some((a, b)) => {
+                todo.push((b, hi));
+                todo.push((lo, a));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// How many bytes of `[lo, hi)` other open file descriptions hold, counting up to `cap` at
+/// most. Every byte of a wider lock counts (a directory writer holding a wide range makes the
+/// count larger, never smaller: a denial of service, never a holder hidden); too many scattered
+/// locks to look at count as `cap`.
+fn count_held(file: &File, lo: i64, hi: i64, cap: usize) -> io::Result<usize> {
+    let mut todo = vec![(lo, hi)];
+    let (mut n, mut probes) = (0usize, 0);
+    while let Some((lo, hi)) = todo.pop() {
+        if lo >= hi || n >= cap {
+            continue;
+        }
+        probes += 1;
+        if probes > MAX_PROBES {
+            return Ok(cap);
+        }
+        if let Some((a, b)) = other_in(file, lo, hi)? {
+            n = n.saturating_add(usize::try_from(b - a).unwrap_or(usize::MAX));
+            todo.push((b, hi));
+            todo.push((lo, a));
+        }
+    }
+    Ok(n.min(cap))
+}
+
+/// A shared or slotted holder's mark (PROTOCOL.md §13): a read lock on the lowest byte of
+/// `[lo, hi)` that no other open file description holds, taken inside the section (and,
+/// locally, the announcement), so that no two holders share a byte and [`count_held`] counts
+/// each once. Unlike an exclusive holder's mark it carries no token: a directory writer can
+/// forge every token a record shows, so these marks are counted, never compared with a
+/// record. `Ok(false)` when no byte is free.
+fn hold_lowest_free(file: &File, lo: i64, hi: i64) -> io::Result<bool> {
+    match lowest_free(file, lo, hi)? {
+        Some(at) => ofd_at(file, libc::F_RDLCK as libc::c_short, false, at),
+        None => Ok(false),
+    }
+}
+
+/// How many bytes the shared holders' marks may use: one per holder (4096 slots at most; any
+/// number of `--shared` holders, which the count then caps).
+const SHARED_LEN: i64 = 1 << 20;
+
+/// Takes a shared holder's mark on the mutex file (see [`hold_lowest_free`]).
+pub(crate) fn hold_shared_mark(file: &File) -> io::Result<bool> {
+    hold_lowest_free(file, SHARED, SHARED + SHARED_LEN)
+}
+
+/// How many shared holders' marks others hold on the mutex file (up to `cap`).
+pub(crate) fn shared_marks(file: &File, cap: usize) -> io::Result<usize> {
+    count_held(file, SHARED, SHARED + SHARED_LEN, cap)
 }
 
 /// Blocks until nobody else holds `file`'s lock (a queue ticket's owner left), through a
@@ -220,17 +325,32 @@ pub(crate) fn wait_free(file: &File) -> io::Result<()> {
 /// section ([`announce`]), the rest holds its holders' marks by token ([`DirRegion::hold_mark`]).
 pub(crate) const REGION: i64 = 1 << 24;
 
+/// Where a region's shared holders' marks start: its second half (the first holds the
+/// announcement and the exclusive holders' marks by token).
+const REGION_SHARED: i64 = REGION / 2;
+
 /// One lock's region of LOCK's directory (`LockPaths::dir_region`), for locks a directory
 /// writer cannot take away by deleting a file: the announcement of a section, and the
-/// holders' marks again (a mark on the mutex file goes with the mutex file).
+/// holders' marks again (a mark on the mutex file goes with the mutex file): exclusive holders'
+/// by token in its first half, shared and slotted holders' counted in its second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DirRegion(pub i64);
 
 impl DirRegion {
-    /// The byte of token `t`'s mark: past the announcement; tokens beyond the region share
+    /// The byte of token `t`'s mark: past the announcement; tokens beyond the first half share
     /// its last byte (a frozen superseded holder's mark then blocks like a current one's).
     fn mark(self, t: u64) -> i64 {
-        self.0 + 1 + i64::try_from(t).unwrap_or(i64::MAX).min(REGION - 2)
+        self.0 + 1 + i64::try_from(t).unwrap_or(i64::MAX).min(REGION_SHARED - 2)
+    }
+
+    /// Takes a shared holder's mark through `dir` (see [`hold_shared_mark`]).
+    pub(crate) fn hold_shared_mark(self, dir: &File) -> io::Result<bool> {
+        hold_lowest_free(dir, self.0 + REGION_SHARED, self.0 + REGION)
+    }
+
+    /// How many shared holders' marks others hold in this region (up to `cap`).
+    pub(crate) fn shared_marks(self, dir: &File, cap: usize) -> io::Result<usize> {
+        count_held(dir, self.0 + REGION_SHARED, self.0 + REGION, cap)
     }
 
     /// Takes the mark of token `token` through `dir` (see [`hold_mark`]).
@@ -251,10 +371,11 @@ impl DirRegion {
             .map_err(io::Error::from)
     }
 
-    /// Whether anyone else holds a mark of token `from` or above in this region.
+    /// Whether anyone else holds a mark of token `from` or above in this region (shared
+    /// holders' marks apart).
     pub(crate) fn marked(self, dir: &File, from: u64) -> io::Result<bool> {
         let first = self.mark(from);
-        held_in(dir, first, self.0 + REGION - first)
+        held_in(dir, first, self.0 + REGION_SHARED - first)
     }
 }
 
@@ -390,6 +511,60 @@ mod tests {
         assert!(one.marked(&b, u64::MAX).unwrap());
         one.drop_marks(&a).unwrap();
         assert!(!one.marked(&b, 0).unwrap());
+    }
+
+    /// Shared holders' marks are counted, one byte each (the lowest free), through any
+    /// descriptor but the holder's own; they are apart from the token marks; a wide lock
+    /// someone else holds counts every byte (more, never fewer), and a closed descriptor's
+    /// mark frees its byte for the next holder.
+    #[test]
+    fn shared_holders_marks_are_counted_one_byte_each_apart_from_token_marks() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = || File::open(dir.path()).unwrap();
+        let region = DirRegion(3 * REGION);
+        let (a, b, c, look) = (d(), d(), d(), d());
+        assert_eq!(region.shared_marks(&look, 10).unwrap(), 0);
+        assert!(region.hold_shared_mark(&a).unwrap());
+        assert!(region.hold_shared_mark(&b).unwrap());
+        assert!(region.hold_shared_mark(&c).unwrap());
+        assert_eq!(region.shared_marks(&look, 10).unwrap(), 3);
+        assert_eq!(region.shared_marks(&look, 2).unwrap(), 2, "capped");
+        assert_eq!(region.shared_marks(&a, 10).unwrap(), 2, "not our own");
+        assert!(!region.marked(&look, 0).unwrap(), "apart from token marks");
+        drop(b);
+        assert_eq!(region.shared_marks(&look, 10).unwrap(), 2);
+        let e = d();
+        assert!(region.hold_shared_mark(&e).unwrap());
+        assert_eq!(
+            region.shared_marks(&look, 10).unwrap(),
+            3,
+            "b's byte reused, not shared"
+        );
+        // Someone holding the whole range counts as every byte of it.
+        let wide = d();
+        let fl = span(
+            libc::F_RDLCK as libc::c_short,
+            region.0 + REGION_SHARED,
+            REGION - REGION_SHARED,
+        );
+        fcntl(wide.as_fd(), FcntlArg::F_OFD_SETLK(&fl)).unwrap();
+        assert_eq!(region.shared_marks(&look, 100).unwrap(), 100);
+        region.drop_marks(&a).unwrap();
+        region.drop_marks(&c).unwrap();
+        region.drop_marks(&e).unwrap();
+        drop(wide);
+        assert_eq!(region.shared_marks(&look, 10).unwrap(), 0);
+        // On the mutex file too, apart from the token marks.
+        let (_d2, p, _) = fixture();
+        let (f, g) = (open(&p, false), open(&p, false));
+        assert!(hold_shared_mark(&f).unwrap());
+        assert_eq!(shared_marks(&g, 5).unwrap(), 1);
+        assert!(!mark_held(&g, 0).unwrap());
+        hold_mark(&f, u64::MAX).unwrap();
+        assert!(mark_held(&g, u64::MAX).unwrap());
+        assert_eq!(shared_marks(&g, 5).unwrap(), 1);
+        drop_mark(&f).unwrap();
+        assert_eq!(shared_marks(&g, 5).unwrap(), 0);
     }
 
     #[test]

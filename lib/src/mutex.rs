@@ -448,6 +448,27 @@ impl MutexGuard {
         }
     }
 
+    /// Takes a shared or slotted holder's mark (`klock::hold_shared_mark`) on the mutex file
+    /// and, locally, in LOCK's directory, kept as [`MutexGuard::hold_mark`]'s is. Best effort,
+    /// as that one.
+    pub(crate) fn hold_shared_mark(&self) {
+        let _ = klock::hold_shared_mark(&self.file.file);
+        if let Some(d) = &self.file.dir {
+            let _ = self.file.region.hold_shared_mark(d);
+        }
+    }
+
+    /// How many shared or slotted holders of this lock hold their marks (counted up to
+    /// `cap`): the greater of the counts on the mutex file and, locally, in LOCK's directory,
+    /// which a directory writer can neither delete nor lower. An error counts as `cap` (the
+    /// contender waits: a denial of service, never an overlap).
+    pub(crate) fn shared_holders(&self, cap: usize) -> usize {
+        let file = klock::shared_marks(&self.file.file, cap).unwrap_or(cap);
+        let dir = (self.file.dir.as_ref())
+            .map_or(0, |d| self.file.region.shared_marks(d, cap).unwrap_or(cap));
+        file.max(dir)
+    }
+
     /// Whether another holder's mark of token `from` or above is held on this mutex file
     /// (`klock::mark_held`), or in LOCK's directory; an error says no (the record decides, as
     /// before marks existed).
@@ -685,15 +706,16 @@ fn parse_last(line: &[u8], ceiling: u64, boot: &str) -> Option<u64> {
     (of == ceiling && !boot.is_empty() && id == boot && last <= ceiling).then_some(last)
 }
 
-/// Whether a holder's mark (`klock::hold_mark`) is held on the mutex file of `paths`, if that
-/// file exists: a look that creates nothing.
+/// Whether a holder's mark (`klock::hold_mark`, or a shared holder's) is held on the mutex file
+/// of `paths`, if that file exists, or in LOCK's directory: a look that creates nothing.
 pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
     let dir = paths.handle();
-    dir.open_existing(paths.mutex_name(), false)
-        .is_ok_and(|f| klock::mark_held(&f, 0).unwrap_or(false))
-        || dir
-            .reopen()
-            .is_ok_and(|d| paths.dir_region().marked(&d, 0).unwrap_or(false))
+    let region = paths.dir_region();
+    dir.open_existing(paths.mutex_name(), false).is_ok_and(|f| {
+        klock::mark_held(&f, 0).unwrap_or(false) || klock::shared_marks(&f, 1).is_ok_and(|n| n > 0)
+    }) || dir.reopen().is_ok_and(|d| {
+        region.marked(&d, 0).unwrap_or(false) || region.shared_marks(&d, 1).is_ok_and(|n| n > 0)
+    })
 }
 
 /// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.

@@ -152,13 +152,15 @@ impl<S: Store> Holders<S> {
         mems: &mut Vec<Memory>,
     ) -> Result<Holders<S>> {
         // Without a mode (LOCK is plain, missing or emptied by hand), the holder files present
-        // are counted: they are numbered from 0 without gaps, and never deleted.
-        let width = match mode {
-            Some(m) => m.width,
-            None => (0..MAX_WIDTH)
+        // are counted: they are numbered from 0 without gaps, and never deleted. With one, the
+        // files present past its width too (a width forged smaller must not make a contender
+        // write over a live holder's file).
+        let present = |from: u32| {
+            (from..MAX_WIDTH)
                 .find(|k| matches!(store.holder(*k).read(), Ok(LockContent::Missing)))
-                .unwrap_or(MAX_WIDTH),
+                .unwrap_or(MAX_WIDTH)
         };
+        let width = present(mode.map_or(0, |m| m.width.min(MAX_WIDTH)));
         if mems.len() < width as usize {
             mems.resize_with(width as usize, Memory::default);
         }

@@ -108,6 +108,13 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
         };
         holders::look(&store, mode, &mut v, look)?;
     }
+    // Shared or slotted holders whose records are gone or forged still hold their counted
+    // marks (PROTOCOL.md §13): the lock is held, whatever the files say (free or stale).
+    if matches!(v.state, State::Free | State::Stale)
+        && m.as_ref().is_some_and(|m| store.shared_holders(m, 1) > 0)
+    {
+        v.holder_unseen();
+    }
     v.queue = store.waiting();
     Ok(v)
 }

@@ -12,6 +12,7 @@ mod output;
 mod planted_names;
 mod round_two;
 mod script_users;
+mod tampered_slots;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
 /// with `--exact worker --include-ignored` and a role. Ignored in a normal run, where it would

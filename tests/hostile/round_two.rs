@@ -20,7 +20,7 @@ use harness::{LONG, LinkProtectionsOff, Outcome, Proc, Scene, Snapshot, Who, des
 
 /// The attack tests' scene: link protections off (and confirmed off), a group-shared setgid
 /// directory `shared` with `job.lock` in it.
-fn attack_scene(test: &'static str) -> Option<(LinkProtectionsOff, Scene, PathBuf)> {
+pub(super) fn attack_scene(test: &'static str) -> Option<(LinkProtectionsOff, Scene, PathBuf)> {
     if harness::skip(test) {
         return None;
     }
@@ -35,7 +35,7 @@ fn attack_scene(test: &'static str) -> Option<(LinkProtectionsOff, Scene, PathBu
 }
 
 /// `.NAME.leasehold-SUFFIX` beside `lock`.
-fn helper(lock: &Path, suffix: &str) -> PathBuf {
+pub(super) fn helper(lock: &Path, suffix: &str) -> PathBuf {
     let name = lock.file_name().unwrap().to_str().unwrap();
     lock.with_file_name(format!(".{name}.leasehold-{suffix}"))
 }

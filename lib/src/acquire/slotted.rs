@@ -6,7 +6,8 @@
 //! in line only, enter when compatible: an exclusive contender when LOCK is free and no holder
 //! file is held (it then writes a plain lease over LOCK), a shared or slotted one when LOCK
 //! holds no exclusive lease and a holder file below the limit is free (it writes LOCK's shared
-//! record, then its own lease into that file, with a token from the one sequence).
+//! record, then its own lease into that file, with a token from the one sequence) — and in
+//! both cases only if the holders' kernel marks agree (PROTOCOL.md §13: files can be forged).
 //! Must never: enter while an exclusive lease is live, let an exclusive contender in while a
 //! holder file is held, put more holders in files than the slot limit allows, or let anyone
 //! overtake a live waiter.
@@ -68,7 +69,26 @@ pub(super) fn attempt<S: Store>(
             place = std::mem::take(&mut q.place);
         }
         let limit = want.limit_or(crate::record::MAX_WIDTH);
+        // The kernel's count, which no file decides (PROTOCOL.md §13): holders' marks that the
+        // records do not show (a holder file removed, LOCK's width or record forged) keep the
+        // contender out as their holders would.
+        let would_enter = match want {
+            Want::Exclusive => occupied == 0,
+            Want::Shared | Want::Slots(_) => holders.free_index(limit).is_some(),
+        };
+        let blocked = if would_enter {
+            marks_block(ctx, &section, &content, want, occupied)
+        } else {
+            None
+        };
+        if let Some(why) = &blocked {
+            if v.state == State::Free {
+                v.holder_unseen();
+            }
+            v.reason = format!("{why}; {}", v.reason);
+        }
         match want {
+            _ if blocked.is_some() => {}
             Want::Exclusive if occupied == 0 => {
                 return take_in(ctx, &ctx.store, section, place, prev, broke, draft);
             }
@@ -94,6 +114,41 @@ pub(super) fn attempt<S: Store>(
         return busy(ctx, section, v, holders, want, line, q);
     }
     busy(ctx, section, v, holders, want, line, q)
+}
+
+/// Why the holders' kernel marks keep a contender that the records would let in out, if they
+/// do: for an exclusive contender, any shared or slotted holder's mark, or an exclusive
+/// holder's mark of LOCK's token or above while LOCK shows no live lease; for a shared one,
+/// that exclusive mark; for one of N slots, that mark or N shared holders' marks (`occupied`
+/// is how many the holder files show).
+fn marks_block<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: &S::Section,
+    content: &LockContent,
+    want: Want,
+    occupied: usize,
+) -> Option<String> {
+    let cap = match want {
+        Want::Slots(n) => n as usize,
+        Want::Exclusive => 1,
+        Want::Shared => 0,
+    };
+    let marks = if cap == 0 {
+        0
+    } else {
+        ctx.store.shared_holders(section, cap)
+    };
+    if cap > 0 && marks >= cap {
+        return Some(match want {
+            Want::Slots(n) => format!(
+                "{marks} holders of this lock hold their kernel marks (of {n} slots), though \
+                 its holder files show {occupied}"
+            ),
+            _ => "a shared holder of this lock holds its kernel mark".into(),
+        });
+    }
+    exclusive_unseen(ctx, section, content)
+        .then(|| "an exclusive holder of this lock holds its kernel mark".into())
 }
 
 /// Writes LOCK's record of a shared lock with `mode` (see `slots::lock_record`), unless LOCK

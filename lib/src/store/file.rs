@@ -134,6 +134,18 @@ impl FileStore {
     }
 }
 
+impl FileStore {
+    /// Whether LOCK's file can only have been written by us or root: owned by our uid or root,
+    /// one link, no group or other write bit.
+    fn record_trusted(&self) -> bool {
+        let me = rustix::process::geteuid().as_raw();
+        matches!(
+            self.paths.handle().stat(self.paths.lock_name()),
+            Ok(Some(m)) if (m.uid == me || m.uid == 0) && m.nlink == 1 && m.mode & 0o022 == 0
+        )
+    }
+}
+
 /// A queueing failure (a full or read-only directory) degrades to unordered waiting, never to
 /// refusal — except something planted at the queue's names (not leasehold's own files), which
 /// is refused at once, naming it, rather than silently waited around.
@@ -323,7 +335,12 @@ impl Store for FileStore {
         // Our holder's marks, before the lease becomes visible (see [`holder_mark`] and
         // `klock::hold_mark`): the second stays with the mutex descriptor we keep as witness.
         let mark = holder_mark(&self.paths);
-        m.hold_mark(token);
+        if self.origin.is_some() {
+            // A holder file's lease (a shared or slotted holder): a counted mark, no token's.
+            m.hold_shared_mark();
+        } else {
+            m.hold_mark(token);
+        }
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = BootInstant::now();
         let prepared = ticket
@@ -343,11 +360,23 @@ impl Store for FileStore {
     }
 
     fn marked(&self, section: &MutexGuard, from: u64) -> bool {
+        // The token a record shows is a floor for the marks only if nobody but us or root can
+        // have written that record (PROTOCOL.md §4): a directory writer's released record with
+        // a token above a running holder's must not hide that holder's mark.
+        let from = if from > 0 && !self.record_trusted() {
+            0
+        } else {
+            from
+        };
         section.holder_marked(from)
     }
 
     fn kernel_locked(&self, _: &MutexGuard) -> Option<String> {
         self.foreign_lock()
+    }
+
+    fn shared_holders(&self, section: &MutexGuard, cap: usize) -> usize {
+        section.shared_holders(cap)
     }
 
     fn replace(&self, _: &MutexGuard, lease: &Lease) -> Result<()> {

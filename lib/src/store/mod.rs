@@ -300,6 +300,14 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
         None
     }
 
+    /// Inside the section: how many shared or slotted holders of this lock hold their kernel
+    /// marks (PROTOCOL.md §13), counted up to `cap` — whatever LOCK and the holder files say,
+    /// which a directory writer can delete or forge. Default: none (a store whose records
+    /// nobody but its holders can change).
+    fn shared_holders(&self, _section: &Self::Section, _cap: usize) -> usize {
+        0
+    }
+
     /// What wakes this contender, set up lazily (see [`Store::wait`]).
     /// `cancel`, when given, ends any wait at once once it is cancelled.
     fn waker(
