@@ -483,6 +483,88 @@ fn a_forged_record_with_a_ttl_no_leasehold_grants_is_cleared_by_break_force() {
     sc.finish();
 }
 
+// ---------------------------------------------------------------------------------------------
+// 6. Token regression: what PROTOCOL §10 states a member can do
+// ---------------------------------------------------------------------------------------------
+
+/// Member A takes `job.lock` five times (tokens 1–5). Member B then lowers the mutex file's
+/// token lines (group-writable: every member records tokens there) and replaces LOCK with a
+/// released record of its own naming token 1. A's next run gets a token at or below 5 — the
+/// regression PROTOCOL §10 states ("Fencing tokens are only as monotonic as the mutex file"):
+/// a resource that keeps the highest token it saw refuses that holder's writes, a denial of
+/// service, never an overlap — and the run itself is a normal, single holding. If this test
+/// fails because the token did not go back, §10 says more than the code now does: update it.
+#[test]
+fn a_member_can_lower_the_token_high_water_mark_as_protocol_10_states() {
+    let test = "a_member_can_lower_the_token_high_water_mark_as_protocol_10_states";
+    let Some((_p, sc, lock)) = attack_scene(test) else {
+        return;
+    };
+    let token_of = |o: &Outcome| -> u64 {
+        o.stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no token: {}", describe(o)))
+    };
+    let mut last = 0;
+    for _ in 0..5 {
+        let o = sc.run_as(
+            sc.a(),
+            0o002,
+            &["run", "-n", s(&lock), "-c", "echo $LEASEHOLD_TOKEN"],
+        );
+        sc.expect_ok(&o, "A's run");
+        last = token_of(&o);
+    }
+    assert_eq!(last, 5, "A's five runs got tokens 1-5");
+    let mutex = helper(&lock, "mutex");
+    let head = fs::read(&mutex).unwrap();
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.lines();
+    let (l1, l2) = (lines.next().unwrap(), lines.next().unwrap());
+    assert!(l1.starts_with("leasehold-mutex 1 token "), "{l1}");
+    let boot = l2.rsplit(" boot ").next().unwrap().trim_end();
+    let lowered = format!(
+        "leasehold-mutex 1 token {:020}\nlast {:020} of {:020} boot {boot:<36}\n",
+        1, 1, 1
+    );
+    assert_eq!(
+        lowered.len(),
+        l1.len() + l2.len() + 2,
+        "the token lines' width"
+    );
+    // B rewrites the token lines in place and renames a released record of its own over LOCK.
+    let mut who = leasehold::Identity::current();
+    (who.uid, who.user) = (sc.w.b.uid, sc.w.b.name.clone());
+    let mut rec = crate::support::crafted(1, 1, &who, Duration::from_secs(30), 1);
+    rec.state = leasehold::LeaseState::Released;
+    let forged = sc.cs.dir.join("forged-released");
+    fs::write(&forged, rec.to_bytes()).unwrap();
+    harness::chmod(&forged, 0o644);
+    sc.w.sh(
+        sc.b(),
+        0o002,
+        "printf '%s' \"$2\" | dd of=\"$1\" conv=notrunc 2>/dev/null && cp \"$3\" \"$4.f\" && mv -f \"$4.f\" \"$4\"",
+        &[s(&mutex), &lowered, s(&forged), s(&lock)],
+    );
+    // In place: the lowered lines, B's record at LOCK.
+    assert!(fs::read(&mutex).unwrap().starts_with(lowered.as_bytes()));
+    assert_eq!(fs::metadata(&lock).unwrap().uid(), sc.w.b.uid);
+    assert_eq!(read_lease(&lock)["token"].as_u64(), Some(1));
+    let o = sc.run_as(
+        sc.a(),
+        0o002,
+        &["run", "-n", s(&lock), "-c", "echo $LEASEHOLD_TOKEN"],
+    );
+    sc.expect_ok(&o, "A's run after B's rewrite");
+    let after = token_of(&o);
+    eprintln!("{test}: A's token after B lowered the mark: {after} (before: {last})");
+    sc.check(after <= last, || {
+        format!("A got token {after} > {last}: PROTOCOL §10's statement is out of date")
+    });
+    sc.finish();
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
