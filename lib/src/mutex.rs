@@ -45,8 +45,9 @@ const IDENTITY_PREFIX: &str = "lock ";
 /// The longest identity line: a 255-byte name.
 const IDENTITY_MAX: u64 = (IDENTITY_PREFIX.len() + 2 * crate::paths::NAME_MAX + 1) as u64;
 /// How long a contender that finds an empty mutex file waits for its creator to write the
-/// identity line (written right after the exclusive create) before refusing it.
-const EMPTY_PATIENCE: Duration = Duration::from_millis(200);
+/// identity line (written right after the exclusive create) before refusing it: long enough
+/// for another NFS host's write to reach the server and this client.
+const EMPTY_PATIENCE: Duration = Duration::from_millis(1000);
 
 /// The mutex file, open (not necessarily locked), with the identity of the inode it names and
 /// the process that opened it. Kept across acquisitions by a builder, and by a guard as its
@@ -629,21 +630,46 @@ fn unhex(h: &[u8]) -> Option<Vec<u8>> {
 
 /// As [`identify`], waiting up to [`EMPTY_PATIENCE`] while the file is empty (its creator
 /// writes the identity line right after creating it exclusively). Returns the file's last stat.
+///
+/// Each look after the first opens the name again: on NFS an open descriptor's size and bytes
+/// come from the client's caches, which may keep showing the empty file another host has
+/// written since (seen in the NFS lab: two hosts' first runs at once, one refused with 65); an
+/// open revalidates them (close-to-open). While the name leads elsewhere (deleted, replaced),
+/// the descriptor we hold is watched instead.
 fn identify_patiently(paths: &LockPaths, file: &File, meta: Meta) -> Result<(Identity, Meta)> {
     let path = &paths.mutex;
     let start = Instant::now();
     let mut meta = meta;
+    let mut fresh: Option<File> = None;
     loop {
-        let id = identify(file, &meta, paths.mutex_of())
+        let id = identify(fresh.as_ref().unwrap_or(file), &meta, paths.mutex_of())
             .map_err(|e| Error::io(path, "read the mutex file", e))?;
         if meta.size != 0 || start.elapsed() >= EMPTY_PATIENCE {
             return Ok((id, meta));
         }
         std::thread::sleep(Duration::from_millis(2));
-        meta = file
-            .metadata()
-            .map(|m| Meta::of(&m))
-            .map_err(|e| Error::io(path, "stat the mutex", e))?;
+        // The same inode opened again by name; if the name is gone or leads elsewhere now, the
+        // descriptor we hold is watched as before (its creator may still write its identity
+        // line; the caller's checks after locking — link count, inode — see the change).
+        let again = paths
+            .handle()
+            .open_existing(paths.mutex_name(), false)
+            .ok()
+            .and_then(|f| Some((Meta::of(&f.metadata().ok()?), f)))
+            .filter(|(m, _)| m.id() == meta.id());
+        match again {
+            Some((now, f)) => {
+                meta = now;
+                fresh = Some(f);
+            }
+            None => {
+                meta = file
+                    .metadata()
+                    .map(|m| Meta::of(&m))
+                    .map_err(|e| Error::io(path, "stat the mutex", e))?;
+                fresh = None;
+            }
+        }
     }
 }
 
