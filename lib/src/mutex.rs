@@ -744,84 +744,78 @@ pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
     })
 }
 
-/// A (pid, start time) seen holding the kernel lock on `file`'s inode in /proc/locks.
-pub(crate) fn holder_pid(file: &File) -> Option<i32> {
-    let meta = file.metadata().ok()?;
-    let (maj, min) = (
+/// One granted lock on a file's inode, as /proc/locks lists it.
+struct ProcLock {
+    /// `FLOCK`, `POSIX` or `OFDLCK`.
+    kind: String,
+    /// `WRITE` (exclusive) or `READ`.
+    exclusive: bool,
+    /// The owning process; OFD locks show -1 (no process owns them).
+    pid: i32,
+}
+
+/// The granted locks on `file`'s inode in /proc/locks (blocked requests, marked `->`, left out;
+/// this host's locks only). Empty when it cannot be read.
+fn proc_locks(file: &File) -> Vec<ProcLock> {
+    let Ok(meta) = file.metadata() else {
+        return Vec::new();
+    };
+    let (maj, min, ino) = (
         nix::sys::stat::major(meta.dev()),
         nix::sys::stat::minor(meta.dev()),
+        meta.ino(),
     );
-    let ino = meta.ino();
-    let text = std::fs::read_to_string("/proc/locks").ok()?;
-    for line in text.lines() {
-        // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF" (a "->" marks blocked waiters)
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.get(1) == Some(&"->") || f.len() < 6 {
-            continue;
-        }
-        let mut dev = f[5].split(':');
-        let (Some(a), Some(b), Some(i)) = (dev.next(), dev.next(), dev.next()) else {
-            continue;
-        };
-        let same = u64::from_str_radix(a, 16).ok() == Some(maj)
-            && u64::from_str_radix(b, 16).ok() == Some(min)
-            && i.parse::<u64>().ok() == Some(ino);
-        // OFD locks show pid -1 (no process owns them); a holder on this host also holds the
-        // flock, which names it. Never a pid below 1: it would name no process, or all of them.
-        if same
-            && let Ok(pid) = f[4].parse::<i32>()
-            && pid > 0
-        {
-            return Some(pid);
-        }
-    }
-    None
+    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF"
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(1) == Some(&"->") || f.len() < 6 {
+                return None;
+            }
+            let mut dev = f[5].split(':');
+            let (a, b, i) = (dev.next()?, dev.next()?, dev.next()?);
+            let same = u64::from_str_radix(a, 16).ok() == Some(maj)
+                && u64::from_str_radix(b, 16).ok() == Some(min)
+                && i.parse::<u64>().ok() == Some(ino);
+            same.then(|| ProcLock {
+                kind: f[1].to_lowercase(),
+                exclusive: f[3] == "WRITE",
+                pid: f[4].parse().unwrap_or(-1),
+            })
+        })
+        .collect()
+}
+
+/// A pid seen holding the kernel lock on `file`'s inode in /proc/locks. OFD locks name no
+/// process; a holder on this host also holds the flock, which names it. Never a pid below 1:
+/// it would name no process, or all of them.
+pub(crate) fn holder_pid(file: &File) -> Option<i32> {
+    proc_locks(file).into_iter().map(|l| l.pid).find(|&p| p > 0)
 }
 
 /// Who holds an exclusive (`WRITE`) kernel lock of any kind on `file`'s inode, by
-/// /proc/locks, in words — `pid 812 (user bob, state S, flock)` — if anyone does (this host's
-/// locks only). Shared locks are not counted.
+/// /proc/locks, in words — `pid 812 (user bob, state S, flock lock)` — if anyone does (this
+/// host's locks only). Shared locks are not counted.
 pub(crate) fn exclusive_locker(file: &File) -> Option<String> {
-    let meta = file.metadata().ok()?;
-    let (maj, min) = (
-        nix::sys::stat::major(meta.dev()),
-        nix::sys::stat::minor(meta.dev()),
-    );
-    let ino = meta.ino();
-    let text = std::fs::read_to_string("/proc/locks").ok()?;
-    for line in text.lines() {
-        // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF" (a "->" marks blocked waiters)
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.get(1) == Some(&"->") || f.len() < 6 || f[3] != "WRITE" {
-            continue;
-        }
-        let mut dev = f[5].split(':');
-        let (Some(a), Some(b), Some(i)) = (dev.next(), dev.next(), dev.next()) else {
-            continue;
-        };
-        let same = u64::from_str_radix(a, 16).ok() == Some(maj)
-            && u64::from_str_radix(b, 16).ok() == Some(min)
-            && i.parse::<u64>().ok() == Some(ino);
-        if !same {
-            continue;
-        }
-        let kind = f[1].to_lowercase();
-        let who = match f[4].parse::<i32>() {
-            Ok(pid) if pid > 0 => match process::stat(pid).ok().flatten() {
-                Some(s) => format!(
-                    "pid {} (user {}, state {}, {kind} lock)",
-                    s.pid,
-                    user_name(s.uid),
-                    s.state
-                ),
-                None => format!("pid {pid} ({kind} lock)"),
-            },
-            // OFD locks name no process.
-            _ => format!("an open file description ({kind} lock; no pid to name)"),
-        };
-        return Some(who);
-    }
-    None
+    let l = proc_locks(file).into_iter().find(|l| l.exclusive)?;
+    let kind = &l.kind;
+    let proc = (l.pid > 0)
+        .then(|| process::stat(l.pid).ok().flatten())
+        .flatten();
+    Some(match proc {
+        Some(s) => format!(
+            "pid {} (user {}, state {}, {kind} lock)",
+            s.pid,
+            user_name(s.uid),
+            s.state
+        ),
+        None if l.pid > 0 => format!("pid {} ({kind} lock)", l.pid),
+        // OFD locks name no process.
+        None => format!("an open file description ({kind} lock; no pid to name)"),
+    })
 }
 
 /// Who holds the kernel lock on `file`'s inode, in words: `pid 812 (user bob, state S)`.
