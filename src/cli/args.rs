@@ -367,6 +367,10 @@ pub struct RunArgs {
     /// Also print the token and lease id on acquiring, and how the lease was released.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Report on stderr as one JSON object a line, one per event (waiting, acquired, broke,
+    /// refused, fenced, released, ...; every event, whatever -q or -v say): docs/json.md.
+    #[arg(long)]
+    pub json: bool,
     /// The lock file (created if missing; its directory must exist).
     #[arg(value_name = "LOCK")]
     pub lock: PathBuf,

@@ -1,6 +1,6 @@
 //! What `run` does with the lock's memory of the last holding, and `leasehold ack LOCK`.
 //!
-//! Owns: the `LEASEHOLD_PREVIOUS*` values a command (and a `--recover` command) gets, the
+//! Owns: the `LEASEHOLD_PREVIOUS*` values' source (`previous.rs` keeps them), the
 //! checks between taking the lease and opening the command's gate (`--once-per`,
 //! `--after-crash`, `--recover`), running the recovery command under the lease (fenced like
 //! the command if the lease is lost), and `ack`'s exit status. The library keeps and classifies
@@ -17,47 +17,11 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::cli::args::{AckArgs, AfterCrash, RunArgs};
+use crate::cli::events::{Event, Renderer};
 use crate::cli::{exit, report};
 use crate::supervise::Supervisor;
 
-/// The variables the command gets about the holding before it, in the gate's order.
-pub(crate) const PREVIOUS: [&str; 5] = [
-    "LEASEHOLD_PREVIOUS",
-    "LEASEHOLD_PREVIOUS_STATUS",
-    "LEASEHOLD_PREVIOUS_HOST",
-    "LEASEHOLD_PREVIOUS_TOKEN",
-    "LEASEHOLD_PREVIOUS_ENDED",
-];
-
-/// The `LEASEHOLD_PREVIOUS*` values for `guard`'s lease, in [`PREVIOUS`]'s order: `none` and
-/// empty values when no ending is known; the status only when released.
-pub(crate) fn previous_env(guard: &LeaseGuard) -> Vec<(&'static str, String)> {
-    previous_values(guard.previous().as_ref(), &guard.lease().acquired_at)
-}
-
-/// The `LEASEHOLD_PREVIOUS*` values for a holding acquired at `acquired` after `last`.
-pub(crate) fn previous_values(
-    last: Option<&LastEnding>,
-    acquired: &str,
-) -> Vec<(&'static str, String)> {
-    let vals = match last {
-        None => [
-            "none".to_string(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-        ],
-        Some(p) => [
-            p.end.word().to_string(),
-            p.exit_status().map(|s| s.to_string()).unwrap_or_default(),
-            p.host.clone(),
-            p.token.to_string(),
-            p.ended_at(acquired).to_string(),
-        ],
-    };
-    PREVIOUS.into_iter().zip(vals).collect()
-}
+pub(crate) use super::previous::previous_env;
 
 /// What to do once the lease is held, before the command's gate opens.
 pub(crate) enum Before {
@@ -83,23 +47,24 @@ pub(crate) fn unsupported(a: &RunArgs) -> Option<String> {
 }
 
 /// `--once-per`, `--after-crash` and `--recover`, in that order, for the lease `guard` holds
-/// (`sup`'s guardian is armed before a recovery command runs).
-pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard, sup: &mut Supervisor) -> Before {
+/// (`sup`'s guardian is armed before a recovery command runs), told through `ev`.
+pub(crate) fn before_command(
+    a: &RunArgs,
+    guard: &LeaseGuard,
+    sup: &mut Supervisor,
+    ev: &dyn Renderer,
+) -> Before {
     let lock = guard.path().to_path_buf();
     if let Some(period) = a.once_per {
         let last = guard.last_start();
         if let Some(next) = too_soon(last.as_deref(), period, SystemTime::now()) {
-            if !a.quiet {
-                say!(
-                    "{}",
-                    report::once_per_line(
-                        &lock,
-                        last.as_deref().unwrap_or("?"),
-                        period,
-                        &format_rfc3339(next)
-                    )
-                );
-            }
+            ev.emit(&Event::TooSoon {
+                lock: &lock,
+                last: last.as_deref().unwrap_or("?"),
+                period,
+                next: &format_rfc3339(next),
+                exit: i32::from(a.lease.conflict_exit_code),
+            });
             return Before::Stop {
                 code: i32::from(a.lease.conflict_exit_code),
                 why: format!("--once-per {}: started too soon", human_duration(period)),
@@ -111,7 +76,12 @@ pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard, sup: &mut Supervis
     };
     let acquired = guard.lease().acquired_at;
     if a.after_crash == AfterCrash::Fail {
-        say!("{}", report::after_crash_line(&lock, &prev, &acquired));
+        ev.emit(&Event::AfterCrash {
+            lock: &lock,
+            ending: &prev,
+            acquired: &acquired,
+            exit: exit::AFTER_CRASH,
+        });
         return Before::Stop {
             code: exit::AFTER_CRASH,
             why: format!("--after-crash fail: the last holding {}", prev.end.word()),
@@ -119,15 +89,22 @@ pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard, sup: &mut Supervis
     }
     if let Some(cmd) = &a.recover {
         if let Err(e) = sup.arm(guard) {
-            say!("{}", report::error_line(&e));
+            ev.emit(&Event::Failed {
+                lock: &lock,
+                error: &e,
+            });
             return Before::Stop {
                 code: exit::exit_code(&e),
                 why: "--recover: the guardian could not be armed".into(),
             };
         }
-        let code = recover(guard, cmd, a.quiet);
+        let code = recover(guard, cmd, ev);
         if code != 0 {
-            say!("{}", report::recover_failed_line(&lock, cmd, code));
+            ev.emit(&Event::RecoverFailed {
+                lock: &lock,
+                command: cmd,
+                exit: code,
+            });
             return Before::Stop {
                 code,
                 why: format!("--recover failed with status {code}"),
@@ -141,13 +118,11 @@ pub(crate) fn before_command(a: &RunArgs, guard: &LeaseGuard, sup: &mut Supervis
 /// command's environment (LEASEHOLD_LOCK, _TOKEN, _LEASE_ID and the PREVIOUS values); fences it
 /// (TERM, grace, KILL of its group) if the lease is lost meanwhile. Its exit status (128+N for
 /// a signal, 74 when fenced, 127 when it could not be started).
-fn recover(guard: &LeaseGuard, cmd: &str, quiet: bool) -> i32 {
-    if !quiet {
-        say!(
-            "leasehold: running the recovery command first (the last holding did not end cleanly): {}",
-            leasehold::text::quote_argv(&[cmd.to_string()])
-        );
-    }
+fn recover(guard: &LeaseGuard, cmd: &str, ev: &dyn Renderer) -> i32 {
+    ev.emit(&Event::Recovering {
+        lock: guard.path(),
+        command: cmd,
+    });
     let mut c = Command::new("/bin/sh");
     c.arg("-c").arg(cmd).process_group(0);
     c.env("LEASEHOLD_LOCK", guard.path())
@@ -159,7 +134,11 @@ fn recover(guard: &LeaseGuard, cmd: &str, quiet: bool) -> i32 {
     let mut child = match c.spawn() {
         Ok(ch) => ch,
         Err(e) => {
-            say!("leasehold: cannot start the recovery command: {e}");
+            ev.emit(&Event::NotStarted {
+                lock: guard.path(),
+                why: &format!("cannot start the recovery command: {e}"),
+                exit: 127,
+            });
             return 127;
         }
     };

@@ -37,6 +37,18 @@ pub const TIMEOUT: i32 = 124;
 /// LOCK's file system cannot make the lock safe (configuration error).
 pub const CONFIG: i32 = 78;
 
+/// Whether an acquisition error means "the lock could not be had" (`run`'s and `lock`'s -E
+/// status, default 75) rather than a failure.
+pub fn is_conflict(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::WouldBlock { .. }
+            | Error::Timeout { .. }
+            | Error::MutexStuck { .. }
+            | Error::Refused { .. }
+    )
+}
+
 /// The exit status `leasehold` reports for this error (sysexits.h).
 ///
 /// ```

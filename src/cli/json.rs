@@ -1,7 +1,7 @@
-//! The JSON `leasehold status --json` prints for a verdict.
+//! The JSON `leasehold status --json` prints for a verdict (`run --json`'s events carry it too).
 //!
-//! Owns: the field names and shapes of that output (documented in the README; scripts parse it),
-//! and its text: besides the C0 controls JSON always escapes, every character that could move
+//! Owns: the field names and shapes of that output (documented in the README and docs/json.md;
+//! scripts parse it), and its text (pretty for `status`, one line for an event): besides the C0 controls JSON always escapes, every character that could move
 //! or restyle a terminal's text (DEL, the C1 controls such as U+009B, the bidi controls, the
 //! line and paragraph separators) is written as a `\uXXXX` escape, so the bytes printed are
 //! safe on a terminal and parse to exactly the raw value.
@@ -9,7 +9,7 @@
 
 use std::io;
 
-use serde_json::ser::{Formatter, PrettyFormatter};
+use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
 use serde_json::{Value, json};
 
 use leasehold::Verdict;
@@ -94,8 +94,25 @@ pub fn verdict(v: &Verdict) -> Value {
 /// assert_eq!(serde_json::from_str::<serde_json::Value>(&t).unwrap(), v);
 /// ```
 pub fn to_text(v: &Value) -> String {
+    write_with(v, Safe(PrettyFormatter::new()))
+}
+
+/// `v` as JSON on one line (no newline in it: JSON escapes every control character inside a
+/// string), with every terminal-unsafe character escaped as [`to_text`] does.
+///
+/// ```
+/// let v = serde_json::json!({"event": "released", "how": "exited 0\n\u{9b}"});
+/// let t = leasehold_cli::cli::json::to_line(&v);
+/// assert!(!t.contains('\n') && t.contains(r"\u009b"), "{t}");
+/// assert_eq!(serde_json::from_str::<serde_json::Value>(&t).unwrap(), v);
+/// ```
+pub fn to_line(v: &Value) -> String {
+    write_with(v, Safe(CompactFormatter))
+}
+
+fn write_with<F: Formatter>(v: &Value, f: Safe<F>) -> String {
     let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, Safe(PrettyFormatter::new()));
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, f);
     match serde::Serialize::serialize(v, &mut ser) {
         Ok(()) => String::from_utf8(out).unwrap_or_else(|_| "null".into()),
         Err(_) => "null".into(),
@@ -112,10 +129,11 @@ fn unsafe_on_terminal(c: char) -> bool {
         | '\u{2066}'..='\u{2069}')
 }
 
-/// serde_json's pretty formatter, escaping what [`unsafe_on_terminal`] names inside strings.
-struct Safe<'a>(PrettyFormatter<'a>);
+/// A serde_json formatter (pretty or compact), escaping what [`unsafe_on_terminal`] names
+/// inside strings.
+struct Safe<F>(F);
 
-impl Formatter for Safe<'_> {
+impl<F: Formatter> Formatter for Safe<F> {
     fn write_string_fragment<W: ?Sized + io::Write>(
         &mut self,
         w: &mut W,

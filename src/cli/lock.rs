@@ -157,7 +157,7 @@ fn previous(h: &Held) -> Vec<(&'static str, String)> {
         .filter(|l| l.lease_id == h.lease_id);
     let last = lease.as_ref().and_then(|l| l.history.last.clone());
     let acquired = lease.map(|l| l.acquired_at).unwrap_or_default();
-    crate::cli::ending::previous_values(last.as_ref(), &acquired)
+    crate::cli::previous::previous_values(last.as_ref(), &acquired)
 }
 
 /// Writes all of `bytes` to stdout, unbuffered (one `write` for anything up to a pipe's

@@ -18,8 +18,17 @@ use leasehold::{State, Verdict};
 type Latest = Arc<Mutex<Option<(Verdict, Instant)>>>;
 
 /// What makes a plain (non-terminal) line worth printing again: the lease, its state, and what
-/// we wait behind.
-type Key = (Option<String>, State, Option<String>);
+/// we wait behind (`run --json`'s `waiting` event too).
+pub(crate) type Key = (Option<String>, State, Option<String>);
+
+/// `v`'s [`Key`].
+pub(crate) fn key(v: &Verdict) -> Key {
+    (
+        v.lease.as_ref().map(|l| l.lease_id.clone()),
+        v.state,
+        v.behind.clone(),
+    )
+}
 
 /// Shows the wait; cloned into the builder's `on_wait` callback.
 #[derive(Debug, Clone)]
@@ -50,11 +59,7 @@ impl WaitDisplay {
         }
         *lock(&self.latest) = Some((v.clone(), Instant::now()));
         if !self.tty {
-            let key = (
-                v.lease.as_ref().map(|l| l.lease_id.clone()),
-                v.state,
-                v.behind.clone(),
-            );
+            let key = key(v);
             let mut printed = lock(&self.printed);
             if printed.as_ref() != Some(&key) {
                 // Escaped by `blocking_line`.

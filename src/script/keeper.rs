@@ -253,7 +253,7 @@ fn refused(
         let _ = up.write_all(format!("fail {what}\n").as_bytes());
         return 0;
     }
-    let code = if crate::cli::run::is_conflict(e) {
+    let code = if crate::cli::exit::is_conflict(e) {
         if !quiet {
             say(&report::error_line(e));
         }

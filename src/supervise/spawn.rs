@@ -155,7 +155,7 @@ const TOKEN_ROOM: usize = 21;
 const ID_ROOM: usize = 65;
 /// Room for `LEASEHOLD_LOCK`'s value (an absolute path) and its NUL.
 const LOCK_ROOM: usize = libc::PATH_MAX as usize;
-/// Room for each `LEASEHOLD_PREVIOUS*` value (`crate::cli::ending::PREVIOUS`), in order.
+/// Room for each `LEASEHOLD_PREVIOUS*` value (`crate::cli::previous::PREVIOUS`), in order.
 const PREVIOUS_ROOMS: [usize; 5] = [16, 12, 256, 21, 40];
 /// The gate message: the values, each NUL-padded to its room, in this order.
 const GATE_LEN: usize = TOKEN_ROOM
@@ -175,7 +175,7 @@ const GATED: usize = 3 + PREVIOUS_ROOMS.len();
 fn gate_message(guard: &LeaseGuard) -> Result<Vec<u8>> {
     let mut msg = vec![0u8; GATE_LEN];
     let mut at = TOKEN_ROOM + ID_ROOM + LOCK_ROOM;
-    for ((_, v), room) in crate::cli::ending::previous_env(guard)
+    for ((_, v), room) in crate::cli::previous::previous_env(guard)
         .iter()
         .zip(PREVIOUS_ROOMS)
     {
@@ -339,7 +339,7 @@ impl Prepared {
             .map(|a| cstr(a, "an argument"))
             .collect::<Result<Vec<_>>>()?;
         // In gate-message order.
-        let [p0, p1, p2, p3, p4] = crate::cli::ending::PREVIOUS;
+        let [p0, p1, p2, p3, p4] = crate::cli::previous::PREVIOUS;
         let [r0, r1, r2, r3, r4] = PREVIOUS_ROOMS;
         let ours = [
             ("LEASEHOLD_TOKEN", TOKEN_ROOM),

@@ -14,6 +14,7 @@ mod defaults;
 mod endings;
 mod fencing;
 mod flock;
+mod json;
 mod manual;
 mod messages;
 mod readme;
