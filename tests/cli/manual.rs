@@ -470,27 +470,30 @@ fn guide_lists_every_file_kept_beside_lock_and_readme_how_to_install() {
     }
 }
 
-/// Every line of the README's `ini` blocks (the systemd recipe) is a line of the units in
-/// `contrib/systemd/`, which `systemd_recipe_passes_systemd_analyze_verify` checks.
+/// Every line of the `ini` blocks (the systemd recipe) of the README (the service's core) and of
+/// docs/guide.md (the service and its timer) is a line of the units in `contrib/systemd/`, which
+/// `systemd_recipe_passes_systemd_analyze_verify` checks.
 #[test]
 fn readme_systemd_recipe_is_the_verified_units() {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
     let mut units = String::new();
     for name in UNITS {
         units += &std::fs::read_to_string(root().join("contrib/systemd").join(name))
             .expect("read the unit");
     }
     let unit_lines: Vec<&str> = units.lines().map(str::trim).collect();
-    let mut blocks = 0;
-    for block in readme.split("```ini\n").skip(1) {
-        blocks += 1;
-        let block = block.split("```").next().unwrap_or_default();
-        for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            assert!(
-                unit_lines.contains(&line),
-                "README's systemd line {line:?} is not in contrib/systemd/"
-            );
+    for (doc, least) in [("README.md", 1), ("docs/guide.md", 2)] {
+        let text = std::fs::read_to_string(root().join(doc)).expect("read the document");
+        let mut blocks = 0;
+        for block in text.split("```ini\n").skip(1) {
+            blocks += 1;
+            let block = block.split("```").next().unwrap_or_default();
+            for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                assert!(
+                    unit_lines.contains(&line),
+                    "{doc}'s systemd line {line:?} is not in contrib/systemd/"
+                );
+            }
         }
+        assert!(blocks >= least, "{doc} shows {blocks} systemd units");
     }
-    assert!(blocks >= 2, "the README shows {blocks} systemd units");
 }
