@@ -12,6 +12,7 @@ use std::path::Path;
 const DOCS: &[(&str, usize)] = &[
     ("docs/PROTOCOL.md", 3),
     ("docs/flock.md", 1),
+    ("docs/guide.md", 1),
     ("docs/benchmarks.md", 1),
     ("model/README.md", 2),
     ("model/leasehold.pml", 1),

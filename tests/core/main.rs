@@ -10,6 +10,7 @@ mod exclusion_kill;
 mod full_disk;
 mod liveness;
 mod mutex;
+mod rate_skew;
 mod refusals;
 mod release;
 mod shared;
