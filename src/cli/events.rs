@@ -88,11 +88,14 @@ pub(crate) enum Event<'a> {
         command: &'a [OsString],
         reason: &'a str,
     },
-    /// The lease was released; `how` the job ended; `exit` is the run's status.
+    /// The lease was released; `how` the job ended; `exit` is the run's status. `skipped`: the
+    /// command never ran (`--once-per`, `--after-crash`, `--recover` refused it), which the
+    /// human lines say by the refusal alone.
     Released {
         lock: &'a Path,
         how: &'a str,
         exit: i32,
+        skipped: bool,
     },
     /// Something failed (`exit` is the status it maps to, when the run ends by it).
     Failed { lock: &'a Path, error: &'a Error },
@@ -292,8 +295,13 @@ impl Event<'_> {
             } => json!({
                 "lock": path(lock), "command": argv(command), "reason": reason,
             }),
-            Event::Released { lock, how, exit } => json!({
-                "lock": path(lock), "how": how, "exit": exit,
+            Event::Released {
+                lock,
+                how,
+                exit,
+                skipped,
+            } => json!({
+                "lock": path(lock), "how": how, "exit": exit, "skipped": skipped,
             }),
             Event::Failed { lock, error } => json!({
                 "lock": path(lock), "exit": super::exit::exit_code(error),
@@ -350,6 +358,7 @@ impl Renderer for Human {
                 self.wait.waiting(v);
                 return;
             }
+            Event::Released { skipped: true, .. } => false,
             Event::Acquired(_) | Event::Released { .. } => self.verbose,
             Event::Broke(_)
             | Event::Refused { .. }

@@ -78,8 +78,16 @@ pub(super) fn run(a: &RunArgs) -> i32 {
     // The lock's memory of the last holding: --once-per, --after-crash, --recover.
     if let Before::Stop { code, why } = before_command(a, &guard, &mut sup, &*ev) {
         sup.abandon();
-        if let Err(e) = guard.release_skipped(&why) {
-            failed(&e);
+        match guard.release_skipped(&why) {
+            Err(e) => {
+                failed(&e);
+            }
+            Ok(()) => ev.emit(&Event::Released {
+                lock: &lock,
+                how: &why,
+                exit: code,
+                skipped: true,
+            }),
         }
         return code;
     }
@@ -106,6 +114,7 @@ pub(super) fn run(a: &RunArgs) -> i32 {
             lock: &lock,
             how: &how,
             exit: outcome.exit_code(),
+            skipped: false,
         }),
     }
     // A terminal's Ctrl-C or Ctrl-\ that ended the command ends the calling script too.

@@ -1,7 +1,8 @@
 //! `run --json`: one JSON object a line on stderr per event (docs/json.md), stdout left to the
 //! command: on a free lock (acquired, released), a held lock with -n (refused, exit 75), a wait
 //! then the lock (waiting, acquired, released), a fence (fenced, exit 74), a stale lease broken
-//! (broke), a command that cannot start (not-started). Every stderr line must parse, carry the
+//! (broke), a command that cannot start (not-started), a --once-per refusal after the lease was
+//! taken (refused, then a skipped release). Every stderr line must parse, carry the
 //! event's name and the fields docs/json.md promises, and nothing else may be on stderr.
 
 use std::io::{BufRead, BufReader};
@@ -46,7 +47,7 @@ fn promised(name: &str) -> &'static [&'static str] {
         "broke" => &["state", "token", "pid", "host", "reason", "verdict"],
         "refused" => &["because", "exit"],
         "fenced" => &["command", "reason", "survivors", "exit"],
-        "released" => &["how", "exit"],
+        "released" => &["how", "exit", "skipped"],
         "not-started" => &["exit"],
         other => panic!("an event this test does not expect: {other}"),
     }
@@ -243,4 +244,35 @@ fn run_json_reports_a_command_that_cannot_start_with_exit_127() {
         "{:?}",
         evs[0]
     );
+}
+
+#[test]
+fn run_json_once_per_refusal_comes_after_acquired_and_ends_with_a_skipped_release() {
+    let d = tmp();
+    let lock = d.path().join("once.lock");
+    let first = lh_run(&["--json", "--once-per", "1h"], &lock, &["--", "true"]).success();
+    assert_eq!(events(&stderr_of(&first)).1, ["acquired", "released"]);
+    let ran = d.path().join("ran");
+    let out = lh_run(
+        &["--json", "--once-per", "1h"],
+        &lock,
+        &["--", "touch", ran.to_str().expect("utf-8 path")],
+    )
+    .code(75);
+    assert!(
+        !ran.exists(),
+        "the command ran within its --once-per period"
+    );
+    let (evs, names) = events(&stderr_of(&out));
+    assert_eq!(names, ["acquired", "refused", "released"], "{evs:?}");
+    assert_eq!(evs[1]["because"], "once-per");
+    assert_eq!(evs[1]["exit"], 75);
+    assert_eq!(evs[1]["period_ms"], 3_600_000);
+    assert_eq!(evs[2]["skipped"], true);
+    assert_eq!(evs[2]["exit"], 75);
+    // The human lines stay as they were: the refusal alone, even with -v's release lines.
+    let out = lh_run(&["-v", "--once-per", "1h"], &lock, &["--", "true"]).code(75);
+    let err = stderr_of(&out);
+    assert!(!err.contains("leasehold: released"), "{err}");
+    assert!(err.contains("not running the command"), "{err}");
 }

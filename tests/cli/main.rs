@@ -1,8 +1,7 @@
 //! The `leasehold` command line: run, status and break, contention between runs, fencing of the
 //! command, the terminal, script mode (lock/unlock), the README's examples, the manual page,
-//! completions and systemd recipe (`manual`), the `flock` name (`flock`), and the messages a
-//! first-time user reads
-//! (`messages`).
+//! completions and systemd recipe (`manual`), the `flock` name (`flock`), `run --json`'s events
+//! (`json`), and the messages a first-time user reads (`messages`).
 
 #[path = "../support/mod.rs"]
 mod support;
