@@ -388,7 +388,18 @@ fn a_waiting_runs_held_child_runs_nothing_and_dies_with_its_wrapper() {
     let (_, _err) = blocked_line(&mut w);
     // Its children: the held command and its guardian (not armed yet: it exits on EOF).
     let kids = children_of(w.pid());
-    let guardian = guardian_of(w.pid()).expect("the waiter's guardian");
+    // The guardian names itself (`lh-guardian`) once it runs, which on a loaded machine may be
+    // after the waiter's first line.
+    let mut guardian = None;
+    ensure_within(
+        "the waiter's guardian to name itself",
+        Duration::from_secs(10),
+        || {
+            guardian = guardian_of(w.pid());
+            guardian.is_some()
+        },
+    );
+    let guardian = guardian.expect("set by the poll");
     let held: Vec<i32> = kids.iter().copied().filter(|&p| p != guardian).collect();
     assert_eq!(held.len(), 1, "the waiter's children: {kids:?}");
     let held = held[0];
