@@ -1,10 +1,10 @@
 //! What `run` does with the lock's memory of the last holding, and `leasehold ack LOCK`.
 //!
-//! Owns: the `LEASEHOLD_PREVIOUS*` values' source (`previous.rs` keeps them), the
-//! checks between taking the lease and opening the command's gate (`--once-per`,
+//! Owns: the checks between taking the lease and opening the command's gate (`--once-per`,
 //! `--after-crash`, `--recover`), running the recovery command under the lease (fenced like
 //! the command if the lease is lost), and `ack`'s exit status. The library keeps and classifies
-//! the endings (`lib/src/ending.rs`). Must never: start the command when a check refuses, or
+//! the endings (`lib/src/ending.rs`); the `LEASEHOLD_PREVIOUS*` values are `previous.rs`'s; what
+//! `run` tells goes through `events.rs`. Must never: start the command when a check refuses, or
 //! let a refused or failed start count as an ending of its own (those holdings are released as
 //! skipped, keeping the last ending and the last start).
 
