@@ -2,7 +2,8 @@
 //! command: on a free lock (acquired, released), a held lock with -n (refused, exit 75), a wait
 //! then the lock (waiting, acquired, released), a fence (fenced, exit 74), a stale lease broken
 //! (broke), a command that cannot start (not-started), a --once-per refusal after the lease was
-//! taken (refused, then a skipped release). Every stderr line must parse, carry the
+//! taken (refused, then a skipped release), --max-time (timed-out) and a command that leaves a
+//! process behind (leftovers-stopped). Every stderr line must parse, carry the
 //! event's name and the fields docs/json.md promises, and nothing else may be on stderr.
 
 use std::io::{BufRead, BufReader};
@@ -47,6 +48,8 @@ fn promised(name: &str) -> &'static [&'static str] {
         "broke" => &["state", "token", "pid", "host", "reason", "verdict"],
         "refused" => &["because", "exit"],
         "fenced" => &["command", "reason", "survivors", "exit"],
+        "timed-out" => &["command", "limit_ms", "survivors", "exit"],
+        "leftovers-stopped" => &["command", "stopped"],
         "released" => &["how", "exit", "skipped"],
         "not-started" => &["exit"],
         other => panic!("an event this test does not expect: {other}"),
@@ -275,4 +278,31 @@ fn run_json_once_per_refusal_comes_after_acquired_and_ends_with_a_skipped_releas
     let err = stderr_of(&out);
     assert!(!err.contains("leasehold: released"), "{err}");
     assert!(err.contains("not running the command"), "{err}");
+}
+
+#[test]
+fn run_json_reports_max_time_and_leftovers_with_the_runs_exit_status() {
+    let d = tmp();
+    let lock = d.path().join("ends.lock");
+    let out = lh_run(
+        &["--json", "--max-time", "300ms"],
+        &lock,
+        &["--", "sleep", "30"],
+    )
+    .code(124);
+    let (evs, names) = events(&stderr_of(&out));
+    assert_eq!(names, ["acquired", "timed-out", "released"], "{evs:?}");
+    assert_eq!(evs[1]["limit_ms"], 300);
+    assert_eq!(evs[1]["exit"], 124);
+    assert_eq!(evs[1]["command"], serde_json::json!(["sleep", "30"]));
+    assert_eq!(evs[2]["exit"], 124);
+    let out = lh_run(&["--json"], &lock, &["-c", "sleep 30 & exit 0"]).success();
+    let (evs, names) = events(&stderr_of(&out));
+    assert_eq!(
+        names,
+        ["acquired", "leftovers-stopped", "released"],
+        "{evs:?}"
+    );
+    assert_eq!(evs[1]["stopped"], 1);
+    assert_eq!(evs[2]["exit"], 0);
 }
