@@ -30,6 +30,7 @@ use crate::store::binding::Binding;
 pub(crate) mod acquire;
 pub(crate) mod holding;
 pub(crate) mod look;
+pub(crate) mod shared;
 
 /// The URL scheme of an etcd lock.
 pub(crate) const SCHEME: &str = "etcd://";
