@@ -8,9 +8,9 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{held, let_go, lh_out, mkfifo};
+use super::{held, let_go, lh_out, mkfifo, sigkill};
 use crate::support::etcd::Cluster;
-use crate::support::{self, Proc, ensure_within, lh};
+use crate::support::{self, Proc, code, ensure_within, lh};
 
 /// `status --json` of `url`, parsed.
 fn status_json(url: &str) -> serde_json::Value {
@@ -76,21 +76,31 @@ fn etcd_shared_holders_run_together_while_an_exclusive_contender_waits_then_runs
     let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
     assert_eq!(rc, 75, "an exclusive -n behind shared holders: {err}");
     let mut x = exclusive_check(&url, &["-w", "60"], &dir, "x");
-    ensure_within("the exclusive contender to queue", Duration::from_secs(20), || {
-        cl.keys("rw/").len() == 4
-    });
+    ensure_within(
+        "the exclusive contender to queue",
+        Duration::from_secs(20),
+        || cl.keys("rw/").len() == 4,
+    );
     // A shared newcomer does not overtake the waiting exclusive one (FIFO).
     let (rc, _, err) = lh_out(&["run", "-n", "--shared", &url, "--", "true"]);
-    assert_eq!(rc, 75, "a shared -n behind a waiting exclusive contender: {err}");
+    assert_eq!(
+        rc, 75,
+        "a shared -n behind a waiting exclusive contender: {err}"
+    );
     // The shared holders leave one by one; the exclusive one enters only after the last.
     for (i, s) in shared.iter_mut().enumerate() {
-        assert!(!dir.join("in-x").exists(), "x entered beside a shared holder");
+        assert!(
+            !dir.join("in-x").exists(),
+            "x entered beside a shared holder"
+        );
         let_go(&dir, &format!("s{i}"));
         assert!(s.wait_timeout(Duration::from_secs(30)).success());
     }
-    ensure_within("the exclusive contender to run", Duration::from_secs(20), || {
-        dir.join("in-x").exists()
-    });
+    ensure_within(
+        "the exclusive contender to run",
+        Duration::from_secs(20),
+        || dir.join("in-x").exists(),
+    );
     assert!(
         !dir.join("violation-x").exists(),
         "the exclusive command started beside: {}",
@@ -122,15 +132,19 @@ fn etcd_an_exclusive_holder_keeps_shared_contenders_out_and_slots_are_refused_as
     let mut s: Vec<Proc> = (0..2)
         .map(|i| exclusive_like_shared(&url, &dir, &format!("r{i}")))
         .collect();
-    ensure_within("the shared contenders to queue", Duration::from_secs(20), || {
-        cl.keys("wx/").len() == 3
-    });
+    ensure_within(
+        "the shared contenders to queue",
+        Duration::from_secs(20),
+        || cl.keys("wx/").len() == 3,
+    );
     assert!(!dir.join("in-r0").exists() && !dir.join("in-r1").exists());
     let_go(&dir, "h");
     assert!(h.wait_timeout(Duration::from_secs(30)).success());
-    ensure_within("both shared contenders inside together", Duration::from_secs(20), || {
-        dir.join("in-r0").exists() && dir.join("in-r1").exists()
-    });
+    ensure_within(
+        "both shared contenders inside together",
+        Duration::from_secs(20),
+        || dir.join("in-r0").exists() && dir.join("in-r1").exists(),
+    );
     for (i, p) in s.iter_mut().enumerate() {
         let_go(&dir, &format!("r{i}"));
         assert!(p.wait_timeout(Duration::from_secs(30)).success());
@@ -155,7 +169,9 @@ fn exclusive_like_shared(url: &str, dir: &Path, name: &str) -> Proc {
         go = go.display()
     );
     let mut c = lh();
-    c.args(["run", "--shared", "-w", "60", url, "--", "sh", "-c", &script]);
+    c.args([
+        "run", "--shared", "-w", "60", url, "--", "sh", "-c", &script,
+    ]);
     Proc::spawn(c, "leasehold run --shared (queued)")
 }
 
@@ -184,17 +200,24 @@ fn etcd_an_etcdctl_lock_holder_keeps_shared_contenders_out() {
     });
     let (rc, _, err) = lh_out(&["run", "-n", "--shared", &url, "--", "true"]);
     assert_eq!(rc, 75, "a shared -n while etcdctl lock holds: {err}");
-    assert!(err.contains("etcdctl lock holder"), "names the holder: {err}");
+    assert!(
+        err.contains("etcdctl lock holder"),
+        "names the holder: {err}"
+    );
     let mut s = exclusive_like_shared(&url, &dir, "r0");
-    ensure_within("the shared contender to queue", Duration::from_secs(20), || {
-        cl.keys("ctl/").len() == 2
-    });
+    ensure_within(
+        "the shared contender to queue",
+        Duration::from_secs(20),
+        || cl.keys("ctl/").len() == 2,
+    );
     assert!(!dir.join("in-r0").exists(), "shared ran while etcdctl held");
     fs::write(&go, "go\n").unwrap();
     assert!(e.wait_timeout(Duration::from_secs(30)).success());
-    ensure_within("the shared contender to run", Duration::from_secs(20), || {
-        dir.join("in-r0").exists()
-    });
+    ensure_within(
+        "the shared contender to run",
+        Duration::from_secs(20),
+        || dir.join("in-r0").exists(),
+    );
     // And etcdctl lock waits behind the shared holder (its key counts as ahead).
     let check = format!("test ! -e {d}/in-r0 && touch {d}/e-ran", d = dir.display());
     let mut e2 = Proc::spawn(
@@ -208,12 +231,18 @@ fn etcd_an_etcdctl_lock_holder_keeps_shared_contenders_out() {
     ensure_within("etcdctl to queue", Duration::from_secs(20), || {
         cl.keys("ctl/").len() == 2
     });
-    assert!(!dir.join("e-ran").exists(), "etcdctl ran beside a shared holder");
+    assert!(
+        !dir.join("e-ran").exists(),
+        "etcdctl ran beside a shared holder"
+    );
     let_go(&dir, "r0");
     assert!(s.wait_timeout(Duration::from_secs(30)).success());
     assert!(e2.wait_timeout(Duration::from_secs(30)).success());
     assert!(dir.join("e-ran").exists());
-    assert!(!dir.join("violation-r0").exists(), "shared ran beside etcdctl");
+    assert!(
+        !dir.join("violation-r0").exists(),
+        "shared ran beside etcdctl"
+    );
 }
 
 /// The command of a `--slots 2` contender: takes one of two slot files with O_EXCL (`set -C`),
@@ -264,9 +293,8 @@ fn etcd_slots_2_under_contention_never_admits_a_third_and_does_admit_two() {
                     let mut c = lh();
                     c.args(["run", "--slots", "2", "-w", "120", url, "--", "sh", "-c"])
                         .arg(slot_script(dir, &id));
-                    let st = Proc::spawn(c, "leasehold run --slots 2").wait_timeout(
-                        Duration::from_secs(150),
-                    );
+                    let st = Proc::spawn(c, "leasehold run --slots 2")
+                        .wait_timeout(Duration::from_secs(150));
                     assert!(st.success(), "{id}: {st}");
                 }
             });
@@ -294,4 +322,77 @@ fn etcd_slots_2_under_contention_never_admits_a_third_and_does_admit_two() {
         two.lines().count()
     );
     assert!(cl.keys("sem/").is_empty(), "every key left the line");
+}
+
+#[test]
+fn etcd_break_of_a_shared_lock_takes_exactly_the_holders_its_mode_names() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("sbrk");
+    let flags = ["--shared", "--ttl", "30", "--heartbeat", "500ms"];
+    let mut a = held(&url, &flags, &dir, "a");
+    let mut b = held(&url, &flags, &dir, "b");
+    let v = status_json(&url);
+    let id_of = |pid: i32| {
+        v["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["pid"].as_i64() == Some(i64::from(pid)))
+            .and_then(|h| h["lease_id"].as_str())
+            .unwrap_or_else(|| panic!("no holder pid {pid}: {v:#}"))
+            .to_string()
+    };
+    let (id_a, id_b) = (id_of(a.pid()), id_of(b.pid()));
+    // Without options: no holder is stale, none is broken, and the refusal names them.
+    let (rc, _, err) = lh_out(&["break", &url]);
+    assert_eq!(rc, 75, "{err}");
+    assert!(err.contains(&id_a) && err.contains(&id_b), "{err}");
+    // By lease id: exactly that holder fences (74); the other runs on.
+    let (rc, _, err) = lh_out(&["break", "--lease-id", &id_a, &url]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        code(a.wait_timeout(Duration::from_secs(10))),
+        74,
+        "a fences"
+    );
+    assert!(dir.join("in-b").exists(), "b still inside");
+    let v = status_json(&url);
+    assert_eq!(v["holders"].as_array().map(Vec::len), Some(1), "{v:#}");
+    assert_eq!(v["holders"][0]["lease_id"].as_str(), Some(id_b.as_str()));
+    assert_eq!(
+        v["holders"][0]["lease_state"], "held",
+        "b not broken: {v:#}"
+    );
+    // A dead shared holder is stale, and broken without options; b is not touched.
+    let mut d = held(&url, &["--shared", "--ttl", "30"], &dir, "d");
+    sigkill(d.pid());
+    d.wait_timeout(Duration::from_secs(10));
+    ensure_within(
+        "the dead holder to be judged stale",
+        Duration::from_secs(10),
+        || {
+            status_json(&url)["holders"]
+                .as_array()
+                .is_some_and(|hs| hs.iter().any(|h| h["state"] == "stale"))
+        },
+    );
+    let (rc, _, err) = lh_out(&["break", &url]);
+    assert_eq!(
+        rc, 0,
+        "a stale shared holder is broken without options: {err}"
+    );
+    let v = status_json(&url);
+    assert_eq!(v["holders"].as_array().map(Vec::len), Some(1), "{v:#}");
+    assert_eq!(v["holders"][0]["lease_id"].as_str(), Some(id_b.as_str()));
+    // By force: every holder.
+    let (rc, _, err) = lh_out(&["break", "--force", &url]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        code(b.wait_timeout(Duration::from_secs(10))),
+        74,
+        "b fences"
+    );
+    let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
+    assert_eq!(rc, 0, "free once every holder fenced: {err}");
 }

@@ -4,7 +4,7 @@
 //! `<prefix><lease id in hex>` with it (`NAME/<id>` for a name without `/` or `%`; our holder
 //! record as its value), and wait until no key under the prefix has a lower create revision: watching only the key just before ours (so the
 //! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
-//! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
+//! we wait — or, for `--shared` and `--slots N`, until `shared::place`'s rule lets us hold. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
 //! which deletes their key. The guard starts from the start of the last keepalive answered
 //! before we became first (the server counts our TTL from later). A record that names our
 //! command's process group is also kept, from the moment we join, as our job record (outside
@@ -162,9 +162,7 @@ pub(crate) fn acquire(
             backoff = Backoff::new();
             let mut v = verdict(&conn.lock, owner.as_deref(), &me, s.clock.as_ref());
             v.queue_ahead = n;
-            if n > 0 {
-                v.behind = Some(format!("{n} contender(s) queued ahead"));
-            }
+            v.behind = shared::behind(s.want, n);
             if one_shot {
                 give_up(&conn, &c);
                 return Err(Error::WouldBlock {

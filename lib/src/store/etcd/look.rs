@@ -345,7 +345,7 @@ pub(crate) fn break_key(conn: &Conn, kv: Option<&KeyValue>, mode: BreakMode) -> 
     if out.already_revoked {
         return Ok(out);
     }
-    mark_revoked(&conn, kv, lease, &v, &mode, &me, &clock).map_err(|e| match e {
+    mark_revoked(conn, kv, lease, &v, &mode, &me, &clock).map_err(|e| match e {
         Some(e) => e,
         None => refuse(format!(
             "the lease changed while breaking it ({v}); nothing broken, look again"

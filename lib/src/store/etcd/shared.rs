@@ -133,6 +133,23 @@ pub(crate) fn place(want: Want, prefix: &str, rev: i64, line: &[KeyValue]) -> Pl
     }
 }
 
+/// What a waiting contender asking for `want` says it waits behind, `n` contenders besides the
+/// owner being ahead of it (`None`: the owner alone).
+pub(crate) fn behind(want: Want, n: usize) -> Option<String> {
+    match want {
+        Want::Slots(k) => Some(format!(
+            "the {k} slots of this lock (--slots {k}), taken or waited for by the {} \
+             contender(s) ahead",
+            n + 1
+        )),
+        Want::Shared if n > 0 => Some(format!(
+            "{n} contender(s) queued ahead (--shared waits for every exclusive one before it)"
+        )),
+        _ if n > 0 => Some(format!("{n} contender(s) queued ahead")),
+        _ => None,
+    }
+}
+
 /// The refusal of a contender asking for `want` behind a key that asks for `held`.
 pub(crate) fn mismatch(lock: &EtcdLock, want: Want, held: Want) -> Error {
     Error::Mismatch {
