@@ -38,11 +38,26 @@ pub(crate) fn key(lock: &EtcdLock, id: i64, want: Want) -> String {
 /// What the key `kv` (under `prefix`) asks for: shared or slotted only when its name says so
 /// exactly as [`key`] writes it; any other key (etcdctl's, an older leasehold's, one written by
 /// hand) is exclusive.
-pub(crate) fn kind(prefix: &str, kv: &KeyValue) -> Want {
-    kv.key_str()
+pub(crate) fn kind(prefix: &str, kv: &impl InLine) -> Want {
+    std::str::from_utf8(kv.name())
         .ok()
         .and_then(|k| k.strip_prefix(prefix))
         .map_or(Want::Exclusive, kind_of_rest)
+}
+
+/// A key in line, as the rule sees it: its name and its create revision.
+pub(crate) trait InLine {
+    fn name(&self) -> &[u8];
+    fn rev(&self) -> i64;
+}
+
+impl InLine for KeyValue {
+    fn name(&self) -> &[u8] {
+        self.key()
+    }
+    fn rev(&self) -> i64 {
+        self.create_revision()
+    }
 }
 
 /// [`kind`] of a key whose name after the lock's prefix is `rest`.
@@ -104,18 +119,18 @@ pub(crate) enum Place {
 /// - shared: holds when no exclusive key is ahead (a waiting exclusive contender is not
 ///   overtaken: FIFO, as etcd's `RWMutex` recipe); waits for the last exclusive key ahead;
 /// - `--slots N`: holds when fewer than N keys are ahead; waits for any key to go.
-pub(crate) fn place(want: Want, prefix: &str, rev: i64, line: &[KeyValue]) -> Place {
-    let mut ahead: Vec<&KeyValue> = line.iter().filter(|k| k.create_revision() < rev).collect();
-    ahead.sort_by_key(|k| k.create_revision());
+pub(crate) fn place<K: InLine>(want: Want, prefix: &str, rev: i64, line: &[K]) -> Place {
+    let mut ahead: Vec<&K> = line.iter().filter(|k| k.rev() < rev).collect();
+    ahead.sort_by_key(|k| k.rev());
     if let Some(k) = ahead
         .iter()
-        .map(|k| kind(prefix, k))
+        .map(|k| kind(prefix, *k))
         .find(|k| !agree(want, *k))
     {
         return Place::Mismatch(k);
     }
-    let waits = |k: &KeyValue| Place::Waits {
-        watch: Watch::Key(k.key().to_vec()),
+    let waits = |k: &K| Place::Waits {
+        watch: Watch::Key(k.name().to_vec()),
         ahead: ahead.len(),
     };
     match want {
@@ -123,7 +138,7 @@ pub(crate) fn place(want: Want, prefix: &str, rev: i64, line: &[KeyValue]) -> Pl
         Want::Shared => ahead
             .iter()
             .rev()
-            .find(|k| kind(prefix, k) == Want::Exclusive)
+            .find(|k| kind(prefix, **k) == Want::Exclusive)
             .map_or(Place::Holds, |k| waits(k)),
         Want::Slots(n) if ahead.len() < n as usize => Place::Holds,
         Want::Slots(_) => Place::Waits {
@@ -160,9 +175,9 @@ pub(crate) fn mismatch(lock: &EtcdLock, want: Want, held: Want) -> Error {
 }
 
 /// The keys of `line` (in line order) that hold the lock now, by [`place`] applied to each.
-pub(crate) fn holders<'a>(prefix: &str, line: &'a [KeyValue]) -> Vec<&'a KeyValue> {
+pub(crate) fn holders<'a, K: InLine>(prefix: &str, line: &'a [K]) -> Vec<&'a K> {
     line.iter()
-        .filter(|k| place(kind(prefix, k), prefix, k.create_revision(), line) == Place::Holds)
+        .filter(|k| place(kind(prefix, *k), prefix, k.rev(), line) == Place::Holds)
         .collect()
 }
 
@@ -327,6 +342,90 @@ mod tests {
         }
         assert_eq!(kind_of_rest(":shared"), Want::Exclusive);
         assert_eq!(kind_of_rest("xz:shared"), Want::Exclusive);
+    }
+
+    impl InLine for (&str, i64) {
+        fn name(&self) -> &[u8] {
+            self.0.as_bytes()
+        }
+        fn rev(&self) -> i64 {
+            self.1
+        }
+    }
+
+    /// The names of the keys of `line` that hold.
+    fn holding(line: &[(&'static str, i64)]) -> Vec<&'static str> {
+        holders("p/", line).iter().map(|k| k.0).collect()
+    }
+
+    #[test]
+    fn shared_holders_hold_together_up_to_the_first_exclusive_key_which_waits_for_them() {
+        // etcdctl's key (no suffix) and leasehold's exclusive key are the same kind.
+        let line = [
+            ("p/1:shared", 5),
+            ("p/2:shared", 6),
+            ("p/3", 7),
+            ("p/4:shared", 8),
+            ("p/5:shared", 9),
+        ];
+        assert_eq!(holding(&line), ["p/1:shared", "p/2:shared"]);
+        // A shared contender behind a waiting exclusive one waits for it, not for the others.
+        assert_eq!(
+            place(Want::Shared, "p/", 9, &line),
+            Place::Waits {
+                watch: Watch::Key(b"p/3".to_vec()),
+                ahead: 4
+            }
+        );
+        // The exclusive one waits for the key just before its own.
+        assert_eq!(
+            place(Want::Exclusive, "p/", 7, &line),
+            Place::Waits {
+                watch: Watch::Key(b"p/2:shared".to_vec()),
+                ahead: 2
+            }
+        );
+        // Once the shared ones ahead of it are gone, it alone holds.
+        assert_eq!(holding(&line[2..]), ["p/3"]);
+        // An exclusive owner: nobody else holds.
+        let line = [("p/a", 1), ("p/b:shared", 2), ("p/c:shared", 3)];
+        assert_eq!(holding(&line), ["p/a"]);
+    }
+
+    #[test]
+    fn slots_admit_the_first_n_keys_and_refuse_another_setting() {
+        let line = [
+            ("p/1:slots-2", 3),
+            ("p/2:slots-2", 4),
+            ("p/3:slots-2", 5),
+            ("p/4:slots-2", 6),
+        ];
+        assert_eq!(holding(&line), ["p/1:slots-2", "p/2:slots-2"]);
+        assert_eq!(
+            place(Want::Slots(2), "p/", 5, &line),
+            Place::Waits {
+                watch: Watch::Prefix,
+                ahead: 2
+            }
+        );
+        assert_eq!(
+            place(Want::Slots(3), "p/", 7, &line),
+            Place::Mismatch(Want::Slots(2))
+        );
+        assert_eq!(
+            place(Want::Shared, "p/", 7, &line),
+            Place::Mismatch(Want::Slots(2))
+        );
+        assert_eq!(
+            place(Want::Exclusive, "p/", 7, &line),
+            Place::Mismatch(Want::Slots(2))
+        );
+        // Behind an exclusive key (etcdctl's), a counted contender is refused.
+        let line = [("p/1", 3)];
+        assert_eq!(
+            place(Want::Slots(2), "p/", 4, &line),
+            Place::Mismatch(Want::Exclusive)
+        );
     }
 
     #[test]
