@@ -1,7 +1,9 @@
 //! `--shared` and `--slots N` on an etcd lock, on the real three-member cluster: shared holders
 //! run together while an exclusive contender waits and then runs alone; an exclusive holder
 //! (leasehold's or `etcdctl lock`'s) keeps shared contenders out; `--slots 2` under contention
-//! never admits a third and does admit two; `status` lists every holder. Overlap and exclusion
+//! never admits a third and does admit two; shared and exclusive contenders mixed under
+//! contention never put a writer beside anyone; `status` lists every holder; `break` takes the
+//! holders its mode names. Overlap and exclusion
 //! are proved with files each command creates (O_EXCL), never with sleeps.
 
 use std::fs;
@@ -395,4 +397,76 @@ fn etcd_break_of_a_shared_lock_takes_exactly_the_holders_its_mode_names() {
     );
     let (rc, _, err) = lh_out(&["run", "-n", &url, "--", "true"]);
     assert_eq!(rc, 0, "free once every holder fenced: {err}");
+}
+
+/// The command of a readers-writer contender: an exclusive one takes the directory `w` (mkdir,
+/// atomic) and must find no reader in `r/`; a shared one creates `r/ID` and must find no `w`.
+/// Whichever of two overlapping sections entered second sees the other, so every overlap of an
+/// exclusive section with another is recorded in `violation`; a shared one that finds another
+/// reader beside it records `together`. Each holds a moment, then leaves.
+fn rw_script(dir: &Path, id: &str, exclusive: bool) -> String {
+    let d = dir.display();
+    if exclusive {
+        format!(
+            "cd {d}; mkdir w 2>/dev/null || echo \"{id}: w taken\" >> violation; \
+             [ -z \"$(ls r)\" ] || echo \"{id}: readers $(ls r)\" >> violation; \
+             echo \"x $LEASEHOLD_TOKEN\" >> tokens; sleep 0.03; rmdir w"
+        )
+    } else {
+        format!(
+            "cd {d}; : > r/{id}; [ -d w ] && echo \"{id}: beside a writer\" >> violation; \
+             [ \"$(ls r | wc -l)\" -gt 1 ] && echo {id} >> together; \
+             echo \"s $LEASEHOLD_TOKEN\" >> tokens; sleep 0.05; rm r/{id}"
+        )
+    }
+}
+
+#[test]
+fn etcd_shared_and_exclusive_contenders_under_contention_never_overlap_a_writer() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    fs::create_dir(dir.join("r")).unwrap();
+    let url = cl.url("rwc");
+    let rounds = support::scaled(30).max(4);
+    std::thread::scope(|s| {
+        for w in 0..5 {
+            let (url, dir) = (&url, &dir);
+            s.spawn(move || {
+                let mut rng = support::Rng::new(&format!("etcd-rw-{w}"));
+                for r in 0..rounds {
+                    let id = format!("w{w}.{r}");
+                    // A quarter of the acquisitions exclusive.
+                    let exclusive = rng.chance(25);
+                    let mut c = lh();
+                    c.arg("run");
+                    if !exclusive {
+                        c.arg("--shared");
+                    }
+                    c.args(["-w", "120", url, "--", "sh", "-c"])
+                        .arg(rw_script(dir, &id, exclusive));
+                    let st = Proc::spawn(c, "leasehold run (readers-writer)")
+                        .wait_timeout(Duration::from_secs(150));
+                    assert!(st.success(), "{id}: {st}");
+                }
+            });
+        }
+    });
+    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
+    assert!(violations.is_empty(), "a writer overlapped: {violations}");
+    let tokens = fs::read_to_string(dir.join("tokens")).unwrap();
+    let n = tokens.lines().count();
+    let writers = tokens.lines().filter(|l| l.starts_with("x ")).count();
+    assert_eq!(n, 5 * rounds, "every run ran its command once");
+    let together = fs::read_to_string(dir.join("together")).unwrap_or_default();
+    assert!(writers > 0, "no exclusive run in {n}");
+    assert!(
+        together.lines().count() > 0,
+        "never two shared holders together in {n} runs"
+    );
+    println!(
+        "etcd readers-writer: {n} runs by 5 contenders ({writers} exclusive), readers together \
+         {} times, no writer beside anyone",
+        together.lines().count()
+    );
+    assert!(cl.keys("rwc/").is_empty(), "every key left the line");
 }
