@@ -2,9 +2,10 @@
 //! run together while an exclusive contender waits and then runs alone; an exclusive holder
 //! (leasehold's or `etcdctl lock`'s) keeps shared contenders out; `--slots 2` under contention
 //! never admits a third and does admit two; shared and exclusive contenders mixed under
-//! contention never put a writer beside anyone; `status` lists every holder; `break` takes the
-//! holders its mode names. Overlap and exclusion
-//! are proved with files each command creates (O_EXCL), never with sleeps.
+//! contention never put a writer beside anyone; a SIGKILLed slot holder's slot frees within
+//! its TTL, after its command died; `status` lists every holder; `break` takes the holders its
+//! mode names. Overlap and exclusion are proved with files each command creates
+//! (O_EXCL, mkdir), never with sleeps.
 
 use std::fs;
 use std::path::Path;
@@ -469,4 +470,53 @@ fn etcd_shared_and_exclusive_contenders_under_contention_never_overlap_a_writer(
         together.lines().count()
     );
     assert!(cl.keys("rwc/").is_empty(), "every key left the line");
+}
+
+#[test]
+fn etcd_a_sigkilled_slot_holder_frees_its_slot_within_its_ttl_and_only_after_its_command_died() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = cl.path();
+    let url = cl.url("skill");
+    let flags = ["--slots", "2", "--ttl", "2", "--heartbeat", "500ms"];
+    let a = held(&url, &flags, &dir, "a");
+    let mut b = held(&url, &flags, &dir, "b");
+    let v = status_json(&url);
+    let child = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["pid"].as_i64() == Some(i64::from(a.pid())))
+        .and_then(|h| h["child_pid"].as_i64())
+        .unwrap_or_else(|| panic!("a's command: {v:#}")) as i32;
+    // A third waits; its command records whether a's command still lived when it started.
+    let check = format!(
+        "if [ -e /proc/{child}/stat ] && ! grep -q ') Z' /proc/{child}/stat; then \
+         touch {d}/violation; fi; touch {d}/in-c",
+        d = dir.display()
+    );
+    let mut c = lh();
+    c.args([
+        "run", "--slots", "2", "-w", "30", &url, "--", "sh", "-c", &check,
+    ]);
+    let mut c = Proc::spawn(c, "leasehold run --slots 2 (third)");
+    ensure_within("the third to queue", Duration::from_secs(20), || {
+        cl.keys("skill/").len() == 3
+    });
+    assert!(!dir.join("in-c").exists(), "a third of two slots ran");
+    let t0 = std::time::Instant::now();
+    super::sigkill(a.pid());
+    assert!(c.wait_timeout(Duration::from_secs(20)).success());
+    assert!(dir.join("in-c").exists());
+    assert!(
+        !dir.join("violation").exists(),
+        "the third started while the killed holder's command lived"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(3500),
+        "the slot freed {:?} after the kill (TTL 2 s)",
+        t0.elapsed()
+    );
+    assert!(dir.join("in-b").exists(), "b held on meanwhile");
+    let_go(&dir, "b");
+    assert!(b.wait_timeout(Duration::from_secs(20)).success());
 }
