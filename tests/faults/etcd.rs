@@ -15,6 +15,9 @@ use nix::unistd::Pid;
 use crate::support::etcd::{Cluster, free_port};
 use crate::support::{self, Cs, Proc, Rng, code, ensure_within, lh};
 
+/// `--shared` and `--slots N` on etcd locks.
+mod shared;
+
 fn sigkill(pid: i32) {
     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
 }

@@ -4,7 +4,7 @@
 //! `<prefix><lease id in hex>` with it (`NAME/<id>` for a name without `/` or `%`; our holder
 //! record as its value), and wait until no key under the prefix has a lower create revision: watching only the key just before ours (so the
 //! line is FIFO and a release wakes one waiter), keeping our lease alive every heartbeat while
-//! we wait. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
+//! we wait — or, for `--shared` and `--slots N`, until `shared::place`'s rule lets us hold. The one-shot caller (`-n`) and a caller whose deadline passes revoke their lease,
 //! which deletes their key. The guard starts from the start of the last keepalive answered
 //! before we became first (the server counts our TTL from later). A record that names our
 //! command's process group is also kept, from the moment we join, as our job record (outside
@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use etcd_client::WatchOptions;
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions};
-use etcd_client::{SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType};
+use etcd_client::{Txn, TxnOp, TxnOpResponse, WatchFilterType};
 
 use super::holding::EtcdHolding;
 use super::look::{DeadJob, dead_job, dead_jobs, first, verdict};
+use super::shared::{self, Place, Watch};
 use super::{CALL_TIMEOUT, Conn, EtcdLock};
 use crate::boottime::BootInstant;
 use crate::builder::LeaseBuilder;
@@ -34,6 +35,7 @@ use crate::clock::format_rfc3339;
 use crate::error::{Error, Result};
 use crate::guard::{LeaseGuard, Start};
 use crate::identity::Identity;
+use crate::slots::Want;
 use crate::takeover;
 use crate::timing::Timing;
 use crate::verdict::Verdict;
@@ -55,8 +57,8 @@ enum Look {
     First(Vec<DeadJob>),
     /// Our key is gone (deleted by hand, or our lease expired while we could not renew it).
     Gone,
-    /// The key just ahead of us, the owner, how many wait ahead, and the revision read at.
-    Behind(Box<KeyValue>, Option<Box<KeyValue>>, usize, i64),
+    /// What we wait to see deleted, the owner, how many wait ahead, and the revision read at.
+    Behind(Watch, Option<Box<KeyValue>>, usize, i64),
 }
 
 /// How a wait ended.
@@ -91,13 +93,8 @@ pub(crate) fn acquire(
     one_shot: bool,
 ) -> Result<LeaseGuard> {
     let timing = s.timing()?;
-    if s.want != crate::slots::Want::Exclusive {
-        // etcd's lock recipe has one owner; shared leases and slots are the file store's so far.
-        return Err(Error::Settings(format!(
-            "{}: --shared and --slots are not supported on etcd locks yet",
-            s.path.display()
-        )));
-    }
+    // `--shared` and `--slots N`: the same line, another rule for who holds (`shared.rs`).
+    s.want.validate()?;
     let me = s.identity.clone().unwrap_or_else(Identity::current);
     let conn = Arc::new(Conn::connect(EtcdLock::parse(&s.path)?)?);
     let started = Instant::now();
@@ -118,7 +115,7 @@ pub(crate) fn acquire(
             }
         };
         loop {
-            let (ahead, owner, n, at) = match look(&conn, &c, call_limit(deadline)) {
+            let (ahead, owner, n, at) = match look(&conn, &c, s.want, call_limit(deadline)) {
                 Ok(Look::First(dead)) => {
                     match stop_remnants(s, &conn, &mut c, dead, deadline, one_shot) {
                         Ok(true) => {
@@ -165,9 +162,7 @@ pub(crate) fn acquire(
             backoff = Backoff::new();
             let mut v = verdict(&conn.lock, owner.as_deref(), &me, s.clock.as_ref());
             v.queue_ahead = n;
-            if n > 0 {
-                v.behind = Some(format!("{n} contender(s) queued ahead"));
-            }
+            v.behind = shared::behind(s.want, n);
             if one_shot {
                 give_up(&conn, &c);
                 return Err(Error::WouldBlock {
@@ -186,7 +181,7 @@ pub(crate) fn acquire(
             match wait(
                 &conn,
                 &mut c,
-                ahead.key(),
+                &ahead,
                 at,
                 timing.heartbeat,
                 deadline,
@@ -341,7 +336,7 @@ fn join_once(
         c.lease_grant(secs, None).await
     })?;
     let id = g.id();
-    let key = conn.lock.key(id);
+    let key = super::shared::key(&conn.lock, id, s.want);
     let now = format_rfc3339(s.clock.wall());
     let mut lease = s.new_lease(me, timing, &now);
     lease.lease_id = format!("{id:032x}");
@@ -404,23 +399,14 @@ fn got(ops: &[TxnOpResponse], i: usize) -> Option<KeyValue> {
     }
 }
 
-/// Where we stand: one read of our key, the key just ahead, the owner, every key in line (keys
-/// only) and the job records.
-fn look(conn: &Conn, c: &Contender, within: Duration) -> Result<Look> {
+/// Where we stand: one read of our key, the owner, every key in line (keys only) and the job
+/// records; who holds and what we wait for is [`shared::place`]'s rule for `want` (for an
+/// exclusive contender, etcd's recipe: nobody ahead, else the key just before ours).
+fn look(conn: &Conn, c: &Contender, want: Want, within: Duration) -> Result<Look> {
     let prefix = conn.lock.prefix();
     let txn = |jobs: bool| {
         let mut ops = vec![
             TxnOp::get(c.key.clone(), None),
-            TxnOp::get(
-                prefix.clone(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_max_create_revision(c.rev - 1)
-                        .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_limit(1),
-                ),
-            ),
             TxnOp::get(prefix.clone(), Some(first())),
             TxnOp::get(
                 prefix.clone(),
@@ -449,38 +435,41 @@ fn look(conn: &Conn, c: &Contender, within: Duration) -> Result<Look> {
         Some(TxnOpResponse::Get(g)) => g.kvs(),
         _ => &[],
     };
-    let Some(ahead) = got(&ops, 1) else {
-        return Ok(Look::First(dead_jobs(&conn.lock, all(4), all(3), c.id)));
+    let (watch, ahead) = match shared::place(want, &prefix, c.rev, all(2)) {
+        Place::Holds => return Ok(Look::First(dead_jobs(&conn.lock, all(3), all(2), c.id))),
+        Place::Mismatch(held) => return Err(shared::mismatch(&conn.lock, want, held)),
+        Place::Waits { watch, ahead } => (watch, ahead),
     };
     // Counted here: etcd's count ignores a create-revision filter. The owner is not "ahead".
-    let count = all(3)
-        .iter()
-        .filter(|kv| kv.create_revision() < c.rev)
-        .count()
-        .max(1)
-        - 1;
-    let owner = got(&ops, 2).map(Box::new);
-    Ok(Look::Behind(Box::new(ahead), owner, count, at))
+    let count = ahead.max(1) - 1;
+    let owner = got(&ops, 1).map(Box::new);
+    Ok(Look::Behind(watch, owner, count, at))
 }
 
-/// Waits for `ahead` to be deleted after revision `at`, keeping our lease alive every `every`,
-/// until `deadline`.
+/// Waits for `ahead` to be deleted after revision `at` (a key, or any key under the prefix),
+/// keeping our lease alive every `every`, until `deadline`.
 fn wait(
     conn: &Conn,
     c: &mut Contender,
-    ahead: &[u8],
+    ahead: &Watch,
     at: i64,
     every: Duration,
     deadline: Option<Instant>,
     cancel: Option<&crate::cancel::Cancel>,
 ) -> Woken {
-    let ahead = ahead.to_vec();
+    let (ahead, prefix) = match ahead {
+        Watch::Key(k) => (k.clone(), false),
+        Watch::Prefix => (conn.lock.prefix().into_bytes(), true),
+    };
     let id = c.id;
     let last_ok = &mut c.last_ok;
     conn.block_on(async move {
-        let opts = WatchOptions::new()
+        let mut opts = WatchOptions::new()
             .with_start_revision(at + 1)
             .with_filters([WatchFilterType::NoPut]);
+        if prefix {
+            opts = opts.with_prefix();
+        }
         let until = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -599,7 +588,7 @@ fn stop_remnants(
         if !keep_alive(conn, c)? {
             return Ok(false);
         }
-        dead = match look(conn, c, CALL_TIMEOUT)? {
+        dead = match look(conn, c, s.want, CALL_TIMEOUT)? {
             Look::First(d) => d,
             _ => return Ok(false),
         };

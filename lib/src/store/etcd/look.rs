@@ -232,7 +232,7 @@ pub(crate) fn dead_job(
 }
 
 /// The waiters, in order, from the keys after the owner's.
-fn waiting(kvs: &[KeyValue]) -> Vec<Waiting> {
+pub(crate) fn waiting(kvs: &[KeyValue]) -> Vec<Waiting> {
     kvs.iter()
         .skip(1)
         .map(|kv| {
@@ -272,6 +272,9 @@ fn line(conn: &Conn) -> Result<Vec<KeyValue>> {
 pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
     let conn = Conn::connect(EtcdLock::parse(path)?)?;
     let kvs = line(&conn)?;
+    if let Some(v) = super::shared::status(&conn, &kvs, me, clock)? {
+        return Ok(v);
+    }
     let mut v = verdict(&conn.lock, kvs.first(), me, clock);
     v.queue = waiting(&kvs);
     if let Some(kv) = kvs.first() {
@@ -293,15 +296,23 @@ pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Ve
 /// `break` of an etcd lock (see the module's comment for what each case does).
 pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     let conn = Conn::connect(EtcdLock::parse(path)?)?;
+    let kvs = line(&conn)?;
+    if let Some(b) = super::shared::break_holders(&conn, &kvs, &mode)? {
+        return Ok(b);
+    }
+    break_key(&conn, kvs.first(), mode)
+}
+
+/// `break` of the holder whose key is `kv`: the owner, or one of a shared lock's holders.
+pub(crate) fn break_key(conn: &Conn, kv: Option<&KeyValue>, mode: BreakMode) -> Result<Broken> {
     let me = Identity::current();
     let clock = crate::clock::SystemClock;
-    let kvs = line(&conn)?;
-    let v = verdict(&conn.lock, kvs.first(), &me, &clock);
+    let v = verdict(&conn.lock, kv, &me, &clock);
     let refuse = |why: String| Error::Refused {
         path: conn.lock.url.clone(),
         why,
     };
-    let (Some(kv), Some(lease)) = (kvs.first(), v.lease.clone()) else {
+    let (Some(kv), Some(lease)) = (kv, v.lease.clone()) else {
         return Err(refuse(format!("nothing to break: {v}")));
     };
     permitted(&v, &lease, kv, &mode).map_err(refuse)?;
@@ -334,7 +345,7 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     if out.already_revoked {
         return Ok(out);
     }
-    mark_revoked(&conn, kv, lease, &v, &mode, &me, &clock).map_err(|e| match e {
+    mark_revoked(conn, kv, lease, &v, &mode, &me, &clock).map_err(|e| match e {
         Some(e) => e,
         None => refuse(format!(
             "the lease changed while breaking it ({v}); nothing broken, look again"

@@ -7,9 +7,9 @@
 //! lock), failing every call over from an endpoint that cannot serve it to the next, and the
 //! typed errors that name the endpoints and the cause in words (`Error::Unavailable` when no
 //! endpoint could serve). The lock recipe itself (etcd's own, so
-//! that `etcdctl lock NAME` and leasehold exclude each other) is in `acquire.rs`, the held
-//! lease in `holding.rs`, `status` and `break` in `look.rs`; PROTOCOL.md §14 states the layout
-//! and the safety argument.
+//! that `etcdctl lock NAME` and leasehold exclude each other) is in `acquire.rs`, `--shared`
+//! and `--slots N` on the same line in `shared.rs`, the held lease in `holding.rs`, `status`
+//! and `break` in `look.rs`; PROTOCOL.md §14 states the layout and the safety argument.
 //! Must never: start a runtime or a thread for a lock that is not etcd's; install a
 //! process-global handler; wait on the cluster without a deadline.
 
@@ -30,6 +30,7 @@ use crate::store::binding::Binding;
 pub(crate) mod acquire;
 pub(crate) mod holding;
 pub(crate) mod look;
+pub(crate) mod shared;
 
 /// The URL scheme of an etcd lock.
 pub(crate) const SCHEME: &str = "etcd://";
