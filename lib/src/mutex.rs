@@ -770,7 +770,10 @@ fn proc_locks(file: &File) -> Vec<ProcLock> {
     let Ok(text) = std::fs::read_to_string("/proc/locks") else {
         return Vec::new();
     };
+    // Most lines are other files' locks: skip them before splitting (a release looks here).
+    let needle = format!(":{ino} ");
     text.lines()
+        .filter(|line| line.contains(&needle))
         .filter_map(|line| {
             // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
             // behind it "1: -> FLOCK  ADVISORY  WRITE 1240 00:1f:5678 0 EOF".

@@ -174,7 +174,8 @@ enum Holder {
     Script,
 }
 
-/// A leasehold holder (`how`) of `lock` whose job creates `dir/holding` and `dir/ready`, keeps
+/// A leasehold holder (`how`) of `lock` whose job writes its pid to `dir/holding`, creates
+/// `dir/ready`, keeps
 /// them until `dir/release` is removed, and removes `holding` as its last step. Returned once
 /// the job runs.
 fn leasehold_holder(how: Holder, lock: &Path, dir: &Path) -> Proc {
@@ -182,7 +183,7 @@ fn leasehold_holder(how: Holder, lock: &Path, dir: &Path) -> Proc {
     std::fs::write(&release, "").unwrap();
     let _ = std::fs::remove_file(&ready);
     let job = format!(
-        "touch '{h}' '{r}'; while [ -e '{x}' ]; do sleep 0.01; done; rm '{h}'",
+        "echo $$ > '{h}'; touch '{r}'; while [ -e '{x}' ]; do sleep 0.01; done; rm '{h}'",
         h = holding.display(),
         r = ready.display(),
         x = release.display()
@@ -423,12 +424,13 @@ fn a_sigkilled_run_holder_lets_the_blocked_flock_1_run_and_contenders_wait_for_i
         let mut f = flock_1(&[], &lock, &script, "flock(1)");
         ensure_within("flock(1) to block on LOCK", LONG, || blocked_on(&lock));
         assert!(!inside.exists(), "{fs}: flock(1) ran beside the holder");
-        let job = std::fs::read_to_string(d.path().join("holding"))
-            .map(|_| ())
-            .is_ok();
-        assert!(job, "{fs}: the holder's job runs");
-        holder.signal(nix::sys::signal::Signal::SIGKILL);
-        holder.wait_timeout(LONG);
+        let job: i32 = std::fs::read_to_string(d.path().join("holding"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The wrapper alone: its job dies with it (PDEATHSIG), and is waited for here.
+        kill_wrapper(&mut holder, job);
         ensure_within("flock(1) to run once the holder died", LONG, || {
             inside.exists()
         });
