@@ -456,7 +456,11 @@ release:
     if
     :: LIVE_TICKET ->                           /* someone waits: released bit in place */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
-    :: else ->
+    :: !LIVE_TICKET ->                          /* util-linux flock(1) blocked for the holder's
+                                                   flock on LOCK's file (release_to_blocked):
+                                                   released bit in place, nobody queued */
+       d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+    :: !LIVE_TICKET ->
        lock_mutex();
        if
        :: d_step {                              /* ensure_ours; rename a released record */

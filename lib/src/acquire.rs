@@ -377,7 +377,10 @@ fn one_shot<S: Store>(
         v.kernel_locked(who);
     } else if ahead.is_none() {
         if let Some(broke) = decide(ctx, &mut v, false)? {
-            return take(ctx, section, place, v.lease.as_ref(), broke, None);
+            match foreign_after_stop(ctx, &section, &broke) {
+                None => return take(ctx, section, place, v.lease.as_ref(), broke, None),
+                Some(who) => v.kernel_locked(who),
+            }
         }
     } else {
         behind_queue(&mut v, waiting_ahead);
@@ -426,8 +429,13 @@ fn queued<S: Store>(
         v.kernel_locked(who);
     } else if ahead.is_none() {
         if let Some(broke) = decide(ctx, &mut v, true)? {
-            let place = std::mem::take(&mut q.place);
-            return take(ctx, section, place, v.lease.as_ref(), broke, q.draft.take());
+            match foreign_after_stop(ctx, &section, &broke) {
+                None => {
+                    let place = std::mem::take(&mut q.place);
+                    return take(ctx, section, place, v.lease.as_ref(), broke, q.draft.take());
+                }
+                Some(who) => v.kernel_locked(who),
+            }
         }
     } else {
         behind_queue(&mut v, waiting_ahead);
@@ -520,8 +528,32 @@ fn foreign_lock<S: Store>(
         LockContent::Lease(l, _) => l.state == crate::record::LeaseState::Released,
     };
     (free && !unseen)
-        .then(|| ctx.store.kernel_locked(section))
+        .then(|| ctx.store.kernel_locked(section, None))
         .flatten()
+}
+
+/// Inside the section, once a stale or hung holder of this host had its job stopped (`broke`
+/// says what we broke): who holds a kernel lock on LOCK's own file, if anyone does. A leasehold holder
+/// flocks its file for the whole holding (PROTOCOL.md §10), so util-linux flock(1) blocked
+/// behind it takes that lock when the holder dies — and runs, while LOCK still names the dead
+/// holder's record. Taking over then would rename our lease over the file flock(1) holds.
+/// (A holder whose job was just stopped has let go of its flock with its death.)
+fn foreign_after_stop<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: &S::Section,
+    broke: &Option<Verdict>,
+) -> Option<String> {
+    let v = broke.as_ref()?;
+    // Only a holder of this host (same host name, boot and pid namespace): one judged stale by
+    // observation alone may be frozen on this very kernel in another pid namespace (a
+    // container), keeping its own flock, which nothing here can tell from flock(1)'s.
+    if !v.same_host {
+        return None;
+    }
+    // A hung holder's job was stopped, but the frozen holder itself is left alone (§7): its
+    // own flock on LOCK's file is no other program's.
+    let frozen = v.lease.as_ref().filter(|_| v.state == State::Hung);
+    ctx.store.kernel_locked(section, frozen)
 }
 
 fn decide<S: Store>(

@@ -362,8 +362,9 @@ pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()
 }
 
 /// The device and inode of a file just renamed into place, and, when it was prepared ahead of
-/// time, the file itself open read-only (never open for writing: a descriptor open for writing
-/// for as long as a lease would keep the file system from being remounted read-only).
+/// time or is a holder's (see [`replace_holding`]), the file itself open read-only, carrying the
+/// holder's flock (never open for writing: a descriptor open for writing for as long as a lease
+/// would keep the file system from being remounted read-only).
 #[derive(Debug)]
 pub(crate) struct Written {
     pub id: (u64, u64),
@@ -383,6 +384,29 @@ pub(crate) fn replace_keep(
     target: &Path,
     bytes: &[u8],
     durable: bool,
+) -> Result<Written> {
+    replace_inner(paths, target, bytes, durable, false)
+}
+
+/// As [`replace_keep`], for a holder's lease on a local file system: the new file, open
+/// read-only, carries the holder's exclusive flock (`klock::hold_lock_file`), taken before the
+/// rename, so there is no instant at which LOCK names our lease in a file util-linux flock(1)
+/// could lock; it is kept (in [`Written::kept`]) for the whole holding.
+pub(crate) fn replace_holding(
+    paths: &LockPaths,
+    target: &Path,
+    bytes: &[u8],
+    durable: bool,
+) -> Result<Written> {
+    replace_inner(paths, target, bytes, durable, true)
+}
+
+fn replace_inner(
+    paths: &LockPaths,
+    target: &Path,
+    bytes: &[u8],
+    durable: bool,
+    hold: bool,
 ) -> Result<Written> {
     let dir = paths.handle();
     let Some(target_name) = target
@@ -404,18 +428,39 @@ pub(crate) fn replace_keep(
             f.sync_data()
                 .map_err(|e| Error::io(&tmp, "fsync the temp file", e))?;
         }
+        let kept = if hold {
+            Some(held_copy(&f, &tmp)?)
+        } else {
+            None
+        };
         rename_ours(dir, &name, id, target_name)
             .map_err(|e| Error::io(target, "rename into place", e))?;
         if durable {
             dir.sync()?;
         }
-        Ok(())
+        Ok(kept)
     })();
     if result.is_err() {
         // Give back the blocks on a full disk, but only if the name is still our file.
         dir.unlink_if(&name, id);
     }
-    result.map(|()| Written { id, kept: None })
+    result.map(|kept| Written { id, kept })
+}
+
+/// The very inode of `f`, opened read-only through our own descriptor (never through its
+/// name), with the holder's flock on it (see [`replace_holding`]). A flock someone else took
+/// first — only a directory writer who opened our new file meanwhile could — is left to them:
+/// the file is still ours, and that writer could disturb flock(1) users anyway.
+pub(crate) fn held_copy(f: &File, path: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let ro = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_CLOEXEC.bits())
+        .open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map_err(|e| Error::io(path, "open our new lease read-only", e))?;
+    let _ = crate::klock::hold_lock_file(&ro);
+    Ok(ro)
 }
 
 /// Renames our temp file `name` (the inode `id`) over `target`. An NFS client can answer

@@ -1,9 +1,10 @@
 //! The fast hand-over on a local file system: a holder releasing to a waiting head in place,
 //! and the head taking the lease with its lease prepared ahead of time.
 //!
-//! Owns: the waiter's hint that it waits (a shared flock on the LOCK file it last read); the
+//! Owns: the waiter's hint that it waits (an OFD read lock on the LOCK file it last read); the
 //! holder's release in place (its released bit set on the file it renamed into place, when a
-//! waiter's hint is there and the file holds exactly its bytes) and what is done with the files
+//! waiter's hint is there — or util-linux flock(1) waits blocked for the holder's flock on it
+//! — and the file holds exactly its bytes) and what is done with the files
 //! let go of then (made durable, closed later by `grave.rs`); the head's prepared lease
 //! (`q-N.lease` beside its ticket: written while it waits, renamed over LOCK when it takes the
 //! lease). `builder.rs`, `queue.rs` and `guard.rs` call these; nothing else does a hand-over.
@@ -13,12 +14,10 @@
 //! the take; be used on a network file system (the callers check).
 
 use std::ffi::{OsStr, OsString};
-use std::fs::{File, OpenOptions};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-
-use nix::fcntl::OFlag;
 
 use crate::error::{Error, Result};
 use crate::fsio::{self, Seen, Written};
@@ -26,46 +25,83 @@ use crate::grave;
 use crate::lockdir::LockDir;
 use crate::paths::LockPaths;
 
-/// A waiter's hint to the holder that it waits: a shared flock on the LOCK file it judged (kept
-/// open between its looks, local file systems only). It goes when that file is closed. Only a
-/// hint: both answers a holder gets are safe.
+/// A waiter's hint to the holder that it waits: an OFD read lock on the LOCK file it judged
+/// (kept open between its looks, local file systems only; `klock::hint_waiting`). It goes when
+/// that file is closed. Only a hint: both answers a holder gets are safe. Not a flock, which
+/// would meet the holder's own exclusive flock on that file (`klock::hold_lock_file`) and keep
+/// util-linux flock(1) waiting on a file this waiter is about to rename a new lease over.
 pub(crate) fn announce_waiting(seen: &Seen) {
-    let _ = seen.file.try_lock_shared();
+    let _ = crate::klock::hint_waiting(&seen.file);
 }
 
 /// The release of a lease someone waits for. When LOCK is still the file we renamed into place
-/// (`w`), a waiter holds a shared flock on it (see [`announce_waiting`]), and it holds exactly
-/// `bytes` (our lease as we last wrote it: held, intact): sets its released bit
-/// ([`fsio::RELEASED_BIT`]) through a read-only descriptor and returns the file, still open.
-/// `None` otherwise: nobody waits (the caller writes the full released record), or LOCK is not
-/// simply ours, or we may not chmod it (the caller goes the long way, which reports what
-/// happened). Not made durable here (see [`settle`]).
-pub(crate) fn release_in_place(paths: &LockPaths, bytes: &[u8], w: Written) -> Option<File> {
+/// (`w`), a waiter hints that it waits on it (see [`announce_waiting`]), and it holds exactly
+/// `bytes` (our lease as we last wrote it: held, intact): lets go of our flock on it (the job is
+/// over), then sets its released bit ([`fsio::RELEASED_BIT`]) through a read-only descriptor,
+/// and returns the file, still open. In that order, so that the head our mark wakes never finds
+/// our own flock on a released record; a flock(1) that takes the lock in between is found by
+/// the head, which waits for it. `Err(w)` otherwise, with `w` (and our flock) as they were:
+/// nobody waits (the caller writes the full released record), or LOCK is not simply ours, or
+/// we may not chmod it (the caller goes the long way, which reports what happened). Not made
+/// durable here (see [`settle`]).
+pub(crate) fn release_in_place(
+    paths: &LockPaths,
+    bytes: &[u8],
+    w: Written,
+) -> std::result::Result<File, Written> {
+    let Written { id, kept } = w;
     // The file we renamed into place, kept open since; if it is not LOCK any more, nobody
     // reads it by name and marking it released changes nothing.
-    let f = match w.kept {
+    let f = match kept.or_else(|| fsio::open_lock_if(paths, id)) {
         Some(f) => f,
-        None => fsio::open_lock_if(paths, w.id)?,
+        None => return Err(Written { id, kept: None }),
     };
-    match f.try_lock() {
-        Err(std::fs::TryLockError::WouldBlock) => {} // a waiter's shared lock
-        Ok(()) => {
-            // Nobody waits. Let go of the probe at once, not when `f` is closed (which may be
-            // later, off the release's way): an exclusive lock on LOCK is what a contender
-            // takes for another program's (flock(1)) kernel lock.
-            let _ = f.unlock();
-            return None;
-        }
-        Err(_) => return None, // no flock here
+    if !crate::klock::waiting_hinted(&f).unwrap_or(false) {
+        return Err(Written { id, kept: Some(f) });
     }
-    // One byte more than expected, to notice a file that grew.
+    let _ = crate::klock::let_go_lock_file(&f);
+    if !holds_exactly(&f, bytes) || fsio::mark_released(&f, &paths.lock).is_err() {
+        return Err(Written { id, kept: Some(f) });
+    }
+    Ok(f)
+}
+
+/// Whether `f` holds exactly `bytes`: one byte more is read, to notice a file that grew.
+fn holds_exactly(f: &File, bytes: &[u8]) -> bool {
     let mut now = vec![0u8; bytes.len() + 1];
-    match f.read_at(&mut now, 0) {
-        Ok(n) if now[..n] == bytes[..] => {}
-        _ => return None,
+    matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == bytes[..])
+}
+
+/// How long a releasing holder waits for a program blocked on its lock file (util-linux
+/// flock(1)) to take the lock once it lets go, before it marks its record released anyway.
+const BLOCKED_TAKES_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The release of a lease whose file (`f`, LOCK as we renamed it into place, holding `bytes`)
+/// another program waits on, blocked for our flock: util-linux flock(1) on LOCK. Lets go of the
+/// flock, waits (at most [`BLOCKED_TAKES_WITHIN`]) until another process holds a lock on the
+/// file — the kernel woke the blocked one, which then takes it —, and only then sets the
+/// released bit in place: the file stays LOCK, so the program runs on the file every contender
+/// looks at, and a contender that reads the released record finds its lock and waits for it
+/// (`mutex::exclusive_locker`). A full released record renamed over the file instead would
+/// leave the program holding a file nobody looks at. Says how the job ended nowhere (as a
+/// release in place never does). `Err(f)` when the file does not hold exactly `bytes` or may
+/// not be chmodded: the caller marks its header instead.
+pub(crate) fn release_to_blocked(
+    paths: &LockPaths,
+    bytes: &[u8],
+    f: File,
+) -> std::result::Result<File, File> {
+    let _ = crate::klock::let_go_lock_file(&f);
+    let until = std::time::Instant::now() + BLOCKED_TAKES_WITHIN;
+    let mut nap = std::time::Duration::from_micros(100);
+    while !crate::mutex::locked_by_another_process(&f) && std::time::Instant::now() < until {
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(std::time::Duration::from_millis(10));
     }
-    fsio::mark_released(&f, &paths.lock).ok()?;
-    Some(f)
+    if !holds_exactly(&f, bytes) || fsio::mark_released(&f, &paths.lock).is_err() {
+        return Err(f);
+    }
+    Ok(f)
 }
 
 /// Finishes a release in place: makes the mark durable (with `sync`), then puts the files let
@@ -109,7 +145,8 @@ pub(crate) struct Prepared {
     path: PathBuf,
     name: OsString,
     file: File,
-    /// The same file, read-only: what the holder keeps for its release.
+    /// The same file, read-only, with the holder's flock on it: what the holder keeps for its
+    /// whole holding and its release.
     ro: File,
     id: (u64, u64),
     len: usize,
@@ -126,11 +163,10 @@ impl Prepared {
         let path = q.join(&name);
         let (file, id) = q.create_new(&name, fsio::LEASE_MODE).ok()?;
         let made = file.write_all_at(bytes, 0).is_ok();
-        // The very inode, read-only, through our own descriptor.
-        let ro = OpenOptions::new()
-            .read(true)
-            .custom_flags(OFlag::O_CLOEXEC.bits())
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        // The very inode, read-only, through our own descriptor, with the holder's flock on it
+        // already (`klock::hold_lock_file`): taken now, while nobody can know the file, so
+        // that it is there before the file becomes LOCK.
+        let ro = fsio::held_copy(&file, &path);
         let (true, Ok(ro)) = (made, ro) else {
             q.unlink_if(&name, id);
             return None;

@@ -5,8 +5,10 @@
 //! Owns: the choice of lock calls — on a local file system `flock(2)` *and* an open file
 //! description (OFD) byte-range lock on the file's first byte; on a network file system the OFD lock
 //! alone —, the test "does anyone else hold it?" (`F_OFD_GETLK`), the holders' marks (an
-//! exclusive holder's by token, a shared or slotted holder's counted), and a section's
-//! announcement on LOCK's directory ([`announce`]).
+//! exclusive holder's by token, a shared or slotted holder's counted), a section's
+//! announcement on LOCK's directory ([`announce`]), and the two locks on LOCK's own file: the
+//! holder's exclusive flock for the whole holding ([`hold_lock_file`]) and a waiter's hint
+//! ([`hint_waiting`]).
 //! Must never: block (except [`wait_free`], which a caller runs on its own thread); leave one of
 //! the two locks held when taking the other failed.
 //!
@@ -138,6 +140,36 @@ pub(crate) fn try_exclusive(file: &File, at: Where) -> io::Result<bool> {
             other
         }
     }
+}
+
+/// The holder's lock on LOCK's own file (local file systems, exclusive holders): an exclusive
+/// `flock(2)` on the file its lease is written to, taken before that file is renamed over LOCK
+/// and kept for the whole holding, so that util-linux flock(1) on LOCK waits for the holder as
+/// the holder waits for it (PROTOCOL.md §10, "util-linux flock(1) on LOCK itself"). `Ok(false)`
+/// when someone else locks the file already (it is new and unpredictably named: only a
+/// directory writer who opened it meanwhile could).
+pub(crate) fn hold_lock_file(file: &File) -> io::Result<bool> {
+    flock(file, libc::LOCK_EX | libc::LOCK_NB)
+}
+
+/// Lets go of [`hold_lock_file`]'s lock (the job is over), before the file is closed.
+pub(crate) fn let_go_lock_file(file: &File) -> io::Result<()> {
+    flock(file, libc::LOCK_UN).map(drop)
+}
+
+/// A queued waiter's hint to the holder that it waits (local file systems): an OFD read lock on
+/// the first byte of the LOCK file it last read, through the descriptor it keeps. Not a flock:
+/// on a local file system OFD locks and `flock(2)` never meet, so the hint neither conflicts
+/// with the holder's [`hold_lock_file`] nor keeps a flock(1) waiting on a file the waiter is
+/// about to rename over.
+pub(crate) fn hint_waiting(file: &File) -> io::Result<bool> {
+    ofd_at(file, libc::F_RDLCK as libc::c_short, false, LOCK_BYTE)
+}
+
+/// Whether anyone hints that it waits ([`hint_waiting`]) on `file` — or holds any other
+/// byte-range lock on its first byte: a test that takes nothing (`F_OFD_GETLK`).
+pub(crate) fn waiting_hinted(file: &File) -> io::Result<bool> {
+    held_at(file, LOCK_BYTE)
 }
 
 /// Lets go of what [`try_exclusive`] took.

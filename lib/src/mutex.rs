@@ -744,7 +744,7 @@ pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
     })
 }
 
-/// One granted lock on a file's inode, as /proc/locks lists it.
+/// One lock on a file's inode as /proc/locks lists it: granted, or a request blocked for it.
 struct ProcLock {
     /// `FLOCK`, `POSIX` or `OFDLCK`.
     kind: String,
@@ -752,10 +752,12 @@ struct ProcLock {
     exclusive: bool,
     /// The owning process; OFD locks show -1 (no process owns them).
     pid: i32,
+    /// A request still waiting for the lock (a `->` line), not a lock held.
+    blocked: bool,
 }
 
-/// The granted locks on `file`'s inode in /proc/locks (blocked requests, marked `->`, left out;
-/// this host's locks only). Empty when it cannot be read.
+/// Every lock held on, and every request blocked for, `file`'s inode, by /proc/locks (this
+/// host's locks only).
 fn proc_locks(file: &File) -> Vec<ProcLock> {
     let Ok(meta) = file.metadata() else {
         return Vec::new();
@@ -768,11 +770,17 @@ fn proc_locks(file: &File) -> Vec<ProcLock> {
     let Ok(text) = std::fs::read_to_string("/proc/locks") else {
         return Vec::new();
     };
+    // Most lines are other files' locks: skip them before splitting (a release looks here).
+    let needle = format!(":{ino} ");
     text.lines()
+        .filter(|line| line.contains(&needle))
         .filter_map(|line| {
-            // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF"
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.get(1) == Some(&"->") || f.len() < 6 {
+            // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
+            // behind it "1: -> FLOCK  ADVISORY  WRITE 1240 00:1f:5678 0 EOF".
+            let all: Vec<&str> = line.split_whitespace().collect();
+            let blocked = all.get(1) == Some(&"->");
+            let f = if blocked { &all[1..] } else { &all[..] };
+            if f.len() < 6 {
                 return None;
             }
             let mut dev = f[5].split(':');
@@ -784,23 +792,52 @@ fn proc_locks(file: &File) -> Vec<ProcLock> {
                 kind: f[1].to_lowercase(),
                 exclusive: f[3] == "WRITE",
                 pid: f[4].parse().unwrap_or(-1),
+                blocked,
             })
         })
         .collect()
+}
+
+/// Whether some process waits, blocked, for a kernel lock on `file`'s inode (a `->` line in
+/// /proc/locks): e.g. util-linux flock(1) waiting for a holder's lock on LOCK's own file.
+pub(crate) fn someone_blocked(file: &File) -> bool {
+    proc_locks(file).iter().any(|l| l.blocked)
+}
+
+/// Whether a process other than this one holds a kernel lock on `file`'s inode that names it
+/// (a flock or POSIX lock; OFD locks, such as waiters' hints, name no process).
+pub(crate) fn locked_by_another_process(file: &File) -> bool {
+    let me = std::process::id() as i32;
+    proc_locks(file)
+        .iter()
+        .any(|l| !l.blocked && l.pid > 0 && l.pid != me)
 }
 
 /// A pid seen holding the kernel lock on `file`'s inode in /proc/locks. OFD locks name no
 /// process; a holder on this host also holds the flock, which names it. Never a pid below 1:
 /// it would name no process, or all of them.
 pub(crate) fn holder_pid(file: &File) -> Option<i32> {
-    proc_locks(file).into_iter().map(|l| l.pid).find(|&p| p > 0)
+    proc_locks(file)
+        .into_iter()
+        .filter(|l| !l.blocked)
+        .map(|l| l.pid)
+        .find(|&p| p > 0)
 }
 
 /// Who holds an exclusive (`WRITE`) kernel lock of any kind on `file`'s inode, by
 /// /proc/locks, in words — `pid 812 (user bob, state S, flock lock)` — if anyone does (this
-/// host's locks only). Shared locks are not counted.
-pub(crate) fn exclusive_locker(file: &File) -> Option<String> {
-    let l = proc_locks(file).into_iter().find(|l| l.exclusive)?;
+/// host's locks only). Shared locks are not counted. A leasehold holder holds one on the file
+/// its lease is in for the whole holding (`klock::hold_lock_file`), and lets go of it before
+/// its record says released; so a contender asking when LOCK's record would let it in
+/// (released, emptied, or a holder gone) counts every such lock as another program's —
+/// conservatively, a leasehold holder whose record was emptied under it too: it is still
+/// running (PROTOCOL.md §10).
+/// A lock whose pid `own` says is a leasehold holder of this lock (checked on the kernel's
+/// evidence by the caller) is not counted.
+pub(crate) fn exclusive_locker(file: &File, own: impl Fn(i32) -> bool) -> Option<String> {
+    let l = proc_locks(file)
+        .into_iter()
+        .find(|l| l.exclusive && !l.blocked && !(l.pid > 0 && own(l.pid)))?;
     let kind = &l.kind;
     let proc = (l.pid > 0)
         .then(|| process::stat(l.pid).ok().flatten())

@@ -95,7 +95,8 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     if v.state == State::Free && m.as_ref().is_some_and(|m| store.marked(m, from)) {
         v.holder_unseen();
     } else if v.state != State::Held
-        && let Some(who) = store.foreign_lock()
+        && let Some(who) =
+            store.foreign_lock((v.lease.as_ref()).filter(|_| v.state == State::Hung && v.same_host))
     {
         v.kernel_locked(who);
     }

@@ -1,10 +1,14 @@
 //! `leasehold run` beside util-linux flock(1) (and the flock drop-in, which by default is
-//! flock(1) exactly) on the same file: leasehold never takes a lease while another program holds
-//! a kernel lock on LOCK itself — `run -n` exits 75 naming the holder's pid, a waiting `run`
-//! waits and then runs, and `status` reports the lock held by that pid, not free.
-//! (The other way round — flock(1) waiting for a leasehold holder — is not done: PROTOCOL §10.)
+//! flock(1) exactly) on the same file, both ways (PROTOCOL §10): leasehold never takes a lease
+//! while another program holds a kernel lock on LOCK itself — `run -n` exits 75 naming the
+//! holder's pid, a waiting `run` waits and then runs, and `status` reports the lock held by that
+//! pid, not free; and flock(1) waits for a leasehold holder (`run`, `lock`'s keeper), which
+//! holds an exclusive flock on LOCK's file for the whole holding — also across hand-overs
+//! between leasehold waiters and when the holder is SIGKILLed — on tmpfs and ext4.
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -108,5 +112,376 @@ fn a_run_never_takes_a_lock_file_that_flock_1_or_the_drop_in_holds() {
         let st = waiter.wait_timeout(Duration::from_secs(10));
         assert!(st.success(), "{who}: the waiter: {st}: {}", waiter.stderr());
         assert!(marker.exists(), "{who}: the waiter never ran");
+    }
+}
+
+/// util-linux flock(1), by the path systemd units and crontabs name it.
+const FLOCK: &str = "/usr/bin/flock";
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// The directories these tests lock in: a private tmpfs and a fresh ext4 on a loop device (both
+/// need root), and the test's temp directory. Each with what keeps it mounted.
+fn file_systems() -> Vec<(&'static str, PathBuf, Box<dyn std::any::Any>)> {
+    let mut v: Vec<(&'static str, PathBuf, Box<dyn std::any::Any>)> = Vec::new();
+    let t = tempfile::tempdir().unwrap();
+    v.push(("the temp directory", t.path().to_path_buf(), Box::new(t)));
+    if is_root() {
+        let tmpfs = Tmpfs::new("16m");
+        v.push(("tmpfs", tmpfs.dir.clone(), Box::new(tmpfs)));
+        match LoopExt4::new() {
+            Ok(d) => v.push(("ext4", d.mnt.clone(), Box::new(d))),
+            Err(why) => assert!(!ci(), "no ext4 for the test: {why}"),
+        }
+    }
+    v
+}
+
+/// Whether some process waits, blocked, for a kernel lock on `file`'s inode (a `->` line in
+/// /proc/locks): flock(1) blocked behind a holder.
+fn blocked_on(file: &Path) -> bool {
+    let Ok(m) = std::fs::metadata(file) else {
+        return false;
+    };
+    let (maj, min) = (
+        nix::sys::stat::major(m.dev()),
+        nix::sys::stat::minor(m.dev()),
+    );
+    let dev = format!("{maj:02x}:{min:02x}:{}", m.ino());
+    std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(" -> ") && l.split_whitespace().any(|f| f == dev))
+}
+
+/// `/usr/bin/flock ARGS FILE sh -c SCRIPT`, in the background.
+fn flock_1(args: &[&str], file: &Path, script: &str, name: &str) -> Proc {
+    let mut c = Command::new(FLOCK);
+    c.args(args)
+        .arg(file)
+        .args(["sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    Proc::spawn(c, name)
+}
+
+/// How a leasehold holder of these tests takes the lock: `leasehold run`, or a script that
+/// takes it with `leasehold lock` (held by its keeper) and exits at the end.
+#[derive(Clone, Copy, Debug)]
+enum Holder {
+    Run,
+    Script,
+}
+
+/// A leasehold holder (`how`) of `lock` whose job writes its pid to `dir/holding`, creates
+/// `dir/ready`, keeps
+/// them until `dir/release` is removed, and removes `holding` as its last step. Returned once
+/// the job runs.
+fn leasehold_holder(how: Holder, lock: &Path, dir: &Path) -> Proc {
+    let (ready, release, holding) = (dir.join("ready"), dir.join("release"), dir.join("holding"));
+    std::fs::write(&release, "").unwrap();
+    let _ = std::fs::remove_file(&ready);
+    let job = format!(
+        "echo $$ > '{h}'; touch '{r}'; while [ -e '{x}' ]; do sleep 0.01; done; rm '{h}'",
+        h = holding.display(),
+        r = ready.display(),
+        x = release.display()
+    );
+    let mut c = match how {
+        Holder::Run => {
+            let mut c = lh();
+            c.args(["run", "-n"])
+                .arg(lock)
+                .args(["--", "sh", "-c", &job]);
+            c
+        }
+        Holder::Script => {
+            let mut c = Command::new("sh");
+            let body = format!("out=$(\"$LH\" lock -n \"$1\") || exit $?\neval \"$out\"\n{job}\n");
+            c.arg("-c").arg(body).arg("sh").arg(lock).env("LH", bin());
+            // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                c.pre_exec(|| {
+                    nix::unistd::setsid().map_err(std::io::Error::from)?;
+                    Ok(())
+                });
+            }
+            c
+        }
+    };
+    c.env_remove("LEASEHOLD_LOCK")
+        .env_remove("LEASEHOLD_LEASE_ID")
+        .env_remove("LEASEHOLD_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let p = Proc::spawn(c, &format!("{how:?} holder"));
+    ensure_within("the leasehold holder's job", LONG, || ready.exists());
+    p
+}
+
+/// While `leasehold run F` (or a script's `leasehold lock F`) holds, `/usr/bin/flock -n F`
+/// and the drop-in's `flock -n F` exit 1, and `/usr/bin/flock F cmd` blocks until the
+/// holder's job has ended and released, then runs — on tmpfs, ext4 and the temp directory.
+/// (Before the holder flocked its file, `flock -n` exited 0 at once, beside the job.)
+#[test]
+fn flock_1_waits_for_a_run_or_script_holder_and_runs_once_its_job_ended() {
+    if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
+        return;
+    }
+    for (fs, base, _keep) in file_systems() {
+        for how in [Holder::Run, Holder::Script] {
+            let d = tempfile::tempdir_in(&base).unwrap();
+            let lock = d.path().join("job.lock");
+            // A lock used before (a released record), as after a migration's first runs.
+            lh_assert()
+                .args(["run", "-n"])
+                .arg(&lock)
+                .args(["--", "true"])
+                .assert()
+                .success();
+            let mut holder = leasehold_holder(how, &lock, d.path());
+            let st = Command::new(FLOCK)
+                .args(["-n"])
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .unwrap();
+            assert_eq!(
+                st.code(),
+                Some(1),
+                "{fs}, {how:?}: flock -n beside the holder"
+            );
+            let st = lh()
+                .args(["flock", "-n"])
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .unwrap();
+            assert_eq!(st.code(), Some(1), "{fs}, {how:?}: the drop-in's flock -n");
+            let (ran, overlap) = (d.path().join("flock-ran"), d.path().join("overlap"));
+            let script = format!(
+                "if [ -e '{h}' ]; then touch '{o}'; fi; touch '{r}'",
+                h = d.path().join("holding").display(),
+                o = overlap.display(),
+                r = ran.display()
+            );
+            let mut f = flock_1(&[], &lock, &script, "flock(1)");
+            ensure_within("flock(1) to block on LOCK", LONG, || blocked_on(&lock));
+            assert!(
+                !ran.exists(),
+                "{fs}, {how:?}: flock(1) ran beside the holder"
+            );
+            std::fs::remove_file(d.path().join("release")).unwrap();
+            let st = f.wait_timeout(LONG);
+            assert!(
+                st.success(),
+                "{fs}, {how:?}: flock(1): {st}: {}",
+                f.stderr()
+            );
+            assert!(
+                ran.exists(),
+                "{fs}, {how:?}: flock(1) never ran its command"
+            );
+            assert!(
+                !overlap.exists(),
+                "{fs}, {how:?}: flock(1) ran while the holder's job was still inside"
+            );
+            let st = holder.wait_timeout(LONG);
+            assert!(
+                st.success(),
+                "{fs}, {how:?}: the holder: {st}: {}",
+                holder.stderr()
+            );
+        }
+    }
+}
+
+/// Hand-overs between leasehold waiters while util-linux flock(1) waits too, 50 rounds per
+/// file system: a `run` holds; two `run`s queue behind it and a flock(1) blocks on LOCK; the
+/// holder ends; while the first waiter holds, a second flock(1) blocks. Every job runs, and the
+/// O_EXCL checker records no two inside at once. (Before the holder flocked its file, the
+/// first flock(1) ran beside the holder at once.)
+#[test]
+fn hand_overs_between_run_waiters_with_flock_1_waiting_never_run_two_at_once() {
+    if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
+        return;
+    }
+    let rounds = scaled(50);
+    for (fs, base, _keep) in file_systems().into_iter().skip(1) {
+        let d = tempfile::tempdir_in(&base).unwrap();
+        let cs = Cs::new(d.path(), "cs");
+        let lock = d.path().join("job.lock");
+        let queue = d.path().join(".job.lock.leasehold-queue");
+        let queued = || {
+            std::fs::read_dir(&queue).map_or(0, |r| {
+                r.flatten()
+                    .filter(|e| {
+                        let n = e.file_name();
+                        let n = n.to_string_lossy();
+                        n.starts_with("q-") && !n.ends_with(".lease")
+                    })
+                    .count()
+            })
+        };
+        let flock_job = |id: &str| {
+            let mut c = Command::new(FLOCK);
+            c.arg(&lock)
+                .args(cs.job(id, 3, "0.01"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            Proc::spawn(c, id)
+        };
+        let run_job = |id: &str| {
+            let mut c = lh();
+            c.args(["run", "-w", "60s"])
+                .arg(&lock)
+                .arg("--")
+                .args(cs.job(id, 3, "0.01"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            Proc::spawn(c, id)
+        };
+        for i in 0..rounds {
+            let h = format!("h{i}");
+            let mut holder = Proc::spawn(
+                lh().args(cs.hold_args(&["-n"], &lock, &h))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped()),
+                "holder",
+            );
+            cs.wait_entered(&h, LONG);
+            // The flock(1) blocks before the waiters queue in even rounds, after in odd ones.
+            let mut procs = Vec::new();
+            if i % 2 == 0 {
+                procs.push(flock_job(&format!("f{i}")));
+                ensure_within("flock(1) to block", LONG, || blocked_on(&lock));
+            }
+            // The first waiter's job is held until the test lets it end.
+            let w1 = format!("w{i}");
+            procs.push(Proc::spawn(
+                lh().args(cs.hold_args(&["-w", "60s"], &lock, &w1))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped()),
+                "first waiter",
+            ));
+            ensure_within("the first waiter to queue", LONG, || queued() >= 1);
+            procs.push(run_job(&format!("v{i}")));
+            ensure_within("the second waiter to queue", LONG, || queued() >= 2);
+            if i % 2 == 1 {
+                procs.push(flock_job(&format!("f{i}")));
+                ensure_within("flock(1) to block", LONG, || blocked_on(&lock));
+            }
+            cs.release(&h);
+            // While the first waiter holds, another flock(1) blocks behind it.
+            cs.wait_entered(&w1, LONG);
+            procs.push(flock_job(&format!("g{i}")));
+            ensure_within("flock(1) to block behind the waiter", LONG, || {
+                blocked_on(&lock)
+            });
+            cs.release(&w1);
+            for mut p in procs {
+                let st = p.wait_timeout(Duration::from_secs(60));
+                assert!(st.success(), "{fs}, round {i}: {st}: {}", p.stderr());
+            }
+            let st = holder.wait_timeout(LONG);
+            assert!(st.success(), "{fs}, round {i}: holder: {}", holder.stderr());
+            let v = cs.violations();
+            assert!(v.is_empty(), "{fs}, round {i}: {v:?}");
+        }
+        let all = cs.verify();
+        assert_eq!(all.len(), rounds * 5, "{fs}: every job ran");
+    }
+}
+
+/// A `run` holder SIGKILLed while flock(1) waits for it: the kernel drops its flock, the
+/// blocked flock(1) runs, and leasehold contenders wait for flock(1) — `run -n` exits 75
+/// saying so (`status` names flock(1)'s pid), a waiting `run` runs after it. (Before, flock(1) ran beside the holder.)
+#[test]
+fn a_sigkilled_run_holder_lets_the_blocked_flock_1_run_and_contenders_wait_for_it() {
+    if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
+        return;
+    }
+    for (fs, base, _keep) in file_systems() {
+        let d = tempfile::tempdir_in(&base).unwrap();
+        let lock = d.path().join("job.lock");
+        let mut holder = leasehold_holder(Holder::Run, &lock, d.path());
+        let (inside, release) = (
+            d.path().join("flock-inside"),
+            d.path().join("flock-release"),
+        );
+        std::fs::write(&release, "").unwrap();
+        let script = format!(
+            "touch '{i}'; while [ -e '{r}' ]; do sleep 0.01; done; rm '{i}'",
+            i = inside.display(),
+            r = release.display()
+        );
+        let mut f = flock_1(&[], &lock, &script, "flock(1)");
+        ensure_within("flock(1) to block on LOCK", LONG, || blocked_on(&lock));
+        assert!(!inside.exists(), "{fs}: flock(1) ran beside the holder");
+        let job: i32 = std::fs::read_to_string(d.path().join("holding"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The wrapper alone: its job dies with it (PDEATHSIG), and is waited for here.
+        kill_wrapper(&mut holder, job);
+        ensure_within("flock(1) to run once the holder died", LONG, || {
+            inside.exists()
+        });
+        let o = lh()
+            .args(["run", "-n"])
+            .arg(&lock)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(75),
+            "{fs}: run -n beside flock(1): {err}"
+        );
+        assert!(
+            err.contains("a kernel lock on LOCK itself"),
+            "{fs}: run -n does not say it is behind flock(1): {err}"
+        );
+        let st = lh().args(["status", "--json"]).arg(&lock).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+        assert_eq!(v["state"], "held", "{fs}: status: {v}");
+        assert!(
+            (v["reason"].as_str().unwrap_or("")).contains(&format!("pid {} ", f.pid())),
+            "{fs}: status does not name flock(1)'s pid {}: {v}",
+            f.pid()
+        );
+        let after = d.path().join("after");
+        let script = format!(
+            "if [ -e '{i}' ]; then exit 9; fi; touch '{a}'",
+            i = inside.display(),
+            a = after.display()
+        );
+        let mut waiter = Proc::spawn(
+            lh().args(["run", "-w", "30s"])
+                .arg(&lock)
+                .args(["--", "sh", "-c", &script])
+                .stderr(Stdio::piped()),
+            "waiting run",
+        );
+        assert!(
+            waiter
+                .wait_line(LONG, |l| l.contains("a kernel lock on LOCK"))
+                .is_some(),
+            "{fs}: the waiter did not say what it waits behind"
+        );
+        assert!(!after.exists(), "{fs}: the waiter ran beside flock(1)");
+        std::fs::remove_file(&release).unwrap();
+        assert!(f.wait_timeout(LONG).success(), "{fs}: flock(1)");
+        let st = waiter.wait_timeout(LONG);
+        assert!(st.success(), "{fs}: the waiter: {st}: {}", waiter.stderr());
+        assert!(after.exists(), "{fs}: the waiter never ran");
     }
 }

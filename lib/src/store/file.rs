@@ -76,11 +76,19 @@ const TOKEN_BLOCK: u64 = 64;
 
 impl FileStore {
     /// Who holds an exclusive kernel lock on LOCK's own file (a `flock(2)`, an OFD or a POSIX
-    /// write lock), in words, if anyone does: leasehold never locks LOCK exclusively (a waiter's
-    /// hand-over hint is a shared flock, `handover.rs`), so that is another program — util-linux
-    /// flock(1) on the same file, the flock drop-in. On a local file system /proc/locks names
-    /// it; on NFS a test for a conflicting lock on the first byte asks the server.
-    pub(crate) fn foreign_lock(&self) -> Option<String> {
+    /// write lock), in words, if anyone does, asked when LOCK's record would let a contender in
+    /// (released, emptied) or names a holder whose job was just stopped. A leasehold holder
+    /// holds a flock on its file for the whole holding and lets go of it before its record
+    /// says released (`klock::hold_lock_file`), so such a lock is another program's —
+    /// util-linux flock(1) on the same file, the flock drop-in — or a holder's whose record was
+    /// emptied under it (still running: waited for too). Only `frozen`'s own is not counted: a
+    /// hung holder on this host whose job a takeover stopped and which is left frozen (§7),
+    /// recognised by the kernel's evidence that the locking process is that very holder of this
+    /// lock (its pid and start time, and its holder's mark on this lock's mutex file or this
+    /// lease in its environment: `process::JobEvidence`), never by the record alone, which a
+    /// directory writer can forge. On a local file system /proc/locks names the locker; on NFS
+    /// a test for a conflicting lock on the first byte asks the server.
+    pub(crate) fn foreign_lock(&self, frozen: Option<&Lease>) -> Option<String> {
         let f = self
             .paths
             .handle()
@@ -92,7 +100,25 @@ impl FileStore {
                 _ => None,
             };
         }
-        crate::mutex::exclusive_locker(&f)
+        crate::mutex::exclusive_locker(&f, |pid| frozen.is_some_and(|l| self.holder_itself(l, pid)))
+    }
+
+    /// Whether `pid` is `l`'s holder process itself, on the kernel's evidence (see
+    /// [`FileStore::foreign_lock`]).
+    fn holder_itself(&self, l: &Lease, pid: i32) -> bool {
+        let h = &l.holder;
+        if pid != h.pid
+            || !crate::identity::Identity::current().same_host_as(&h.host, &h.boot_id, h.pid_ns)
+        {
+            return false;
+        }
+        match crate::process::stat(pid) {
+            Ok(Some(st)) if st.start == h.pid_start => matches!(
+                Store::binding(self).evidence(l).check(&st),
+                crate::process::Evidence::Belongs
+            ),
+            _ => false,
+        }
     }
 
     /// LOCK's path, its directory and its helper names.
@@ -348,6 +374,12 @@ impl Store for FileStore {
             .and_then(|t| t.install(&bytes, self.sync, &self.paths));
         let written = match prepared {
             Some(w) => w?,
+            // A holder of LOCK on a local file system holds a flock on its file for the whole
+            // holding, taken before the rename (util-linux flock(1) waits for it, PROTOCOL.md
+            // §10). Not on NFS, where LOCK is never kept open beyond one read (§9).
+            None if !self.storage.network && self.origin.is_none() => {
+                fsio::replace_holding(&self.paths, &self.paths.lock, &bytes, self.sync)?
+            }
             None => fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync)?,
         };
         // Leave the queue: the name goes while we hold the mutex (so it is surely ours), the
@@ -371,8 +403,8 @@ impl Store for FileStore {
         section.holder_marked(from)
     }
 
-    fn kernel_locked(&self, _: &MutexGuard) -> Option<String> {
-        self.foreign_lock()
+    fn kernel_locked(&self, _: &MutexGuard, frozen: Option<&Lease>) -> Option<String> {
+        self.foreign_lock(frozen)
     }
 
     fn shared_holders(&self, section: &MutexGuard, cap: usize) -> usize {

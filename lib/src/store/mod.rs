@@ -294,9 +294,10 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     }
 
     /// Inside the section: who holds a kernel lock on LOCK's own file, if anyone does (util-linux
-    /// flock(1) or another program; leasehold never locks LOCK itself), in words. Default: no
-    /// such lock (a store with no file).
-    fn kernel_locked(&self, _section: &Self::Section) -> Option<String> {
+    /// flock(1) or another program; a leasehold holder's own lock goes before its record says
+    /// it is free), in words — not counting `frozen`'s, a hung holder left frozen by a takeover,
+    /// when the kernel binds the lock to it. Default: no such lock (a store with no file).
+    fn kernel_locked(&self, _section: &Self::Section, _frozen: Option<&Lease>) -> Option<String> {
         None
     }
 

@@ -173,7 +173,15 @@ impl FileHolding {
 
     /// The full released record (state `released`, how the job ended), written atomically
     /// under the mutex, if LOCK still holds our lease (held or revoked).
-    fn write_released(&self, r: &Release<'_>, witness: Option<MutexFile>) -> Result<()> {
+    /// `Ok(false)`, writing nothing, when someone waits blocked for our flock on `kept` (LOCK's
+    /// file as we put it in place) by then: util-linux flock(1), which must get the lock on the
+    /// file LOCK names, not on one renamed away (the caller releases in place instead).
+    fn write_released(
+        &self,
+        r: &Release<'_>,
+        witness: Option<MutexFile>,
+        kept: Option<&File>,
+    ) -> Result<bool> {
         let mut released = r.mine.clone();
         released.state = LeaseState::Released;
         released.ended = Some(Ending {
@@ -198,7 +206,12 @@ impl FileHolding {
             e.by = Some(by);
         }
         let bytes = released.to_bytes();
-        fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| ())
+        // Checked last, just before the rename: one that blocks after it gets the file renamed
+        // away when we let go (a window of microseconds, PROTOCOL.md §10).
+        if kept.is_some_and(mutex::someone_blocked) {
+            return Ok(false);
+        }
+        fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| true)
     }
 
     /// When the full released record could not be written (`e`: a full disk, a mutex someone
@@ -324,7 +337,12 @@ impl Holding for FileHolding {
     fn rewrite(&self, _: &MutexGuard, mine: &Lease, bytes: &[u8]) -> Result<()> {
         // Never over a revoked record: that would make a broken lease held again.
         self.ensure_ours(mine, false)?;
-        let w = fsio::replace_keep(&self.paths, &self.paths.lock, bytes, false)?;
+        // The new file carries our flock before it becomes LOCK; the old one's goes with it.
+        let w = if self.storage.network || self.origin.is_some() {
+            fsio::replace_keep(&self.paths, &self.paths.lock, bytes, false)?
+        } else {
+            fsio::replace_holding(&self.paths, &self.paths.lock, bytes, false)?
+        };
         *lock(&self.written) = Some(w);
         Ok(())
     }
@@ -374,22 +392,55 @@ impl FileHolding {
         let replaced = lock(&self.replaced).take();
         // Our holder's mark goes only once LOCK no longer says we hold it.
         let mark = lock(&self.mark).take();
+        // Util-linux flock(1) (or any program) blocked for our flock on LOCK's file: it must get
+        // that lock on the file LOCK still names, so we release in place for it (PROTOCOL.md §10).
+        let local = !self.storage.network;
+        let blocked = local
+            && (written.as_ref().and_then(|w| w.kept.as_ref())).is_some_and(mutex::someone_blocked);
         // On a local file system, with someone waiting: mark our file released in place (no
         // mutex: the file is the one we renamed into place, which only we change in place, and
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
         // Only after a clean end: a record released in place says nothing of how (`ending.rs`).
-        let handed = match (written, self.storage.network) {
-            (Some(w), false) if crate::ending::clean_handover(r.how, r.mine) => {
-                handover::release_in_place(&self.paths, r.bytes, w)
+        let (handed, mut written) = match written {
+            Some(w) if local && !blocked && crate::ending::clean_handover(r.how, r.mine) => {
+                match handover::release_in_place(&self.paths, r.bytes, w) {
+                    Ok(f) => (Some(f), None),
+                    Err(w) => (None, Some(w)),
+                }
             }
-            _ => None,
+            other => (None, other),
         };
         (r.stop)();
         if let Some(f) = handed {
             return handover::settle(&self.paths, f, self.sync, replaced, mark);
         }
-        match self.write_released(&r, witness) {
-            Ok(()) | Err(Error::Lost { .. }) => Ok(()),
+        // Our flock on LOCK's file (if any) is held until the full released record has been
+        // renamed over it, and goes with `written` when this returns.
+        let kept = written.as_ref().and_then(|w| w.kept.as_ref());
+        let outcome = if blocked {
+            Ok(false)
+        } else {
+            self.write_released(&r, witness, kept)
+        };
+        match outcome {
+            Ok(true) | Err(Error::Lost { .. }) => Ok(()),
+            Ok(false) => {
+                // Somebody blocked for our flock: released in place, for them.
+                let kept = written.as_mut().and_then(|w| w.kept.take());
+                match kept.map(|f| handover::release_to_blocked(&self.paths, r.bytes, f)) {
+                    Some(Ok(f)) => handover::settle(&self.paths, f, self.sync, replaced, mark),
+                    Some(Err(_)) | None => self.release_in_header(
+                        &r,
+                        Error::Io {
+                            path: self.paths.lock.clone(),
+                            op: "mark the lease released in place",
+                            source: std::io::Error::other(
+                                "it no longer holds our lease as written",
+                            ),
+                        },
+                    ),
+                }
+            }
             Err(e) => self.release_in_header(&r, e),
         }
     }
