@@ -1,7 +1,8 @@
 //! Where the `flock` front end keeps a file's lease (asked for with `LEASEHOLD_FLOCK_FENCE=1`):
 //! on a local file system, in this user's runtime directory, keyed by the locked file's device
-//! and inode — never in the user's directories; on a network file system, where other hosts must
-//! see it, beside the file ([`crate::lease_beside`]).
+//! and inode (and its creation time, where the file system keeps one) — never in the user's
+//! directories; on a network file system, where other hosts must see it, beside the file
+//! ([`crate::lease_beside`]).
 //!
 //! Owns: the runtime directory (`/run/lock/leasehold` for root, `$XDG_RUNTIME_DIR/leasehold`
 //! otherwise, `/run/user/UID/leasehold` when that variable is unset), its trust check (a real
@@ -84,9 +85,35 @@ fn make() -> Option<PathBuf> {
     }
 }
 
-/// The lease's name for the file `(dev, ino)`: `flock-DEV-INO` (hexadecimal).
-fn name(dev: u64, ino: u64) -> OsString {
-    OsString::from(format!("flock-{dev:x}-{ino:x}"))
+/// The lease's name for the file `(dev, ino)`: `flock-DEV-INO-BIRTH` (hexadecimal), where BIRTH
+/// is the file's creation time in nanoseconds (`statx` `STATX_BTIME`) when `file` still names
+/// that inode and its file system records one, so that a lease left behind for a deleted file is
+/// never taken for the lease of a new file that reuses its inode number; `flock-DEV-INO` where
+/// the file system keeps no creation time.
+fn name(file: &Path, dev: u64, ino: u64) -> OsString {
+    match birth(file, (dev, ino)) {
+        Some(b) => OsString::from(format!("flock-{dev:x}-{ino:x}-{b:x}")),
+        None => OsString::from(format!("flock-{dev:x}-{ino:x}")),
+    }
+}
+
+/// The creation time (nanoseconds since the epoch, as an unsigned number) of the file `file`
+/// names, if it is the inode `(dev, ino)` and its file system keeps one.
+fn birth(file: &Path, (dev, ino): (u64, u64)) -> Option<u128> {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, makedev, statx};
+    let st = statx(
+        CWD,
+        file,
+        AtFlags::empty(),
+        StatxFlags::BTIME | StatxFlags::INO,
+    )
+    .ok()?;
+    let same = makedev(st.stx_dev_major, st.stx_dev_minor) == dev && st.stx_ino == ino;
+    let has = st.stx_mask & StatxFlags::BTIME.bits() != 0;
+    (same && has).then(|| {
+        let t = &st.stx_btime;
+        (i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)) as u128
+    })
 }
 
 /// Where the flock front end keeps the lease of `file` (device `dev`, inode `ino`, as opened):
@@ -107,7 +134,7 @@ pub fn flock_lease_path(file: &Path, (dev, ino): (u64, u64), create: bool) -> Op
         }
     };
     match rt {
-        Some(d) => Some(d.join(name(dev, ino))),
+        Some(d) => Some(d.join(name(file, dev, ino))),
         None => crate::lease_beside(file),
     }
 }

@@ -264,7 +264,7 @@ fn man_flock(w: &mut dyn Write) -> io::Result<()> {
             "with LEASEHOLD_FLOCK_FENCE=1 only, on NFS (or without a runtime directory), beside \
              the named file DIR/NAME: the lease, an ordinary leasehold LOCK with its own helper \
              files (see leasehold(1)); on a local file system the lease is \
-             /run/lock/leasehold/flock-DEV-INO (root) or $XDG_RUNTIME_DIR/leasehold/flock-DEV-INO; \
+             /run/lock/leasehold/flock-DEV-INO-BIRTH (root) or $XDG_RUNTIME_DIR/leasehold/flock-DEV-INO-BIRTH; \
              by default nothing is created but the named file",
         )]);
     r.control("SH", ["SEE ALSO"]);

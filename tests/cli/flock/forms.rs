@@ -516,3 +516,55 @@ fn files_deleted_or_planted_beside_the_file_never_reach_a_fenced_job() {
     ours.close_stdin();
     assert_eq!(code(ours.wait_timeout(LIMIT)), 0, "{}", ours.stderr());
 }
+
+/// The drop-in's lease for a file lives in the runtime directory under the file's device, inode
+/// and creation time: a file deleted after its holding leaves its (released) lease there, and a
+/// new file that gets the same inode number must never be shown — or judged — with it.
+/// (Keyed by device and inode alone, `status NEW` showed the old file's released lease.)
+#[test]
+fn a_lease_left_for_a_deleted_file_is_never_taken_for_a_new_file_reusing_its_inode() {
+    let Some(b) = Bench::new() else { return };
+    let old = b.path("old");
+    fs::write(&old, "").unwrap();
+    let (rc, _, err) = outcome(b.ours(&["-n", old.to_str().unwrap(), "true"]));
+    assert_eq!((rc, err.as_str()), (0, ""));
+    let left = lease_of(&old);
+    assert_eq!(lease_state(&left).as_deref(), Some("released"));
+    let ino = fs::metadata(&old).unwrap().ino();
+    fs::remove_file(&old).unwrap();
+    // Most local file systems hand a freed inode number to the next file made nearby.
+    let new = b.path("new");
+    let reused = (0..50).any(|_| {
+        fs::write(&new, "").unwrap();
+        let same = fs::metadata(&new).unwrap().ino() == ino;
+        if !same {
+            fs::remove_file(&new).unwrap();
+        }
+        same
+    });
+    if skip(
+        !reused,
+        "the file system did not reuse the inode number in 50 tries",
+    ) {
+        return;
+    }
+    assert_ne!(
+        lease_of(&new),
+        left,
+        "the new file is keyed like the old one"
+    );
+    let fresh = b.path("fresh");
+    fs::write(&fresh, "").unwrap();
+    let shown = |f: &Path| {
+        let mut c = Command::new(bin());
+        c.args(["status", "--json"]).arg(f);
+        let (rc, out, err) = outcome(c);
+        let name = f.to_str().unwrap();
+        (rc, out.replace(name, "FILE"), err.replace(name, "FILE"))
+    };
+    assert_eq!(
+        shown(&new),
+        shown(&fresh),
+        "status of a new file reusing a deleted file's inode differs from a never-locked file's"
+    );
+}
