@@ -357,11 +357,10 @@ pub fn ack(path: impl AsRef<Path>) -> Result<Acked> {
         crate::store::Kind::File => {}
         #[cfg(feature = "etcd")]
         crate::store::Kind::Etcd => return crate::store::etcd::ending::ack(path, &by),
-        _ => {
-            return Err(Error::Settings(
-                "ack: s3:// locks keep no ending record yet".into(),
-            ));
-        }
+        #[cfg(feature = "s3")]
+        crate::store::Kind::S3 => return crate::store::s3::ending::ack(path, &by),
+        #[allow(unreachable_patterns)]
+        k => return Err(crate::store::refused(k, path)),
     }
     crate::status::ack_under_mutex(path, &mut |lease: &Lease| ack_record(path, lease, &by))
 }

@@ -1,335 +1,37 @@
-//! The lock remembers how the last holding ended on etcd too (issue 30, PROTOCOL.md §14
-//! *Endings*), on a real three-member cluster: `LEASEHOLD_PREVIOUS*` after a clean exit with
-//! status 3, a SIGKILL of wrapper and command, a fence and a break; `--after-crash fail` until
-//! `leasehold ack`; `--recover` only after an unclean ending; `--once-per` across two
-//! processes; `--max-time` (124, the deadline in `status`). Run as `etcd::endings::`.
-
-use std::fs;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+//! The lock remembers how the last holding ended on etcd (issue 30, PROTOCOL.md §14
+//! *Endings*): `store_endings.rs`'s scenarios on a real three-member cluster. Run as
+//! `etcd::endings::`.
 
 use crate::support::etcd::Cluster;
-use crate::support::{Proc, code, ensure_within, lh};
+use crate::support::lh;
 
-/// `leasehold ARGS`: exit status, stdout, stderr.
-fn lh_out(args: &[&str]) -> (i32, String, String) {
-    let o = lh().args(args).output().expect("run leasehold");
-    (
-        code(o.status),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
+#[path = "store_endings.rs"]
+mod scenarios;
+use scenarios::On;
 
-/// `leasehold run FLAGS URL -c SCRIPT` to its end.
-fn run(url: &str, flags: &[&str], script: &str) -> (i32, String, String) {
-    let mut args = vec!["run"];
-    args.extend_from_slice(flags);
-    args.extend_from_slice(&[url, "-c", script]);
-    lh_out(&args)
-}
-
-/// What the next command sees: `PREVIOUS STATUS TOKEN HOST ENDED` (`-` when empty).
-const SHOW: &str = r#"for v in "$LEASEHOLD_PREVIOUS" "$LEASEHOLD_PREVIOUS_STATUS" "$LEASEHOLD_PREVIOUS_TOKEN" "$LEASEHOLD_PREVIOUS_HOST" "$LEASEHOLD_PREVIOUS_ENDED"; do printf '%s ' "${v:--}"; done"#;
-
-/// The PREVIOUS values a plain run of `url` sees now (waiting for the lock as long as it takes,
-/// up to a minute).
-#[track_caller]
-fn previous(url: &str) -> Vec<String> {
-    let (rc, out, err) = run(url, &["-w", "60s"], SHOW);
-    assert_eq!(rc, 0, "{err}");
-    out.split_whitespace().map(String::from).collect()
-}
-
-/// `status --json`.
-fn status(url: &str) -> serde_json::Value {
-    let (rc, out, err) = lh_out(&["status", "--json", url]);
-    assert_eq!(rc, 0, "{err}");
-    serde_json::from_str(&out).expect("status JSON")
-}
-
-/// A run fenced by `--max-time 300ms`: an unclean ending, quickly.
-#[track_caller]
-fn fenced_run(url: &str) {
-    let (rc, _, err) = run(url, &["--max-time", "300ms"], "sleep 100");
-    assert_eq!(rc, 124, "{err}");
-}
-
-/// A `leasehold run` of `url` whose command runs until killed; once it runs: the wrapper, the
-/// command's pid and the holding's token (from `status --json`).
-fn victim(url: &str, flags: &[&str]) -> (Proc, i32, u64) {
-    let ran = tempfile::NamedTempFile::new().expect("temp file");
-    let ran = ran.into_temp_path();
-    fs::remove_file(&ran).expect("start without it");
-    let mut c = lh();
-    c.arg("run")
-        .args(flags)
-        .args([url, "-c", &format!("touch '{}'; sleep 100", ran.display())])
-        .stderr(Stdio::piped());
-    let w = Proc::spawn(c, "victim");
-    let mut found = (0, 0);
-    // The key's record names the command from the join: its start is what tells it runs.
-    ensure_within(
-        "the victim's command to run",
-        Duration::from_secs(20),
-        || {
-            if !ran.exists() {
-                return false;
-            }
-            let v = status(url);
-            match (
-                v["pid"].as_i64(),
-                v["child_pid"].as_i64(),
-                v["token"].as_u64(),
-            ) {
-                (Some(p), Some(c), Some(t)) if p == i64::from(w.pid()) => {
-                    found = (c as i32, t);
-                    true
-                }
-                _ => false,
-            }
-        },
-    );
-    (w, found.0, found.1)
-}
-
-/// SIGKILLs wrapper `w` and its command `child`, and reaps the wrapper.
-fn kill_both(w: &mut Proc, child: i32) {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
-    w.signal(Signal::SIGKILL);
-    let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
-    w.wait_timeout(Duration::from_secs(10));
+/// Each test its own cluster (a 3-member cluster starts in a few seconds).
+fn with(f: impl FnOnce(&On<'_>)) {
+    let Some(cl) = Cluster::start() else { return };
+    let url = |name: &str| cl.url(name);
+    f(&On {
+        cmd: &lh,
+        url: &url,
+        dir: cl.path(),
+    });
 }
 
 #[test]
 fn etcd_previous_is_released_3_died_fenced_and_broken() {
-    let Some(cl) = Cluster::start() else { return };
-    let host = leasehold::Identity::current().host;
-
-    // A clean exit with status 3: `released 3`, its token and host; status shows it.
-    let url = cl.url("end-released");
-    assert_eq!(previous(&url)[0], "none");
-    let (rc, _, err) = run(&url, &[], "echo $LEASEHOLD_TOKEN; exit 3");
-    assert_eq!(rc, 3, "{err}");
-    let e = status(&url)["last_ending"].clone();
-    assert_eq!(
-        (e["how"].as_str(), e["exit_status"].as_i64()),
-        (Some("released"), Some(3)),
-        "{e}"
-    );
-    let token = e["token"].as_u64().expect("token");
-    let p = previous(&url);
-    assert_eq!(p[..2], ["released", "3"], "{p:?}");
-    assert_eq!(p[2], token.to_string(), "{p:?}");
-    assert_eq!(p[3], host, "{p:?}");
-    assert!(leasehold::parse_rfc3339(&p[4]).is_some(), "{p:?}");
-    assert_eq!(previous(&url)[..2], ["released", "0"]);
-
-    // SIGKILL of wrapper and command: its key ends with its etcd lease (TTL 2 s); the next
-    // holder records `died`, with the dead holding's token.
-    let url = cl.url("end-died");
-    let (mut w, child, token) = victim(&url, &["--ttl", "2s", "--heartbeat", "500ms"]);
-    kill_both(&mut w, child);
-    let p = previous(&url);
-    assert_eq!(p[..3], ["died", "-", &token.to_string()], "{p:?}");
-
-    // A fence (--max-time): `fenced`.
-    let url = cl.url("end-fenced");
-    fenced_run(&url);
-    let e = status(&url)["last_ending"].clone();
-    assert_eq!(e["how"], "fenced", "{e}");
-    assert_eq!(previous(&url)[..2], ["fenced", "-"]);
-
-    // A live holder broken by force: it fences (74), its release names the breaker.
-    let url = cl.url("end-broken-live");
-    let (mut w, _, _) = victim(&url, &["--ttl", "30s", "--heartbeat", "300ms"]);
-    let (rc, _, err) = lh_out(&["break", "--force", &url]);
-    assert_eq!(rc, 0, "{err}");
-    assert_eq!(code(w.wait_timeout(Duration::from_secs(10))), 74);
-    let e = status(&url)["last_ending"].clone();
-    assert_eq!(e["how"], "broken", "{e}");
-    assert!(e["by"].as_str().is_some_and(|b| b.contains('@')), "{e}");
-    assert_eq!(previous(&url)[0], "broken");
-
-    // A dead holder broken (stale on this host): `broken`, at once, well before its TTL.
-    let url = cl.url("end-broken-stale");
-    let (mut w, child, _) = victim(&url, &["--ttl", "30s"]);
-    kill_both(&mut w, child);
-    let t0 = Instant::now();
-    let (rc, _, err) = lh_out(&["break", &url]);
-    assert_eq!(rc, 0, "{err}");
-    let e = status(&url)["last_ending"].clone();
-    assert_eq!(e["how"], "broken", "{e}");
-    assert_eq!(previous(&url)[0], "broken");
-    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // A SIGKILLed holder's key ends with its etcd lease: TTL 2 s.
+    with(|on| scenarios::previous_is_released_3_died_fenced_and_broken(on, "2s"));
 }
 
 #[test]
 fn etcd_after_crash_fail_refuses_until_ack_and_recover_runs_only_after_unclean_endings() {
-    let Some(cl) = Cluster::start() else { return };
-    let dir = cl.path();
-    let url = cl.url("end-ack");
-    let ran = dir.join("ran");
-    let touch = format!("touch '{}'", ran.display());
-    let (rc, _, err) = run(&url, &["--after-crash", "fail"], "true");
-    assert_eq!(rc, 0, "clean endings never refuse: {err}");
-    fenced_run(&url);
-    for _ in 0..2 {
-        let (rc, _, err) = run(&url, &["--after-crash", "fail"], &touch);
-        assert_eq!(rc, 79, "{err}");
-        assert!(
-            err.contains("fenced") && err.contains("leasehold ack"),
-            "{err}"
-        );
-        assert!(!ran.exists(), "the command ran after an unclean ending");
-    }
-    assert_eq!(status(&url)["last_ending"]["needs_ack"], true);
-    // ack while held is refused.
-    let (mut w, child, _) = victim(&url, &["--ttl", "30s"]);
-    let (rc, _, err) = lh_out(&["ack", &url]);
-    assert_eq!(rc, 75, "{err}");
-    assert!(err.contains("held"), "{err}");
-    kill_both(&mut w, child);
-    let (rc, _, err) = lh_out(&["break", &url]);
-    assert_eq!(rc, 0, "{err}");
-    let (rc, _, err) = lh_out(&["ack", &url]);
-    assert_eq!(rc, 0, "{err}");
-    let e = status(&url)["last_ending"].clone();
-    assert_eq!(e["how"], "broken", "{e}");
-    assert!(
-        e["acked"]["by"].as_str().is_some_and(|b| b.contains('@')),
-        "{e}"
-    );
-    let (rc, _, err) = run(&url, &["--after-crash", "fail"], &touch);
-    assert_eq!(rc, 0, "{err}");
-    assert!(ran.exists());
-    let (rc, _, _) = lh_out(&["ack", &url]);
-    assert_eq!(rc, 75, "nothing to acknowledge after a clean ending");
-
-    // --recover: not after a clean ending; after a fence, first, under the same lease.
-    let url = cl.url("end-recover");
-    let log = dir.join("log");
-    let rec = format!(
-        "echo \"recover $LEASEHOLD_PREVIOUS $LEASEHOLD_TOKEN\" >> '{}'",
-        log.display()
-    );
-    let cmd = format!("echo \"command $LEASEHOLD_TOKEN\" >> '{}'", log.display());
-    let lines = || {
-        fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect::<Vec<_>>()
-    };
-    for _ in 0..2 {
-        let (rc, _, err) = run(&url, &["--recover", &rec], &cmd);
-        assert_eq!(rc, 0, "{err}");
-    }
-    assert!(
-        lines().iter().all(|l| l.starts_with("command")),
-        "{:?}",
-        lines()
-    );
-    fs::remove_file(&log).unwrap();
-    fenced_run(&url);
-    let (rc, _, err) = run(&url, &["--recover", &rec], &cmd);
-    assert_eq!(rc, 0, "{err}");
-    let l = lines();
-    assert_eq!(l.len(), 2, "{l:?}");
-    let token = l[1].strip_prefix("command ").expect("the command second");
-    assert_eq!(l[0], format!("recover fenced {token}"));
-    fs::remove_file(&log).unwrap();
-    // A failing recovery: its status, no command, the ending still unclean.
-    fenced_run(&url);
-    let (rc, _, err) = run(&url, &["--recover", "exit 5"], &cmd);
-    assert_eq!(rc, 5, "{err}");
-    assert!(lines().is_empty(), "{:?}", lines());
-    assert_eq!(status(&url)["last_ending"]["how"], "fenced");
+    with(scenarios::after_crash_fail_until_ack_and_recover);
 }
 
 #[test]
 fn etcd_once_per_across_two_processes_and_max_time_124() {
-    let Some(cl) = Cluster::start() else { return };
-    let dir = cl.path();
-    let url = cl.url("end-once");
-    let marks = dir.join("marks");
-    fs::create_dir(&marks).unwrap();
-    // Two processes at once: one starts, the other (waiting its turn) is refused with 75.
-    let procs: Vec<Proc> = (0..2)
-        .map(|i| {
-            let mut c = lh();
-            c.args(["run", "--once-per", "1h", &url, "-c"])
-                .arg(format!("touch '{}/{i}'; sleep 0.3", marks.display()));
-            Proc::spawn_collecting(c, "once-per run")
-        })
-        .collect();
-    let mut codes: Vec<(i32, String)> = procs
-        .into_iter()
-        .map(|mut p| {
-            let o = p.finish(Duration::from_secs(30));
-            (o.code, o.stderr)
-        })
-        .collect();
-    codes.sort();
-    assert_eq!((codes[0].0, codes[1].0), (0, 75), "{codes:?}");
-    assert_eq!(fs::read_dir(&marks).unwrap().count(), 1);
-    let (rc, _, err) = run(&url, &["--once-per", "1h"], "touch never");
-    assert_eq!(rc, 75, "{err}");
-    assert!(err.contains("next start is allowed at"), "{err}");
-    let x = format!("touch '{}/x'", marks.display());
-    let (rc, _, err) = run(&url, &["--once-per", "1h", "-E", "0"], &x);
-    assert_eq!(rc, 0, "{err}");
-    assert_eq!(fs::read_dir(&marks).unwrap().count(), 1);
-    // A refused start is no ending: the last is still the first run's.
-    assert_eq!(status(&url)["last_ending"]["how"], "released");
-    let (rc, _, err) = run(&url, &["--once-per", "1ms"], "true");
-    assert_eq!(rc, 0, "{err}");
-
-    // --max-time: 124 within the grace; the deadline shown while it runs.
-    let url = cl.url("end-max");
-    let started = Instant::now();
-    let mut c = lh();
-    c.args([
-        "run",
-        "--max-time",
-        "2s",
-        "--grace",
-        "500ms",
-        &url,
-        "-c",
-        "sleep 100",
-    ])
-    .stderr(Stdio::piped());
-    let mut w = Proc::spawn(c, "max-time run");
-    let mut v = serde_json::Value::Null;
-    // The key's record names the command from the join; the deadline comes with the start.
-    ensure_within(
-        "the holding to show its deadline",
-        Duration::from_secs(20),
-        || {
-            v = status(&url);
-            v["child_pid"].as_i64().is_some() && v["deadline"].is_string()
-        },
-    );
-    let d = leasehold::parse_rfc3339(v["deadline"].as_str().expect("deadline")).unwrap();
-    let a = leasehold::parse_rfc3339(v["acquired_at"].as_str().expect("acquired_at")).unwrap();
-    assert_eq!(
-        d.duration_since(a).ok(),
-        Some(Duration::from_secs(2)),
-        "{v}"
-    );
-    let st = w.wait_timeout(Duration::from_secs(20));
-    let took = started.elapsed();
-    assert_eq!(code(st), 124, "{}", w.stderr());
-    assert!(
-        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
-        "{took:?}"
-    );
-    let child = v["child_pid"].as_i64().unwrap() as i32;
-    assert!(
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), None).is_err(),
-        "the command is gone"
-    );
-    assert_eq!(status(&url)["last_ending"]["how"], "fenced");
+    with(scenarios::once_per_across_two_processes_and_max_time_124);
 }
