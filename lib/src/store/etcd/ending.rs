@@ -108,9 +108,19 @@ pub(crate) fn start(
     let hkey = conn.lock.history_key();
     for _ in 0..4 {
         let h = match read(conn) {
-            Err(e) if conn.history_denied(&e) => return Ok(without(lease, max_time)),
+            Err(e) if conn.history_denied(&e) => return without(lease, max_time),
             r => r?,
         };
+        // Our own start already (a write whose answer was lost landed, and failing over sent
+        // it again, which its compare refused): what it carried stands.
+        if let Some(mine) = h
+            .rec
+            .as_ref()
+            .filter(|r| r.lease_id == lease.lease_id && r.state == LeaseState::Held)
+        {
+            lease.history = mine.history.clone();
+            return Ok(());
+        }
         lease.history = carried_from(h.rec.as_ref(), &lease.lease_id);
         lease.history.deadline = deadline(&lease.acquired_at, max_time);
         let txn = Txn::new()
@@ -121,7 +131,7 @@ pub(crate) fn start(
             .and_then([TxnOp::put(hkey.clone(), lease.to_bytes(), None)])
             .or_else([TxnOp::get(key.to_string(), None)]);
         let r = match conn.txn("record our start in the lock's history", CALL_TIMEOUT, txn) {
-            Err(e) if conn.history_denied(&e) => return Ok(without(lease, max_time)),
+            Err(e) if conn.history_denied(&e) => return without(lease, max_time),
             r => r?,
         };
         if r.succeeded() {
@@ -147,11 +157,12 @@ pub(crate) fn start(
 }
 
 /// No history for this user: nothing carried, only the deadline.
-fn without(lease: &mut Lease, max_time: Option<std::time::Duration>) {
+fn without(lease: &mut Lease, max_time: Option<std::time::Duration>) -> Result<()> {
     lease.history = crate::ending::History {
         deadline: deadline(&lease.acquired_at, max_time),
         ..Default::default()
     };
+    Ok(())
 }
 
 /// The history write of a release (`None`: nothing to write), to go in the release's own
