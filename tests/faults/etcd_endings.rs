@@ -5,8 +5,7 @@
 use crate::support::etcd::Cluster;
 use crate::support::lh;
 
-#[path = "store_endings.rs"]
-mod scenarios;
+use crate::store_endings as scenarios;
 use scenarios::On;
 
 /// Each test its own cluster (a 3-member cluster starts in a few seconds).

@@ -4,8 +4,7 @@
 
 use crate::support::s3::gateway;
 
-#[path = "store_endings.rs"]
-mod scenarios;
+use crate::store_endings as scenarios;
 use scenarios::On;
 
 fn with(f: impl FnOnce(&On<'_>)) {
