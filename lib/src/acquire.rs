@@ -362,29 +362,37 @@ fn one_shot<S: Store>(
         };
         return slotted::attempt(ctx, section, place, content, line, &mut mem, None);
     }
-    let unseen = holder_unseen(ctx, &section, &content);
-    let foreign = foreign_lock(ctx, &section, &content, unseen);
-    if !unseen
-        && foreign.is_none()
-        && let Some(l) = released(&content, ahead.is_none())
-    {
-        return take(ctx, section, place, Some(l), None, None);
-    }
-    let mut v = judge(ctx).judge(&content, &mut Memory::default());
-    if unseen {
-        v.holder_unseen();
-    } else if let Some(who) = foreign {
-        v.kernel_locked(who);
-    } else if ahead.is_none() {
-        if let Some(broke) = decide(ctx, &mut v, false)? {
-            match foreign_after_stop(ctx, &section, &broke) {
-                None => return take(ctx, section, place, v.lease.as_ref(), broke, None),
-                Some(who) => v.kernel_locked(who),
-            }
+    let mut content = content;
+    let mut v = loop {
+        let unseen = holder_unseen(ctx, &section, &content);
+        let foreign = foreign_lock(ctx, &section, &content, unseen);
+        if !unseen
+            && foreign.is_none()
+            && let Some(l) = released(&content, ahead.is_none())
+        {
+            return take(ctx, section, place, Some(l), None, None);
         }
-    } else {
-        behind_queue(&mut v, waiting_ahead);
-    }
+        let mut v = judge(ctx).judge(&content, &mut Memory::default());
+        if unseen {
+            v.holder_unseen();
+        } else if let Some(who) = foreign {
+            v.kernel_locked(who);
+        } else if ahead.is_none() {
+            if let Some(now) = released_since(ctx, &section, &mut place, &v)? {
+                content = now;
+                continue;
+            }
+            if let Some(broke) = decide(ctx, &mut v, false)? {
+                match foreign_after_stop(ctx, &section, &broke) {
+                    None => return take(ctx, section, place, v.lease.as_ref(), broke, None),
+                    Some(who) => v.kernel_locked(who),
+                }
+            }
+        } else {
+            behind_queue(&mut v, waiting_ahead);
+        }
+        break v;
+    };
     ctx.store.leave(section, kept);
     v.queue_ahead = waiting_ahead;
     Ok(Attempt::Busy(Box::new(v), ahead))
@@ -413,33 +421,41 @@ fn queued<S: Store>(
         };
         return slotted::attempt(ctx, section, place, content, line, mem, Some(q));
     }
-    let unseen = holder_unseen(ctx, &section, &content);
-    let foreign = foreign_lock(ctx, &section, &content, unseen);
-    if !unseen
-        && foreign.is_none()
-        && let Some(l) = released(&content, ahead.is_none())
-    {
-        let place = std::mem::take(&mut q.place);
-        return take(ctx, section, place, Some(l), None, q.draft.take());
-    }
-    let mut v = judge(ctx).judge(&content, mem);
-    if unseen {
-        v.holder_unseen();
-    } else if let Some(who) = foreign {
-        v.kernel_locked(who);
-    } else if ahead.is_none() {
-        if let Some(broke) = decide(ctx, &mut v, true)? {
-            match foreign_after_stop(ctx, &section, &broke) {
-                None => {
-                    let place = std::mem::take(&mut q.place);
-                    return take(ctx, section, place, v.lease.as_ref(), broke, q.draft.take());
-                }
-                Some(who) => v.kernel_locked(who),
-            }
+    let mut content = content;
+    let v = loop {
+        let unseen = holder_unseen(ctx, &section, &content);
+        let foreign = foreign_lock(ctx, &section, &content, unseen);
+        if !unseen
+            && foreign.is_none()
+            && let Some(l) = released(&content, ahead.is_none())
+        {
+            let place = std::mem::take(&mut q.place);
+            return take(ctx, section, place, Some(l), None, q.draft.take());
         }
-    } else {
-        behind_queue(&mut v, waiting_ahead);
-    }
+        let mut v = judge(ctx).judge(&content, mem);
+        if unseen {
+            v.holder_unseen();
+        } else if let Some(who) = foreign {
+            v.kernel_locked(who);
+        } else if ahead.is_none() {
+            if let Some(now) = released_since(ctx, &section, &mut q.place, &v)? {
+                content = now;
+                continue;
+            }
+            if let Some(broke) = decide(ctx, &mut v, true)? {
+                match foreign_after_stop(ctx, &section, &broke) {
+                    None => {
+                        let place = std::mem::take(&mut q.place);
+                        return take(ctx, section, place, v.lease.as_ref(), broke, q.draft.take());
+                    }
+                    Some(who) => v.kernel_locked(who),
+                }
+            }
+        } else {
+            behind_queue(&mut v, waiting_ahead);
+        }
+        break v;
+    };
     line_up(ctx, section, kept, q, v, ahead, waiting_ahead)
 }
 
@@ -554,6 +570,39 @@ fn foreign_after_stop<S: Store>(
     // own flock on LOCK's file is no other program's.
     let frozen = v.lease.as_ref().filter(|_| v.state == State::Hung);
     ctx.store.kernel_locked(section, frozen)
+}
+
+/// Inside the section, before a lease judged stale or hung is taken over: LOCK read again, and
+/// what it holds now if its holder has released it since it was read. A holder releases in
+/// place (one `fchmod`, outside the section, by design) and exits: between our read of its
+/// held record and the judgement that then finds its processes gone. The lease is then taken
+/// as released — its ending `released`, not `died` (`ending.rs`). Exclusion never depended on
+/// this: a released lease and a dead holder's are both free.
+fn released_since<S: Store>(
+    ctx: &Ctx<'_, S>,
+    section: &S::Section,
+    place: &mut S::Place,
+    v: &Verdict,
+) -> Result<Option<LockContent>> {
+    let Some(judged) = v
+        .lease
+        .as_ref()
+        .filter(|_| matches!(v.state, State::Stale | State::Hung))
+    else {
+        return Ok(None);
+    };
+    if judged.state != LeaseState::Held {
+        return Ok(None);
+    }
+    let now = ctx.store.current(section, place)?;
+    Ok(match &now {
+        LockContent::Lease(l, _)
+            if l.state == LeaseState::Released && l.lease_id == judged.lease_id =>
+        {
+            Some(now)
+        }
+        _ => None,
+    })
 }
 
 fn decide<S: Store>(

@@ -224,6 +224,10 @@ fn own_ending(l: &Lease) -> LastEnding {
         EndKind::Broken
     } else if how.starts_with("fenced") {
         EndKind::Fenced
+    } else if how.starts_with("died") {
+        // Never written by a holder: what `status` of an etcd lock shows of a holding whose
+        // key is gone before it recorded its end (`store/etcd/ending.rs`).
+        EndKind::Died
     } else {
         EndKind::Released
     };
@@ -342,61 +346,68 @@ pub struct Acked {
 }
 
 /// Records an operator's acknowledgement of LOCK's last ending (`leasehold ack`): under the
-/// lock's mutex, a released record is rewritten with `acked` (who, when). Refused when the
-/// lock is held (its holder already started after that ending), when no ending is recorded,
-/// or when the last ending was clean.
+/// lock's mutex, a released record is rewritten with `acked` (who, when); on an etcd lock, its
+/// history (`store/etcd/ending.rs`). Refused when the lock is held (its holder already started
+/// after that ending), when no ending is recorded, or when the last ending was clean.
 pub fn ack(path: impl AsRef<Path>) -> Result<Acked> {
     let path = path.as_ref();
-    if crate::store::Kind::of(path) != crate::store::Kind::File {
-        return Err(Error::Settings(
-            "ack: etcd:// and s3:// locks keep no ending record yet".into(),
-        ));
-    }
     let me = Identity::current();
     let by = format!("{}@{} pid {}", me.user, me.host, std::process::id());
-    crate::status::ack_under_mutex(path, &mut |lease: &Lease| {
-        let refuse = |why: String| Error::Refused {
-            path: path.to_path_buf(),
-            why,
-        };
-        if lease.damaged {
-            // Judged by observation alone (PROTOCOL §2): never rewritten as if it were read.
-            return Err(refuse(
-                "LOCK's record is damaged (its checksum never matched): nothing acknowledged"
-                    .into(),
-            ));
-        }
-        if lease.state != LeaseState::Released {
-            return Err(refuse(
-                "the lock is held or its holder's end is not recorded yet: acknowledge once it is released (a dead holder's lease is recorded when the next run or `leasehold break` takes it)".into(),
-            ));
-        }
-        let Some(ending) = last_ending(lease) else {
-            return Err(refuse("no ending is recorded in this lock".into()));
-        };
-        if !ending.end.unclean() {
-            return Err(refuse(format!(
-                "the last ending was clean ({}): nothing to acknowledge",
-                ending.describe(&lease.acquired_at)
-            )));
-        }
-        let out = Acked {
-            ending: ending.clone(),
-            acquired_at: lease.acquired_at.clone(),
-            already: ending.acked.is_some(),
-        };
-        if out.already {
-            return Ok((None, out));
-        }
-        let mut rec = lease.clone();
-        rec.history.acked = Some(Ack {
-            by: by.clone(),
-            at: format_rfc3339(SystemClock.wall()),
-        });
-        let mut shown = out;
-        shown.ending.acked = rec.history.acked.clone();
-        Ok((Some(rec), shown))
-    })
+    match crate::store::Kind::of(path) {
+        crate::store::Kind::File => {}
+        #[cfg(feature = "etcd")]
+        crate::store::Kind::Etcd => return crate::store::etcd::ending::ack(path, &by),
+        #[cfg(feature = "s3")]
+        crate::store::Kind::S3 => return crate::store::s3::ending::ack(path, &by),
+        #[allow(unreachable_patterns)]
+        k => return Err(crate::store::refused(k, path)),
+    }
+    crate::status::ack_under_mutex(path, &mut |lease: &Lease| ack_record(path, lease, &by))
+}
+
+/// What `ack` by `by` does to the record `lease` that holds LOCK's last ending: the record to
+/// write (`None`: acknowledged already) and what to say, or why not.
+pub(crate) fn ack_record(path: &Path, lease: &Lease, by: &str) -> Result<(Option<Lease>, Acked)> {
+    let refuse = |why: String| Error::Refused {
+        path: path.to_path_buf(),
+        why,
+    };
+    if lease.damaged {
+        // Judged by observation alone (PROTOCOL §2): never rewritten as if it were read.
+        return Err(refuse(
+            "LOCK's record is damaged (its checksum never matched): nothing acknowledged".into(),
+        ));
+    }
+    if lease.state != LeaseState::Released {
+        return Err(refuse(
+            "the lock is held or its holder's end is not recorded yet: acknowledge once it is released (a dead holder's lease is recorded when the next run or `leasehold break` takes it)".into(),
+        ));
+    }
+    let Some(ending) = last_ending(lease) else {
+        return Err(refuse("no ending is recorded in this lock".into()));
+    };
+    if !ending.end.unclean() {
+        return Err(refuse(format!(
+            "the last ending was clean ({}): nothing to acknowledge",
+            ending.describe(&lease.acquired_at)
+        )));
+    }
+    let out = Acked {
+        ending: ending.clone(),
+        acquired_at: lease.acquired_at.clone(),
+        already: ending.acked.is_some(),
+    };
+    if out.already {
+        return Ok((None, out));
+    }
+    let mut rec = lease.clone();
+    rec.history.acked = Some(Ack {
+        by: by.to_string(),
+        at: format_rfc3339(SystemClock.wall()),
+    });
+    let mut shown = out;
+    shown.ending.acked = rec.history.acked.clone();
+    Ok((Some(rec), shown))
 }
 
 #[cfg(test)]

@@ -31,18 +31,14 @@ pub(crate) enum Before {
     Stop { code: i32, why: String },
 }
 
-/// Why `a`'s ending flags cannot be honoured for its LOCK, if they cannot: an etcd or S3 lock
-/// and a shared or counted lock keep no ending record yet, and a check that silently never
-/// refused would be worse than a refusal.
+/// Why `a`'s ending flags cannot be honoured for its LOCK, if they cannot: a shared or counted
+/// lock keeps no ending record yet (a file, etcd or S3 lock does), and a check that silently
+/// never refused would be worse than a refusal.
 pub(crate) fn unsupported(a: &RunArgs) -> Option<String> {
     let wants = a.once_per.is_some() || a.after_crash == AfterCrash::Fail || a.recover.is_some();
-    let store = leasehold::is_store_url(&a.lock);
     let shared = a.lease.shared || a.lease.slots.is_some();
-    (wants && (store || shared)).then(|| {
-        format!(
-            "leasehold: --once-per, --after-crash fail and --recover need the lock's ending record, which {} locks do not keep yet",
-            if store { "etcd:// and s3://" } else { "shared and counted" }
-        )
+    (wants && shared).then(|| {
+        "leasehold: --once-per, --after-crash fail and --recover need the lock's ending record, which shared and counted locks do not keep yet".to_string()
     })
 }
 

@@ -434,3 +434,79 @@ fn a_recovery_command_is_stopped_when_its_wrapper_is_killed() {
         || !alive(sleeper),
     );
 }
+
+/// A wall clock for an in-process waiter that, once armed, runs `then` inside its next reading
+/// (and reads the real clock after it). The judgement of what LOCK holds reads the wall clock
+/// first (`judged_at`), after the read under the mutex and before it looks at the holder's
+/// processes: an armed clock puts whatever `then` does exactly between the two.
+struct Between {
+    armed: std::sync::atomic::AtomicBool,
+    then: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for Between {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Between")
+    }
+}
+
+impl leasehold::Clock for Between {
+    fn wall(&self) -> std::time::SystemTime {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+            && let Some(f) = self.then.lock().expect("clock's action").take()
+        {
+            f();
+        }
+        std::time::SystemTime::now()
+    }
+    fn boottime(&self) -> Duration {
+        leasehold::SystemClock.boottime()
+    }
+}
+
+/// The race a waiter inside the mutex used to lose: it reads LOCK held, its holder then
+/// releases in place (one fchmod, outside the mutex, by design) and exits, and the waiter,
+/// finding the holder's processes gone, took the lease over as from a dead holder — recording
+/// `died` for a clean `exit 0` (and `--after-crash fail` then refused the next run). Here the
+/// holder is a real `leasehold run`, made to end exactly between the waiter's read and its
+/// judgement by the waiter's clock (see [`Between`]).
+#[test]
+fn a_release_between_a_waiters_read_and_its_judgement_is_released_not_died() {
+    let dir = tmp();
+    let lock = dir.path().join("job.lock");
+    let holder = std::sync::Arc::new(std::sync::Mutex::new(Some(Holder::start(&lock, &[]))));
+    let h = std::sync::Arc::clone(&holder);
+    let clock = std::sync::Arc::new(Between {
+        armed: std::sync::atomic::AtomicBool::new(false),
+        then: std::sync::Mutex::new(Some(Box::new(move || {
+            let mut h = h.lock().expect("holder").take().expect("the holder, once");
+            // Its command exits 0; the wrapper, seeing us queued, releases in place and exits
+            // (reaped here: its pid is gone when the judgement looks).
+            let st = h.finish();
+            assert_eq!(st.code(), Some(0), "the holder's wrapper");
+        }))),
+    });
+    let arm = std::sync::Arc::clone(&clock);
+    let guard = leasehold::LeaseBuilder::new(&lock)
+        .clock(clock.clone())
+        .poll(true)
+        // Told after each look that found it held (after it queued): the next look's judgement
+        // is the one to put the holder's end in front of.
+        .on_wait(move |_| arm.armed.store(true, std::sync::atomic::Ordering::SeqCst))
+        .acquire_timeout(Duration::from_secs(20))
+        .expect("the waiter takes the lease");
+    assert!(
+        holder.lock().expect("holder").is_none(),
+        "the holder ended between the waiter's read and its judgement"
+    );
+    let prev = guard.previous().expect("an ending is known");
+    assert_eq!(
+        (prev.end, prev.exit_status()),
+        (leasehold::EndKind::Released, Some(0)),
+        "{prev:?}"
+    );
+    guard.release().expect("release");
+    // And a run that refuses after a crash runs: nothing crashed.
+    let (code, _, err) = run(&lock, &["--after-crash", "fail"], "true");
+    assert_eq!(code, 0, "{err}");
+}

@@ -13,6 +13,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::etcd::{Cluster, free_port};
+
+/// The lock's memory of how holdings end, on etcd (`etcd::endings::`).
+#[path = "etcd_endings.rs"]
+mod endings;
 use crate::support::{self, Cs, Proc, Rng, code, ensure_within, lh};
 
 /// `--shared` and `--slots N` on etcd locks.

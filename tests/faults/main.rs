@@ -26,6 +26,10 @@ mod ns;
 #[cfg(feature = "s3")]
 mod s3;
 mod skew;
+/// The endings scenarios (issue 30) run on each networked store: `etcd::endings::`,
+/// `s3::endings::`.
+#[cfg(any(feature = "etcd", feature = "s3"))]
+mod store_endings;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
 /// with `--exact worker --include-ignored` and a role. Ignored in a normal run, where it would

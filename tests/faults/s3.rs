@@ -14,6 +14,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::s3::{Gateway, gateway};
+
+/// The lock's memory of how holdings end, on S3 (`s3::endings::`).
+#[path = "s3_endings.rs"]
+mod endings;
 use crate::support::{Cs, Proc, bin, code, ensure_within, lh};
 use std::os::unix::process::CommandExt;
 

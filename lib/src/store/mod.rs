@@ -129,7 +129,7 @@ pub(crate) fn break_elsewhere(
 
 /// A store this build lacks.
 #[allow(dead_code)]
-fn refused(k: Kind, lock: &Path) -> crate::error::Error {
+pub(crate) fn refused(k: Kind, lock: &Path) -> crate::error::Error {
     match k {
         Kind::Etcd => not_built(lock, "etcd"),
         _ => not_built(lock, "s3"),

@@ -40,6 +40,8 @@ pub(crate) struct EtcdHolding {
     ka: Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
     /// The mod revision of the record we last wrote.
     last_mod: Mutex<i64>,
+    /// Who marked our key revoked (`break`), once a read showed it: recorded at release.
+    revoked_by: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -57,6 +59,7 @@ impl EtcdHolding {
             timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             ka: Mutex::new(None),
             last_mod: Mutex::new(rev),
+            revoked_by: Mutex::new(None),
         }
     }
 
@@ -80,7 +83,11 @@ impl EtcdHolding {
             return Ours::Taken(l.holder.describe(), l.token);
         }
         match l.state {
-            LeaseState::Revoked => Ours::Revoked(l.ended.and_then(|e| e.by)),
+            LeaseState::Revoked => {
+                let by = l.ended.and_then(|e| e.by);
+                lock(&self.revoked_by).clone_from(&by);
+                Ours::Revoked(by)
+            }
             _ => Ours::Held,
         }
     }
@@ -218,6 +225,10 @@ impl Holding for EtcdHolding {
         // job record: the contender watching our key wakes at once, and never finds the record
         // of a holder that let go.
         let mut ops = vec![TxnOp::delete(self.key.clone(), None)];
+        // With how we ended, in the lock's history (`ending.rs`): only while the key is ours.
+        let conn = &self.conn;
+        let by = lock(&self.revoked_by).clone();
+        ops.extend(super::ending::released(conn, r.mine, r.how, by, r.clock));
         let mut otherwise = vec![];
         if self.conn.keeps_jobs() {
             let job = TxnOp::delete(self.conn.lock.job_key(self.id), None);

@@ -277,6 +277,7 @@ pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Ve
     }
     let mut v = verdict(&conn.lock, kvs.first(), me, clock);
     v.queue = waiting(&kvs);
+    super::ending::annotate(&conn, &mut v, kvs.first());
     if let Some(kv) = kvs.first() {
         // How long the cluster keeps the owner's key without another keepalive: its word, in
         // place of a heartbeat this host would have to watch move.
@@ -335,6 +336,12 @@ pub(crate) fn break_key(conn: &Conn, kv: Option<&KeyValue>, mode: BreakMode) -> 
         // environment leasehold gave it), then free the key at once.
         out.stopped = takeover::stop_old_job(&v, &conn.lock)
             .map_err(|why| refuse(format!("cannot stop the old job ({v}): {why}")))?;
+        let ended = Ending {
+            at: format_rfc3339(clock.wall()),
+            how: format!("broken: {}", v.reason),
+            by: Some(breaker(&me)),
+        };
+        super::ending::broken(&conn, kv, &lease, &ended, false);
         conn.revoke("revoke the lease", CALL_TIMEOUT, kv.lease())?;
         return Ok(out);
     }
@@ -406,12 +413,7 @@ fn mark_revoked(
     rec.ended = Some(Ending {
         at: format_rfc3339(clock.wall()),
         how: format!("{how}: {}", v.reason),
-        by: Some(format!(
-            "{}@{} pid {}",
-            me.user,
-            me.host,
-            std::process::id()
-        )),
+        by: Some(breaker(me)),
     });
     // In place, only over the record judged: the key, its create revision and its etcd lease
     // stay, so the line does not move until the holder fences and revokes, or the lease ends.
@@ -433,5 +435,13 @@ fn mark_revoked(
     if !r.succeeded() {
         return Err(None);
     }
+    if let Some(ended) = &rec.ended {
+        super::ending::broken(conn, kv, &rec, ended, true);
+    }
     Ok(())
+}
+
+/// Who breaks: `user@host pid N`.
+fn breaker(me: &Identity) -> String {
+    format!("{}@{} pid {}", me.user, me.host, std::process::id())
 }

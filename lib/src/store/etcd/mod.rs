@@ -9,7 +9,8 @@
 //! endpoint could serve). The lock recipe itself (etcd's own, so
 //! that `etcdctl lock NAME` and leasehold exclude each other) is in `acquire.rs`, `--shared`
 //! and `--slots N` on the same line in `shared.rs`, the held lease in `holding.rs`, `status`
-//! and `break` in `look.rs`; PROTOCOL.md §14 states the layout and the safety argument.
+//! and `break` in `look.rs`, the lock's history of endings in `ending.rs`; PROTOCOL.md §14
+//! states the layout and the safety argument.
 //! Must never: start a runtime or a thread for a lock that is not etcd's; install a
 //! process-global handler; wait on the cluster without a deadline.
 
@@ -28,6 +29,7 @@ use crate::record::Lease;
 use crate::store::binding::Binding;
 
 pub(crate) mod acquire;
+pub(crate) mod ending;
 pub(crate) mod holding;
 pub(crate) mod look;
 pub(crate) mod shared;
@@ -248,6 +250,9 @@ pub(crate) struct Conn {
     /// Whether job records are kept and read (false once the cluster said our user may not
     /// touch `leasehold:jobs:`; the remnant rule at takeover then cannot apply, PROTOCOL §14).
     jobs: AtomicBool,
+    /// Whether the lock's history is kept (false once the cluster said our user may not touch
+    /// it: the lock is then used without endings, PROTOCOL §14 *Endings*).
+    history: AtomicBool,
 }
 
 impl std::fmt::Debug for Conn {
@@ -273,12 +278,28 @@ impl Conn {
             clients,
             current: AtomicUsize::new(0),
             jobs: AtomicBool::new(true),
+            history: AtomicBool::new(true),
         })
     }
 
     /// Whether this connection keeps and reads job records ([`EtcdLock::jobs_prefix`]).
     pub(crate) fn keeps_jobs(&self) -> bool {
         self.jobs.load(Ordering::Relaxed)
+    }
+
+    /// Whether this connection keeps the lock's history ([`EtcdLock::history_key`]).
+    pub(crate) fn keeps_history(&self) -> bool {
+        self.history.load(Ordering::Relaxed)
+    }
+
+    /// After `e`: when the cluster refused our user the lock's history, stops using it
+    /// (`true`: the lock is used without endings).
+    pub(crate) fn history_denied(&self, e: &Error) -> bool {
+        let denied = e.to_string().contains("permission denied");
+        if denied {
+            self.history.store(false, Ordering::Relaxed);
+        }
+        denied
     }
 
     /// After `e`: when the cluster refused our user the job records, stops using them and says

@@ -166,6 +166,16 @@ pub(crate) fn acquire(
                 lease.token = prev + 1;
                 lease.acquired_at = now.clone();
                 lease.heartbeat_at = now;
+                // What the new record carries forward (`ending.rs`): how the holding it
+                // replaces ended (`died` or `broken` when taken over as stale or hung), the
+                // last start, and this holding's `--max-time` deadline.
+                let prev = match &content {
+                    LockContent::Lease(l, _) => Some(l.as_ref()),
+                    _ => None,
+                };
+                let reason = (v.state != State::Free).then_some(v.reason.as_str());
+                lease.history = crate::ending::carried(prev, reason);
+                lease.history.deadline = crate::ending::deadline(&lease.acquired_at, s.max_time);
                 let record = lease.to_bytes();
                 let (body, _) = encode(&record);
                 let cond = match &etag {

@@ -26,6 +26,9 @@ pub(crate) struct S3Holding {
     etag: Mutex<String>,
     /// How long one renewal's request may take before it is retried.
     timeout: Duration,
+    /// Who marked our record revoked (`break`), once a read showed it: recorded at release,
+    /// so that the ending reads `broken` (`ending.rs`).
+    revoked_by: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -49,6 +52,7 @@ impl S3Holding {
             etag: Mutex::new(etag),
             // Short: a renewal stuck on a frozen gateway holds up the release after a fence.
             timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            revoked_by: Mutex::new(None),
         }
     }
 
@@ -79,7 +83,7 @@ impl S3Holding {
             *lock(&self.etag) = e;
             return Ok(Wrote::Yes);
         }
-        let o = ours(&content, lease_id);
+        let o = self.seen(ours(&content, lease_id));
         match (&o, got_etag) {
             (Ours::Held, Some(e)) => Ok(Wrote::NotYet(e)),
             (Ours::Revoked(_), Some(e)) if revoked_ok => Ok(Wrote::NotYet(e)),
@@ -88,12 +92,35 @@ impl S3Holding {
     }
 }
 
+impl S3Holding {
+    /// `o`, remembering who revoked our record if it says.
+    fn seen(&self, o: Ours) -> Ours {
+        if let Ours::Revoked(by) = &o {
+            lock(&self.revoked_by).clone_from(by);
+        }
+        o
+    }
+
+    /// Our record `mine`, released: ended `how` now (by the breaker who revoked it, if seen).
+    fn released(&self, r: &Release<'_>) -> Vec<u8> {
+        let mut rec = r.mine.clone();
+        rec.state = LeaseState::Released;
+        rec.damaged = false;
+        rec.ended = Some(Ending {
+            at: format_rfc3339(r.clock.wall()),
+            how: r.how.to_string(),
+            by: lock(&self.revoked_by).clone(),
+        });
+        rec.to_bytes()
+    }
+}
+
 impl Holding for S3Holding {
     type Section = ();
 
     fn still_ours(&self, lease_id: &str) -> Result<Ours> {
         let (content, _, _) = self.client.read(self.timeout.max(CALL_TIMEOUT))?;
-        Ok(ours(&content, lease_id))
+        Ok(self.seen(ours(&content, lease_id)))
     }
 
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
@@ -141,36 +168,33 @@ impl Holding for S3Holding {
 
     fn release(&self, release: Release<'_>) -> Result<()> {
         (release.stop)();
-        let mut rec = release.mine.clone();
-        rec.state = LeaseState::Released;
-        rec.damaged = false;
-        rec.ended = Some(Ending {
-            at: format_rfc3339(release.clock.wall()),
-            how: release.how.to_string(),
-            by: None,
-        });
-        let bytes = rec.to_bytes();
+        let lease_id = release.mine.lease_id.clone();
         if release.lost {
             // Fenced already: one quick try to free the lock for the next contender at once; a
             // gateway that does not answer (the likely cause of the loss) must not hold up our
             // exit — the record then goes stale by observation within its TTL.
             let etag = lock(&self.etag).clone();
-            let (body, _) = encode(&bytes);
+            let (body, _) = encode(&self.released(&release));
             let quick = Duration::from_millis(300);
             // Refused at once (the gateway answers): a break's revoked mark on our record,
             // which we release over; anything else is not ours.
             if let Ok(Put::Failed) = self.client.put(&body, &Cond::Match(etag), quick)
                 && let Ok((content, Some(e), _)) = self.client.read(quick)
-                && matches!(ours(&content, &rec.lease_id), Ours::Held | Ours::Revoked(_))
+                && matches!(
+                    self.seen(ours(&content, &lease_id)),
+                    Ours::Held | Ours::Revoked(_)
+                )
             {
-                let (body, _) = encode(&bytes);
+                let (body, _) = encode(&self.released(&release));
                 let _ = self.client.put(&body, &Cond::Match(e), quick);
             }
             return Ok(());
         }
         let timeout = release.wait.clamp(Duration::from_millis(100), CALL_TIMEOUT);
         for _ in 0..3 {
-            match self.write(&rec.lease_id, &bytes, timeout, true)? {
+            // Made anew each time: a try that found our record revoked names the breaker.
+            let bytes = self.released(&release);
+            match self.write(&lease_id, &bytes, timeout, true)? {
                 Wrote::Yes => return Ok(()),
                 // Revoked by a break, or our own late write: release over it.
                 Wrote::NotYet(e) => *lock(&self.etag) = e,

@@ -5,7 +5,8 @@
 //! shared config and credentials files), the client (SigV4-signed GET and conditional PUT over
 //! ureq, path-style for a custom endpoint), the object's format (a nonce line, then a §2 lease
 //! record) and the probe that the server honours conditional writes. `acquire.rs` takes a
-//! lease, `holding.rs` renews and releases it, `look.rs` is `status` and `break`.
+//! lease, `holding.rs` renews and releases it, `look.rs` is `status` and `break`, `ending.rs`
+//! is `ack` (the endings ride in the object's record, PROTOCOL.md §15 *Endings*).
 //! Must never: DELETE the object (several servers ignore `If-Match` on DELETE, and the token
 //! counter lives in it); retry a conditional write whose outcome is unknown (a 5xx, a 409, a
 //! broken connection) without reading first; write the same bytes twice (the ETag is the MD5
@@ -13,6 +14,7 @@
 //! fresh nonce; judge expiry by the server's clock.
 
 pub(crate) mod acquire;
+pub(crate) mod ending;
 pub(crate) mod holding;
 pub(crate) mod look;
 
