@@ -654,8 +654,14 @@ fn hold(
     let mut lease = s.new_lease(me, &timing, &now);
     lease.lease_id = format!("{:032x}", c.id);
     lease.token = c.rev.max(0) as u64;
-    // How the holding before ours ended, and our start, in the lock's history (`ending.rs`).
-    super::ending::start(&conn, &c.key, c.rev, &mut lease, s.max_time)?;
+    // How the holding before ours ended, and our start, in the lock's history (`ending.rs`) —
+    // an exclusive holding's only: shared and counted holders hold together, and the history
+    // names one holding (a second shared holder would record the first as died).
+    if s.want == Want::Exclusive {
+        super::ending::start(&conn, &c.key, c.rev, &mut lease, s.max_time)?;
+    } else {
+        conn.without_history();
+    }
     let bytes = lease.to_bytes();
     let path = conn.lock.url.clone();
     let holding = EtcdHolding::new(conn, c.id, c.key, c.rev, timing.heartbeat);

@@ -292,6 +292,12 @@ impl Conn {
         self.history.load(Ordering::Relaxed)
     }
 
+    /// Stops using the lock's history: a shared or counted holder's holding is one of several
+    /// at once, and the history names one holding (PROTOCOL.md §14 *Endings*).
+    pub(crate) fn without_history(&self) {
+        self.history.store(false, Ordering::Relaxed);
+    }
+
     /// After `e`: when the cluster refused our user the lock's history, stops using it
     /// (`true`: the lock is used without endings).
     pub(crate) fn history_denied(&self, e: &Error) -> bool {
