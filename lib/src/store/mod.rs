@@ -15,7 +15,7 @@
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::boottime::BootInstant;
 use crate::error::Result;
@@ -297,6 +297,14 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// flock(1) or another program; leasehold never locks LOCK itself), in words. Default: no
     /// such lock (a store with no file).
     fn kernel_locked(&self, _section: &Self::Section) -> Option<String> {
+        None
+    }
+
+    /// Inside the section: how long nothing may be granted yet because LOCK's storage came
+    /// back as another attachment of its disk in this boot (PROTOCOL.md §8, *Durable per mount
+    /// epoch*), and the longest TTL that wait is for. Default: never (a store whose records
+    /// are durable when written).
+    fn settling(&self, _section: &Self::Section) -> Option<(Duration, Duration)> {
         None
     }
 

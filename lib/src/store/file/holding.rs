@@ -31,7 +31,9 @@ fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
 pub(crate) struct FileHolding {
     paths: LockPaths,
     storage: Storage,
-    sync: bool,
+    /// Whether our records are synced: not when the epoch record vouched for our lease
+    /// (PROTOCOL.md §8), so neither is our release.
+    pub(super) sync: bool,
     /// The lock's mutex file, kept open (not locked) while we hold the lease: the kernel's
     /// evidence, in /proc/PID/fd, that this process is a holder of this lock (see
     /// `process::JobEvidence`). Closed on exec, so commands do not inherit it; locked through at
