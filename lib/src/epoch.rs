@@ -285,13 +285,18 @@ pub(crate) fn vouches(paths: &LockPaths, storage: Storage, ttl: Duration) -> boo
         .as_ref()
         .filter(|r| r.boot == here.boot)
         .map_or(0, |r| r.ttl_ms);
+    // And a grace running on this attachment (never cut short here).
+    let grace = rec
+        .as_ref()
+        .filter(|r| r.names(&here))
+        .map_or(0, |r| r.settle_until_ns);
     let fresh = Record {
         lock: lock.to_string(),
         boot: here.boot.to_string(),
         dev: here.dev,
         seq: here.seq,
         ttl_ms: kept.max(ttl_ms),
-        settle_until_ns: 0,
+        settle_until_ns: grace,
     };
     let _ = write(paths, &fresh);
     false
@@ -332,6 +337,96 @@ mod tests {
         );
         let cut = &text.as_bytes()[..text.len() - 4];
         assert_eq!(Record::parse(cut), None);
+    }
+
+    fn disk() -> Option<(tempfile::TempDir, LockPaths, Storage)> {
+        let d = tempfile::tempdir().ok()?;
+        let paths = LockPaths::new(d.path().join("L")).ok()?;
+        let storage = crate::fsinfo::inspect(&paths.dir).storage();
+        if !applies(storage) {
+            eprintln!("SKIPPED: the temp directory is not on a local disk");
+            return None;
+        }
+        Some((d, paths, storage))
+    }
+
+    fn at(paths: &LockPaths) -> std::path::PathBuf {
+        paths.handle().join(&name(paths))
+    }
+
+    #[test]
+    fn a_record_vouches_once_written_for_this_attachment_and_at_least_this_ttl() {
+        let Some((_d, p, st)) = disk() else { return };
+        let s30 = Duration::from_secs(30);
+        assert!(!vouches(&p, st, s30), "no record yet: this lease is synced");
+        assert!(vouches(&p, st, s30), "the record written for it vouches");
+        assert!(
+            !vouches(&p, st, s30 * 2),
+            "a longer TTL raises the record first"
+        );
+        assert!(vouches(&p, st, s30 * 2) && vouches(&p, st, s30));
+        assert!(
+            settling(&p, st, || true).is_none(),
+            "same attachment: no grace"
+        );
+    }
+
+    #[test]
+    fn a_record_others_could_write_or_of_another_lock_never_vouches() {
+        use std::os::unix::fs::PermissionsExt;
+        let Some((_d, p, st)) = disk() else { return };
+        let s1 = Duration::from_secs(1);
+        vouches(&p, st, s1);
+        assert!(vouches(&p, st, s1));
+        let f = at(&p);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!vouches(&p, st, s1), "writable by others: not trusted");
+        // Another lock's record, renamed to this lock's name.
+        let other = LockPaths::new(p.dir.join("M")).unwrap();
+        vouches(&other, st, s1);
+        std::fs::rename(at(&other), &f).unwrap();
+        assert!(
+            !vouches(&p, st, s1),
+            "another lock's record: not this lock's"
+        );
+    }
+
+    #[test]
+    fn a_record_naming_another_attachment_in_this_boot_holds_contenders_for_its_ttl() {
+        let Some((_d, p, st)) = disk() else { return };
+        let Some(h) = here(&p) else { return };
+        let mut r = Record {
+            lock: lock_of(&p),
+            boot: h.boot.to_string(),
+            dev: h.dev,
+            seq: h.seq.wrapping_add(1),
+            ttl_ms: 60_000,
+            settle_until_ns: 0,
+        };
+        std::fs::write(at(&p), r.to_text()).unwrap();
+        let (left, ttl) = settling(&p, st, || true).expect("a grace");
+        assert_eq!(ttl, Duration::from_secs(60));
+        assert!(left > Duration::from_secs(59) && left <= ttl, "{left:?}");
+        // Rewritten for this attachment with the grace's end: the next look keeps it.
+        let (again, _) = settling(&p, st, || true).expect("the same grace");
+        assert!(again <= left);
+        assert!(
+            !vouches(&p, st, Duration::from_secs(1)),
+            "no unsynced lease in a grace"
+        );
+        assert!(
+            settling(&p, st, || true).is_some(),
+            "and the grace is not cut short"
+        );
+        // One of another boot holds nobody.
+        r.boot = "another-boot".into();
+        std::fs::write(at(&p), r.to_text()).unwrap();
+        assert!(settling(&p, st, || true).is_none());
+        // A first look that cannot do what must come first leaves the record as it was.
+        r.boot = h.boot.to_string();
+        std::fs::write(at(&p), r.to_text()).unwrap();
+        assert!(settling(&p, st, || false).is_some());
+        assert_eq!(std::fs::read_to_string(at(&p)).unwrap(), r.to_text());
     }
 
     #[test]
