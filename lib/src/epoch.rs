@@ -168,17 +168,25 @@ fn now_ns() -> u64 {
 /// The record at the epoch name, and whether it can only have been written by us or root: a
 /// regular file with one link, owned by our uid or root, writable by nobody else. Anything
 /// that is not a record reads as none.
-fn read(paths: &LockPaths) -> (Option<Record>, bool) {
-    let trusted = std::cell::Cell::new(false);
+fn read(paths: &LockPaths) -> (Option<Record>, Option<(u64, u64)>) {
+    let trusted = std::cell::Cell::new(None);
     let euid = rustix::process::geteuid().as_raw();
     let bytes = crate::fsio::read_small(paths, &name(paths), MAX_BYTES, |m| {
-        trusted.set((m.uid == euid || m.uid == 0) && m.mode & 0o022 == 0 && m.nlink == 1);
+        let ok = (m.uid == euid || m.uid == 0) && m.mode & 0o022 == 0 && m.nlink == 1;
+        trusted.set(ok.then(|| m.id()));
         m.is_file()
     });
     match bytes {
         Ok(Some(b)) => (Record::parse(&b), trusted.get()),
-        _ => (None, false),
+        _ => (None, None),
     }
+}
+
+/// Whether the epoch file is still the record `id` (device, inode) a lease went unsynced on:
+/// a holder looks at each renewal, and syncs its lease when it is not (the record removed by
+/// a cleanup, replaced by a directory writer or raised by another shared holder).
+pub(crate) fn still(paths: &LockPaths, id: (u64, u64)) -> bool {
+    matches!(paths.handle().stat(&name(paths)), Ok(Some(m)) if m.id() == id)
 }
 
 /// Writes `rec` at the epoch name: a temp file created exclusively, synced, renamed over it,
@@ -259,26 +267,25 @@ pub(crate) fn settling(
 /// least `ttl` and no grace running. Otherwise the record is rewritten for this attachment,
 /// raised to `ttl` (synced, before the lease is put in place), and this one lease is still
 /// synced; the next ones need not be. A record we may not replace (another user's, in a
-/// sticky directory) leaves every lease of ours synced.
-pub(crate) fn vouches(paths: &LockPaths, storage: Storage, ttl: Duration) -> bool {
+/// sticky directory) leaves every lease of ours synced. When it vouches, says which file
+/// (device, inode) the record is, for [`still`].
+pub(crate) fn vouches(paths: &LockPaths, storage: Storage, ttl: Duration) -> Option<(u64, u64)> {
     if !applies(storage) {
-        return false;
+        return None;
     }
-    let Some(here) = here(paths) else {
-        return false;
-    };
+    let here = here(paths)?;
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let lock = lock_of(paths);
     let (rec, trusted) = read(paths);
     let now = now_ns();
     if let Some(r) = &rec
-        && trusted
+        && let Some(id) = trusted
         && r.lock == lock
         && r.names(&here)
         && r.ttl_ms >= ttl_ms
         && r.settle_until_ns <= now
     {
-        return true;
+        return Some(id);
     }
     // Keep the longest TTL of any record of this boot (a forged one only makes waits longer).
     let kept = rec
@@ -299,7 +306,7 @@ pub(crate) fn vouches(paths: &LockPaths, storage: Storage, ttl: Duration) -> boo
         settle_until_ns: grace,
     };
     let _ = write(paths, &fresh);
-    false
+    None
 }
 
 #[cfg(test)]
@@ -358,13 +365,15 @@ mod tests {
     fn a_record_vouches_once_written_for_this_attachment_and_at_least_this_ttl() {
         let Some((_d, p, st)) = disk() else { return };
         let s30 = Duration::from_secs(30);
-        assert!(!vouches(&p, st, s30), "no record yet: this lease is synced");
-        assert!(vouches(&p, st, s30), "the record written for it vouches");
-        assert!(
-            !vouches(&p, st, s30 * 2),
-            "a longer TTL raises the record first"
-        );
-        assert!(vouches(&p, st, s30 * 2) && vouches(&p, st, s30));
+        let v = |ttl| vouches(&p, st, ttl).is_some();
+        assert!(!v(s30), "no record yet: this lease is synced");
+        assert!(v(s30), "the record written for it vouches");
+        assert!(!v(s30 * 2), "a longer TTL raises the record first");
+        assert!(v(s30 * 2) && v(s30));
+        let id = vouches(&p, st, s30).unwrap();
+        assert!(still(&p, id));
+        std::fs::remove_file(at(&p)).unwrap();
+        assert!(!still(&p, id), "a holder sees its record gone");
         assert!(
             settling(&p, st, || true).is_none(),
             "same attachment: no grace"
@@ -376,19 +385,17 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let Some((_d, p, st)) = disk() else { return };
         let s1 = Duration::from_secs(1);
-        vouches(&p, st, s1);
-        assert!(vouches(&p, st, s1));
+        let v = |p: &LockPaths| vouches(p, st, s1).is_some();
+        v(&p);
+        assert!(v(&p));
         let f = at(&p);
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(!vouches(&p, st, s1), "writable by others: not trusted");
+        assert!(!v(&p), "writable by others: not trusted");
         // Another lock's record, renamed to this lock's name.
         let other = LockPaths::new(p.dir.join("M")).unwrap();
-        vouches(&other, st, s1);
+        v(&other);
         std::fs::rename(at(&other), &f).unwrap();
-        assert!(
-            !vouches(&p, st, s1),
-            "another lock's record: not this lock's"
-        );
+        assert!(!v(&p), "another lock's record: not this lock's");
     }
 
     #[test]
@@ -411,7 +418,7 @@ mod tests {
         let (again, _) = settling(&p, st, || true).expect("the same grace");
         assert!(again <= left);
         assert!(
-            !vouches(&p, st, Duration::from_secs(1)),
+            vouches(&p, st, Duration::from_secs(1)).is_none(),
             "no unsynced lease in a grace"
         );
         assert!(

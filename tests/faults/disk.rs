@@ -594,3 +594,80 @@ fn a_disk_that_drops_off_under_an_unsynced_lease_holds_every_contender_for_the_l
         old_err.trim()
     );
 }
+
+/// A holder whose lease went unsynced on the epoch record's word, and whose record is then
+/// removed (a cleanup of dot files, a directory writer), makes its lease durable at its next
+/// renewal (PROTOCOL.md §8): when the disk drops off after that, the returned disk shows the
+/// lease, and the next run waits for the fenced command. Without that, the returned disk had
+/// neither the lease nor a record, and the next run entered beside the old command.
+#[test]
+fn a_holder_whose_epoch_record_is_removed_syncs_its_lease_at_its_next_renewal() {
+    if support::need_root()
+        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
+    {
+        return;
+    }
+    let disk = match LoopExt4::new() {
+        Ok(d) => d,
+        Err(why) => {
+            support::skip(true, &format!("cannot attach a loop device here: {why}"));
+            return;
+        }
+    };
+    let st = Command::new("mount")
+        .args(["-o", "remount,commit=600"])
+        .arg(&disk.mnt)
+        .status()
+        .expect("mount -o remount");
+    assert!(st.success(), "remount with commit=600: {st}");
+    let w = work();
+    let cs = Cs::new(w.path(), "cs");
+    cs.allow_fenced();
+    let lock = disk.mnt.join("job.lock");
+    let st = support::lh()
+        .args(["run", "--ttl", "2s"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .status()
+        .expect("first run");
+    assert_eq!(support::code(st), 0, "the first run");
+    let mut old = Proc::spawn(
+        support::lh()
+            .args(cs.hold_args(&["--ttl", "2s"], &lock, "old"))
+            .stderr(Stdio::piped()),
+        "old run",
+    );
+    cs.wait_entered("old", Duration::from_secs(10));
+    support::wait_for_child(&lock);
+    let seq = |l: &Path| support::lease(l).and_then(|v| v["heartbeat_seq"].as_u64());
+    fs::remove_file(disk.mnt.join(".job.lock.leasehold-epoch")).expect("remove the record");
+    let before = seq(&lock).expect("the old lease's heartbeat");
+    support::ensure_within("a renewal after the removal", Duration::from_secs(5), || {
+        seq(&lock).is_some_and(|s| s > before)
+    });
+
+    disk.shut_down();
+    let back = disk.reattach().expect("attach what reached the disk");
+    let lock_back = back.mnt.join("job.lock");
+    let on_disk = support::lease(&lock_back);
+    assert_eq!(
+        on_disk.as_ref().and_then(|l| l["holder"]["pid"].as_i64()),
+        Some(i64::from(old.pid())),
+        "the renewal synced the lease, so it is on the returned disk: {on_disk:?}"
+    );
+    let mut next = Proc::spawn(
+        support::lh()
+            .args(cs.run_args(&["-w", "30s"], &lock_back, "next", 1))
+            .stderr(Stdio::piped()),
+        "next run",
+    );
+    let st = old.wait_timeout(Duration::from_secs(15));
+    let old_err = old.stderr();
+    assert_eq!(support::code(st), 74, "the old run fences: {old_err}");
+    let st = next.wait_timeout(Duration::from_secs(30));
+    let err = next.stderr();
+    assert_eq!(support::code(st), 0, "next run: {err}");
+    let jobs = cs.verify();
+    assert_eq!(jobs.len(), 2, "both jobs entered: {jobs:?}");
+    assert!(cs.ended("next"), "the next job ran to its end");
+}

@@ -335,12 +335,14 @@ impl Store for FileStore {
         // On a local disk whose epoch record vouches for this lease's TTL, the lease need not
         // be synced (PROTOCOL.md §8, *Durable per mount epoch*); the record is raised or
         // rewritten (synced) first when it does not, and this one lease is then synced.
-        let sync = self.sync
-            && !crate::epoch::vouches(
-                &self.paths,
-                self.storage,
-                Duration::from_millis(lease.ttl_ms),
-            );
+        let vouched = self
+            .sync
+            .then(|| {
+                let ttl = Duration::from_millis(lease.ttl_ms);
+                crate::epoch::vouches(&self.paths, self.storage, ttl)
+            })
+            .flatten();
+        let sync = self.sync && vouched.is_none();
         // Our holder's marks, before the lease becomes visible (see [`holder_mark`] and
         // `klock::hold_mark`): the second stays with the mutex descriptor we keep as witness.
         let mark = holder_mark(&self.paths);
@@ -366,6 +368,7 @@ impl Store for FileStore {
         drop(ticket);
         let mut holding = FileHolding::new(self, witness, written, replaced.map(|s| s.file), mark);
         holding.sync = sync;
+        holding.rests_on = Mutex::new(vouched);
         Ok((lease, bytes, started, holding))
     }
 
