@@ -642,9 +642,11 @@ fn a_holder_whose_epoch_record_is_removed_syncs_its_lease_at_its_next_renewal() 
     let seq = |l: &Path| support::lease(l).and_then(|v| v["heartbeat_seq"].as_u64());
     fs::remove_file(disk.mnt.join(".job.lock.leasehold-epoch")).expect("remove the record");
     let before = seq(&lock).expect("the old lease's heartbeat");
-    support::ensure_within("a renewal after the removal", Duration::from_secs(5), || {
-        seq(&lock).is_some_and(|s| s > before)
-    });
+    support::ensure_within(
+        "a renewal after the removal",
+        Duration::from_secs(5),
+        || seq(&lock).is_some_and(|s| s > before),
+    );
 
     disk.shut_down();
     let back = disk.reattach().expect("attach what reached the disk");
