@@ -32,6 +32,21 @@
  *   -DBROKEN_NO_DIR_MARK      the holder's mark only on the mutex file, not in LOCK's directory
  *   -DBROKEN_COUNT_UNSEEN     a renewal counts without re-checking that LOCK still names the
  *                             file it wrote
+ *   -DBROKEN_NO_GRACE         (with -DREMOUNT) a contender that finds the epoch record naming
+ *                             another attachment of the disk grants at once, without the grace
+ *
+ * -DREMOUNT (a local disk: use with -DONE_HOST -DDRIFT=0 -DNO_RM): durability per mount epoch
+ * (PROTOCOL.md §8). What reached the disk is kept apart from what the page cache shows: a lease
+ * renamed over LOCK while the epoch record names the present attachment is not synced (the
+ * disk keeps the older record); one taken otherwise first writes the record for this
+ * attachment and is synced with it; releases are never synced (the adversarial choice). A
+ * disk process drops the disk once, at any moment nobody is inside the mutex, and brings it
+ * back as a new attachment: LOCK shows what reached the disk, the kernel marks and mutex locks
+ * of the old superblock are out of sight, the token ceiling (always synced) is kept, and every
+ * holder on the old attachment can renew and release nothing any more (EIO: its renewals fail
+ * as a transient error, so it fences at its deadline). A contender inside the mutex that finds
+ * the record naming another attachment rewrites it and grants nothing for a TTL (the longest:
+ * every lease here has the same TTL) on its clock.
  *
  * Assertions name their property (a constant false tag, or'ed in), so that pan's
  * "assertion violated" line says which one failed: check.sh matches it.
@@ -135,6 +150,20 @@ bool dmk[NC];                   /* i's mark again in LOCK's directory (klock::Di
 #define SEES_MARK(i, n) MARKED(n)
 #else
 #define SEES_MARK(i, n) (MARKED(n) || HOST(i) == 0 && DMARKED)
+#endif
+
+/* ---------------------------------------------------------------- the disk (-DREMOUNT) */
+#ifdef REMOUNT
+#define NOEP 2
+byte att;                       /* which attachment of the disk is mounted now (0, then 1) */
+byte ep = NOEP;                 /* the epoch record: the attachment it names (NOEP: none) */
+byte gr;                        /* ticks left of the grace a contender started (0: none) */
+mtype dk_state = FREE;          /* LOCK as it is on the disk */
+byte dk_owner = NOBODY, dk_tok;
+byte att_of[NC];                /* the attachment i's lease was taken on */
+#define OLD(i) (att_of[i] != att)
+#else
+#define OLD(i) false
 #endif
 
 /* ---------------------------------------------------------------- the directory writer */
@@ -317,6 +346,14 @@ attempt:
          this lock still runs though its record is gone; wait for it */
       if :: v == V_FREE && SEES_MARK(me, myino[me]) -> v = V_HELD :: else fi;
 #endif
+#ifdef REMOUNT
+      /* epoch.rs settling: a record naming another attachment of the disk in this boot starts
+         the grace (the record is rewritten for this attachment); nothing is granted during it */
+      if :: ep != NOEP && ep != att -> ep = att; gr = TTL :: else fi;
+#ifndef BROKEN_NO_GRACE
+      if :: gr > 0 -> v = V_HELD :: else fi;
+#endif
+#endif
       ok = !AHEAD(me) && v != V_HELD;
       /* age now names the same-host holder to stop, plus one (decided on what was read: a
          directory writer may change LOCK before the next step) */
@@ -339,6 +376,15 @@ attempt:
        d_step {                                 /* rename of the new lease over LOCK */
          RENAMED; mine[me] = 1;
          lk_state = HELD; lk_owner = me; lk_tok = t;
+#ifdef REMOUNT
+         /* epoch.rs vouches: unsynced under a record naming this attachment; else the record
+            is written for it (synced, before the rename) and this lease synced */
+         att_of[me] = att;
+         if
+         :: ep == att
+         :: else -> ep = att; dk_state = HELD; dk_owner = me; dk_tok = t
+         fi;
+#endif
 #ifdef BROKEN_WALL_CLOCK
          hba = 0;
 #endif
@@ -402,7 +448,10 @@ held:
     if :: !running[me] -> goto release :: else fi;
     /* renewal, every HB (guard.rs renew_once), without the mutex */
     if
-    :: dlc[me] > 0 && due[me] == 0 ->
+    :: dlc[me] > 0 && due[me] == 0 && OLD(me) ->
+       /* the disk dropped off: every call on the old superblock fails (EIO), a transient error */
+       d_step { fl[me] = 0; rel[me] = 0; ok = 0 }
+    :: dlc[me] > 0 && due[me] == 0 && !OLD(me) ->
        d_step { fl[me] = 1; rel[me] = 0 };      /* start of this renewal */
        d_step { opened[me] = 1; ok = !LOST_LOCK(me) };  /* open, read */
        if
@@ -454,13 +503,14 @@ release:
     d_step { hold[me] = 0; dlc[me] = 0; due[me] = 0 };   /* stop the guard threads */
     d_step { mkino[me] = 0; dmk[me] = 0 };      /* the command is dead: drop the marks, then release */
     if
-    :: LIVE_TICKET ->                           /* someone waits: released bit in place */
+    :: OLD(me) -> skip                          /* the old superblock: nothing can be written */
+    :: !OLD(me) && LIVE_TICKET ->                           /* someone waits: released bit in place */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
-    :: !LIVE_TICKET ->                          /* util-linux flock(1) blocked for the holder's
+    :: !OLD(me) && !LIVE_TICKET ->              /* util-linux flock(1) blocked for the holder's
                                                    flock on LOCK's file (release_to_blocked):
                                                    released bit in place, nobody queued */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
-    :: !LIVE_TICKET ->
+    :: !OLD(me) && !LIVE_TICKET ->
        lock_mutex();
        if
        :: d_step {                              /* ensure_ours; rename a released record */
@@ -522,6 +572,9 @@ end:
        hba = (hba < TTL -> hba + 1 : TTL);
 #endif
        lvc = (lvc < LBOUND -> lvc + 1 : LBOUND);
+#ifdef REMOUNT
+       gr = (gr > 0 -> gr - 1 : 0);
+#endif
        a1 = 0
      }
   od
@@ -628,8 +681,34 @@ end_mv:
 }
 #endif
 
+#ifdef REMOUNT
+active proctype disk()
+{
+end:
+  atomic {
+    att == 0 && mlk[0] == NOBODY && mlk[1] == NOBODY ->
+    att = 1;
+    /* a new superblock: another mutex inode, with the synced ceiling */
+    mino = 1; hwm[1] = hwm[0];
+    /* LOCK as it reached the disk */
+    RENAMED; lk_state = dk_state; lk_owner = dk_owner; lk_tok = dk_tok;
+    /* the old holders' marks are on the old superblock's inodes: out of sight */
+    dmk[0] = 0; dmk[1] = 0;
+#if NC == 3
+    dmk[2] = 0;
+#endif
+    lvc = 0
+  }
+}
+#endif
+
 init {
   atomic {
+#ifdef REMOUNT
+    /* an earlier run may have left an epoch record for this attachment, the disk showing LOCK
+       free (then the first lease here goes unsynced), or none */
+    if :: ep = 0 :: ep = NOEP fi;
+#endif
     run contender(0); run contender(1);
 #if NC == 3
     run contender(2);

@@ -353,6 +353,13 @@ fn one_shot<S: Store>(
     let (ahead, waiting_ahead) = ctx.store.ahead(&section, None, ctx.timing.ttl)?;
     let mut place = S::Place::default();
     let content = ctx.store.current(&section, &mut place)?;
+    if let Some((left, ttl)) = ctx.store.settling(&section) {
+        let mut v = judge(ctx).judge(&content, &mut Memory::default());
+        v.settling(left, ttl);
+        ctx.store.leave(section, kept);
+        v.queue_ahead = waiting_ahead;
+        return Ok(Attempt::Busy(Box::new(v), ahead));
+    }
     if crate::slots::involved(ctx.s.want, &content, &ctx.store) {
         let mut mem = Memory::default();
         let line = slotted::Line {
@@ -412,6 +419,13 @@ fn queued<S: Store>(
         .store
         .ahead(&section, Some(&mut q.place), ctx.timing.ttl)?;
     let content = ctx.store.current(&section, &mut q.place)?;
+    if let Some((left, ttl)) = ctx.store.settling(&section) {
+        // LOCK's disk came back as a new device in this boot: nothing is granted before the
+        // grace is over (PROTOCOL.md §8, *Durable per mount epoch*).
+        let mut v = judge(ctx).judge(&content, mem);
+        v.settling(left, ttl);
+        return line_up(ctx, section, kept, q, v, ahead, waiting_ahead);
+    }
     if crate::slots::involved(ctx.s.want, &content, &ctx.store) {
         let place = S::Place::default(); // the take uses q's
         let line = slotted::Line {

@@ -50,6 +50,7 @@ mod builder;
 mod cancel;
 mod clock;
 mod ending;
+mod epoch;
 mod error;
 mod fsinfo;
 mod fsio;

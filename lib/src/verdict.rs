@@ -148,6 +148,28 @@ impl Verdict {
         );
     }
 
+    /// Makes this verdict say that nothing is granted for `left` yet: LOCK's disk came back as
+    /// another attachment in this boot, and a lease of up to `ttl` that never reached it may
+    /// still have a holder running (PROTOCOL.md §8, *Durable per mount epoch*).
+    pub(crate) fn settling(&mut self, left: std::time::Duration, ttl: std::time::Duration) {
+        self.state = State::Held;
+        self.heartbeat_age = None;
+        self.behind = Some(format!(
+            "LOCK's disk, back as a new device in this boot ({:.1}s left of a {:.1}s grace)",
+            left.as_secs_f64(),
+            ttl.as_secs_f64()
+        ));
+        self.reason = format!(
+            "LOCK's file system is another attachment of its disk than the one its leases were \
+             written on, in this boot (a disk that dropped off and came back): a lease that \
+             never reached the disk may still have a holder running, so nothing is granted \
+             until the longest TTL granted there ({:.1}s) has passed since this was first \
+             seen; the record says: {}",
+            ttl.as_secs_f64(),
+            self.reason
+        );
+    }
+
     /// Makes this verdict on a lock whose record says it is free (missing, emptied, released)
     /// say what the kernel says instead: a holder of this lock is still running — its record was
     /// removed or replaced under it, and it stops its command when it notices.

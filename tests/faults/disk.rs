@@ -7,8 +7,10 @@
 //!   from the last heartbeat anyone could have seen;
 //! - storage vanishes mid-hold (lazy unmount): the same.
 //! - (a real ext4 on a loop device) the disk drops off under a holder and what reached it comes
-//!   back as a new device in the same boot: the lease is on it (records are synced before they
-//!   count), so a new run there waits until the old command, fenced by its wrapper, is gone.
+//!   back as a new device in the same boot: either the lease is on it (the first lease of a
+//!   mount epoch is synced), or, for a lease that was not synced, the epoch record names the old
+//!   device and every contender waits out the longest TTL; either way a new run there waits
+//!   until the old command, fenced by its wrapper, is gone, and tokens still grow.
 //!
 //! Each runs through the library and through `leasehold run`.
 
@@ -393,11 +395,12 @@ fn storage_read_only_or_vanished_cli_fences_before_ttl_exit_74() {
     }
 }
 
-/// Why lease records are synced on a local disk even though tokens no longer need it
-/// (PROTOCOL.md §8, "Why lease records are synced"): a disk that drops off and comes back in
-/// the same boot is a new superblock, read from what reached the disk, while the old holder
-/// still runs on descriptors into the dead one. Had its lease not been synced, the new mount
-/// would show the lock free (or an older lease) and a second command would start at once.
+/// A disk that drops off and comes back in the same boot is a new superblock, read from what
+/// reached the disk, while the old holder still runs on descriptors into the dead one
+/// (PROTOCOL.md §8, "Durable per mount epoch"). Here the holder is the first on a fresh disk:
+/// it writes the epoch record and syncs its lease with it, so the new mount shows the lease and
+/// the next run waits for the fenced command (the case of a lease that was not synced is the
+/// next test).
 #[test]
 fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_so_jobs_never_overlap()
  {
@@ -477,4 +480,196 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
         t.elapsed(),
         old_err.trim()
     );
+}
+
+/// Durability per mount epoch (PROTOCOL.md §8): once a run has recorded the disk's epoch
+/// (which attachment of which device, this boot, the longest TTL), later leases on it are not
+/// synced. The disk drops off under such an unsynced lease (its journal is never committed:
+/// the commit interval is raised first, so nothing of the lease reaches the disk by chance) and
+/// comes back as a new device in the same boot: the returned disk shows an older lease, or
+/// none, but its epoch record names the old device, so the next run grants nothing until the
+/// longest TTL has passed since it first saw that — by then the old command, fenced by its
+/// wrapper, is gone. Without the grace the next run entered beside it.
+#[test]
+fn a_disk_that_drops_off_under_an_unsynced_lease_holds_every_contender_for_the_longest_ttl() {
+    if support::need_root()
+        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
+    {
+        return;
+    }
+    let disk = match LoopExt4::new() {
+        Ok(d) => d,
+        Err(why) => {
+            support::skip(true, &format!("cannot attach a loop device here: {why}"));
+            return;
+        }
+    };
+    // No periodic journal commit while the test runs: only what leasehold syncs reaches the
+    // disk before it is shut down.
+    let st = Command::new("mount")
+        .args(["-o", "remount,commit=600"])
+        .arg(&disk.mnt)
+        .status()
+        .expect("mount -o remount");
+    assert!(st.success(), "remount with commit=600: {st}");
+    let w = work();
+    let cs = Cs::new(w.path(), "cs");
+    cs.allow_fenced();
+    let lock = disk.mnt.join("job.lock");
+    // The first run on this disk records its epoch (synced), with the longest TTL, 2 s.
+    let st = support::lh()
+        .args(["run", "--ttl", "2s"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .status()
+        .expect("first run");
+    assert_eq!(support::code(st), 0, "the first run");
+    let epoch = disk.mnt.join(".job.lock.leasehold-epoch");
+    let recorded = fs::read_to_string(&epoch).expect("the epoch record");
+    let mut old = Proc::spawn(
+        support::lh()
+            .args(cs.hold_args(&["--ttl", "2s"], &lock, "old"))
+            .stderr(Stdio::piped()),
+        "old run",
+    );
+    cs.wait_entered("old", Duration::from_secs(10));
+    support::wait_for_child(&lock);
+    let old_child = cs.job_pid("old").expect("the old job's pid");
+    let old_token = support::lease(&lock).expect("the old lease")["token"]
+        .as_u64()
+        .expect("its token");
+
+    disk.shut_down();
+    let back = disk.reattach().expect("attach what reached the disk");
+    let lock_back = back.mnt.join("job.lock");
+    let on_disk = support::lease(&lock_back);
+    assert!(
+        on_disk
+            .as_ref()
+            .is_none_or(|l| l["holder"]["pid"].as_i64() != Some(i64::from(old.pid()))),
+        "the old lease was not synced, so it is not on the returned disk: {on_disk:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(back.mnt.join(".job.lock.leasehold-epoch")).ok(),
+        Some(recorded),
+        "the returned disk keeps the epoch record, naming the device it was attached as"
+    );
+
+    let t = Instant::now();
+    let mut next = Proc::spawn(
+        support::lh()
+            .args(cs.run_args(&["-w", "30s"], &lock_back, "next", 1))
+            .stderr(Stdio::piped()),
+        "next run",
+    );
+    let st = old.wait_timeout(Duration::from_secs(15));
+    let old_err = old.stderr();
+    assert_eq!(support::code(st), 74, "the old run fences: {old_err}");
+    assert!(
+        !support::alive(old_child),
+        "the old command survived its fence"
+    );
+    let st = next.wait_timeout(Duration::from_secs(30));
+    let err = next.stderr();
+    assert_eq!(support::code(st), 0, "next run: {err}");
+    let jobs = cs.verify();
+    assert_eq!(jobs.len(), 2, "both jobs entered: {jobs:?}");
+    assert!(cs.ended("next"), "the next job ran to its end");
+    assert!(
+        err.contains("back as a new device"),
+        "the next run said why it waited: {err}"
+    );
+    // Neither the old lease nor the token it took reached the disk; the next token is still
+    // above it (the floor is raised above the synced ceiling when the mismatch is first seen).
+    let next_token = support::lease(&lock_back).expect("the next lease")["token"]
+        .as_u64()
+        .expect("its token");
+    assert!(
+        next_token > old_token,
+        "fencing tokens grow across the returned disk: old {old_token}, next {next_token}"
+    );
+    println!(
+        "faults: disk dropped off under an unsynced lease and came back (same boot): the next run took {:?}, the grace; the old run said: {}",
+        t.elapsed(),
+        old_err.trim()
+    );
+}
+
+/// A holder whose lease went unsynced on the epoch record's word, and whose record is then
+/// removed (a cleanup of dot files, a directory writer), makes its lease durable at its next
+/// renewal (PROTOCOL.md §8): when the disk drops off after that, the returned disk shows the
+/// lease, and the next run waits for the fenced command. Without that, the returned disk had
+/// neither the lease nor a record, and the next run entered beside the old command.
+#[test]
+fn a_holder_whose_epoch_record_is_removed_syncs_its_lease_at_its_next_renewal() {
+    if support::need_root()
+        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
+    {
+        return;
+    }
+    let disk = match LoopExt4::new() {
+        Ok(d) => d,
+        Err(why) => {
+            support::skip(true, &format!("cannot attach a loop device here: {why}"));
+            return;
+        }
+    };
+    let st = Command::new("mount")
+        .args(["-o", "remount,commit=600"])
+        .arg(&disk.mnt)
+        .status()
+        .expect("mount -o remount");
+    assert!(st.success(), "remount with commit=600: {st}");
+    let w = work();
+    let cs = Cs::new(w.path(), "cs");
+    cs.allow_fenced();
+    let lock = disk.mnt.join("job.lock");
+    let st = support::lh()
+        .args(["run", "--ttl", "2s"])
+        .arg(&lock)
+        .args(["--", "true"])
+        .status()
+        .expect("first run");
+    assert_eq!(support::code(st), 0, "the first run");
+    let mut old = Proc::spawn(
+        support::lh()
+            .args(cs.hold_args(&["--ttl", "2s"], &lock, "old"))
+            .stderr(Stdio::piped()),
+        "old run",
+    );
+    cs.wait_entered("old", Duration::from_secs(10));
+    support::wait_for_child(&lock);
+    let seq = |l: &Path| support::lease(l).and_then(|v| v["heartbeat_seq"].as_u64());
+    fs::remove_file(disk.mnt.join(".job.lock.leasehold-epoch")).expect("remove the record");
+    let before = seq(&lock).expect("the old lease's heartbeat");
+    support::ensure_within(
+        "a renewal after the removal",
+        Duration::from_secs(5),
+        || seq(&lock).is_some_and(|s| s > before),
+    );
+
+    disk.shut_down();
+    let back = disk.reattach().expect("attach what reached the disk");
+    let lock_back = back.mnt.join("job.lock");
+    let on_disk = support::lease(&lock_back);
+    assert_eq!(
+        on_disk.as_ref().and_then(|l| l["holder"]["pid"].as_i64()),
+        Some(i64::from(old.pid())),
+        "the renewal synced the lease, so it is on the returned disk: {on_disk:?}"
+    );
+    let mut next = Proc::spawn(
+        support::lh()
+            .args(cs.run_args(&["-w", "30s"], &lock_back, "next", 1))
+            .stderr(Stdio::piped()),
+        "next run",
+    );
+    let st = old.wait_timeout(Duration::from_secs(15));
+    let old_err = old.stderr();
+    assert_eq!(support::code(st), 74, "the old run fences: {old_err}");
+    let st = next.wait_timeout(Duration::from_secs(30));
+    let err = next.stderr();
+    assert_eq!(support::code(st), 0, "next run: {err}");
+    let jobs = cs.verify();
+    assert_eq!(jobs.len(), 2, "both jobs entered: {jobs:?}");
+    assert!(cs.ended("next"), "the next job ran to its end");
 }

@@ -263,6 +263,8 @@ pub fn stray_files(dir: &Path, lock_name: &str) -> Vec<String> {
         // A crashed writer's temp file: recycled by the next writer, so at most one.
         format!(".{lock_name}.leasehold-tmp"),
         format!(".{lock_name}.leasehold-queue"),
+        // The epoch record on a local disk (PROTOCOL.md §8).
+        format!(".{lock_name}.leasehold-epoch"),
     ];
     // Observation files are per uid: `.NAME.leasehold-seen-<uid>`.
     let seen = format!(".{lock_name}.leasehold-seen-");

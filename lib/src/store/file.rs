@@ -358,6 +358,17 @@ impl Store for FileStore {
             }
         };
         let (lease, bytes) = lease(token);
+        // On a local disk whose epoch record vouches for this lease's TTL, the lease need not
+        // be synced (PROTOCOL.md §8, *Durable per mount epoch*); the record is raised or
+        // rewritten (synced) first when it does not, and this one lease is then synced.
+        let vouched = self
+            .sync
+            .then(|| {
+                let ttl = Duration::from_millis(lease.ttl_ms);
+                crate::epoch::vouches(&self.paths, self.storage, ttl)
+            })
+            .flatten();
+        let sync = self.sync && vouched.is_none();
         // Our holder's marks, before the lease becomes visible (see [`holder_mark`] and
         // `klock::hold_mark`): the second stays with the mutex descriptor we keep as witness.
         let mark = holder_mark(&self.paths);
@@ -371,23 +382,25 @@ impl Store for FileStore {
         let started = BootInstant::now();
         let prepared = ticket
             .as_mut()
-            .and_then(|t| t.install(&bytes, self.sync, &self.paths));
+            .and_then(|t| t.install(&bytes, sync, &self.paths));
         let written = match prepared {
             Some(w) => w?,
             // A holder of LOCK on a local file system holds a flock on its file for the whole
             // holding, taken before the rename (util-linux flock(1) waits for it, PROTOCOL.md
             // §10). Not on NFS, where LOCK is never kept open beyond one read (§9).
             None if !self.storage.network && self.origin.is_none() => {
-                fsio::replace_holding(&self.paths, &self.paths.lock, &bytes, self.sync)?
+                fsio::replace_holding(&self.paths, &self.paths.lock, &bytes, sync)?
             }
-            None => fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync)?,
+            None => fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, sync)?,
         };
         // Leave the queue: the name goes while we hold the mutex (so it is surely ours), the
         // lock after the mutex is free, waking exactly our successor.
         let ticket = ticket.map(Ticket::unlink_held);
         let witness = m.unlock();
         drop(ticket);
-        let holding = FileHolding::new(self, witness, written, replaced.map(|s| s.file), mark);
+        let mut holding = FileHolding::new(self, witness, written, replaced.map(|s| s.file), mark);
+        holding.sync = sync;
+        holding.rests_on = Mutex::new(vouched);
         Ok((lease, bytes, started, holding))
     }
 
@@ -405,6 +418,21 @@ impl Store for FileStore {
 
     fn kernel_locked(&self, _: &MutexGuard, frozen: Option<&Lease>) -> Option<String> {
         self.foreign_lock(frozen)
+    }
+
+    fn settling(&self, m: &MutexGuard) -> Option<(Duration, Duration)> {
+        // LOCK's disk came back as another attachment: tokens handed out there may be above
+        // the last token the mutex file's second line shows (neither LOCK nor that line was
+        // synced), though never above its ceiling (always synced). So before the record says
+        // this attachment, a token above the ceiling is reserved (synced): the floor from then
+        // on is above every token handed out (PROTOCOL.md §3, §8).
+        let floor_raised = || {
+            m.tokens().is_ok_and(|seen| {
+                m.record_token(seen.ceiling.saturating_add(1), &seen, TOKEN_BLOCK, true)
+                    .is_ok()
+            })
+        };
+        crate::epoch::settling(&self.paths, self.storage, floor_raised)
     }
 
     fn shared_holders(&self, section: &MutexGuard, cap: usize) -> usize {

@@ -15,7 +15,7 @@
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::boottime::BootInstant;
 use crate::error::Result;
@@ -298,6 +298,14 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// it is free), in words — not counting `frozen`'s, a hung holder left frozen by a takeover,
     /// when the kernel binds the lock to it. Default: no such lock (a store with no file).
     fn kernel_locked(&self, _section: &Self::Section, _frozen: Option<&Lease>) -> Option<String> {
+        None
+    }
+
+    /// Inside the section: how long nothing may be granted yet because LOCK's storage came
+    /// back as another attachment of its disk in this boot (PROTOCOL.md §8, *Durable per mount
+    /// epoch*), and the longest TTL that wait is for. Default: never (a store whose records
+    /// are durable when written).
+    fn settling(&self, _section: &Self::Section) -> Option<(Duration, Duration)> {
         None
     }
 

@@ -31,7 +31,12 @@ fn lock<T>(m: &Mutex<T>) -> StdGuard<'_, T> {
 pub(crate) struct FileHolding {
     paths: LockPaths,
     storage: Storage,
-    sync: bool,
+    /// Whether our records are synced: not when the epoch record vouched for our lease
+    /// (PROTOCOL.md §8), so neither is our release.
+    pub(super) sync: bool,
+    /// The epoch record (device, inode) our unsynced lease rests on; `None` when the lease was
+    /// synced, or once it is (see `renew`).
+    pub(super) rests_on: Mutex<Option<(u64, u64)>>,
     /// The lock's mutex file, kept open (not locked) while we hold the lease: the kernel's
     /// evidence, in /proc/PID/fd, that this process is a holder of this lock (see
     /// `process::JobEvidence`). Closed on exec, so commands do not inherit it; locked through at
@@ -62,6 +67,7 @@ impl FileHolding {
             paths: paths.clone(),
             storage: store.storage,
             sync: store.sync,
+            rests_on: Mutex::new(None),
             witness: Mutex::new(witness),
             written: Mutex::new(Some(written)),
             replaced: Mutex::new(replaced),
@@ -281,6 +287,17 @@ impl Holding for FileHolding {
             }));
         };
         fsio::write_header(&file, path, region).map_err(Renewal::Transient)?;
+        // Our lease went unsynced on the epoch record's word (PROTOCOL.md §8): if that record
+        // has been removed or replaced since (a cleanup, a directory writer), nothing on the
+        // disk would hold contenders back should it drop off now, so the lease is made durable.
+        let rests_on = *lock(&self.rests_on);
+        if let Some(id) = rests_on
+            && !crate::epoch::still(&self.paths, id)
+            && file.sync_data().is_ok()
+            && self.paths.handle().sync().is_ok()
+        {
+            *lock(&self.rests_on) = None;
+        }
         // Closing flushes the write to an NFS server (close-to-open); only then does it count.
         let id = file.metadata().map(|m| (m.dev(), m.ino()));
         drop(file);
