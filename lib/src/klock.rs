@@ -483,6 +483,50 @@ mod tests {
         (dir, p, local)
     }
 
+    /// The holder's locks on LOCK's own file: its flock keeps util-linux flock(1) out, and its
+    /// OFD read lock keeps out a whole-file byte-range write lock — the form an NFS server keeps
+    /// a client's flock(1) in on its own path, which a local flock never meets; neither meets a
+    /// waiter's hint on the first byte. Both go with `let_go_lock_file`.
+    #[test]
+    fn a_holder_of_lock_excludes_flock_and_whole_file_write_locks_until_it_lets_go() {
+        let (_dir, p, _) = fixture();
+        let holder = open(&p, false);
+        let waiter = open(&p, false);
+        let client = open(&p, true);
+        let whole_file_write = |f: &File| {
+            let fl = span(libc::F_WRLCK as libc::c_short, 0, 0);
+            match fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&fl)) {
+                Ok(_) => {
+                    let un = span(libc::F_UNLCK as libc::c_short, 0, 0);
+                    fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&un)).unwrap();
+                    true
+                }
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => false,
+                Err(e) => panic!("F_OFD_SETLK: {e}"),
+            }
+        };
+        assert!(whole_file_write(&client));
+        assert!(hold_lock_file(&holder).unwrap());
+        assert!(
+            !flock(&client, libc::LOCK_EX | libc::LOCK_NB).unwrap(),
+            "flock(1)'s lock is kept out"
+        );
+        assert!(
+            !whole_file_write(&client),
+            "an NFS server's lock for its client is kept out"
+        );
+        assert!(
+            hint_waiting(&waiter).unwrap(),
+            "a waiter's hint still goes in"
+        );
+        assert!(waiting_hinted(&holder).unwrap(), "and the holder sees it");
+        let_go_lock_file(&holder).unwrap();
+        assert!(flock(&client, libc::LOCK_EX | libc::LOCK_NB).unwrap());
+        flock(&client, libc::LOCK_UN).unwrap();
+        drop(waiter);
+        assert!(whole_file_write(&client), "both locks went");
+    }
+
     /// A read-only holder's lock excludes a second holder (flock), is seen by a tester through
     /// `F_OFD_GETLK`, and excludes a byte-range write lock — the form an NFS server keeps its
     /// clients' locks in — while it is held; all three go with `unlock`.
