@@ -790,10 +790,10 @@ for mode in $MODES; do
             want f && sc_frozen_waiter "$mode"
             # before (b) and (b2), which crash hosta and then hostb (hostb is not booted again)
             want h && sc_deleted_elsewhere "$mode"
+            want i && sc_flock_coexist "$mode"
             { want b || want c; } && sc_foreign_holder "$mode"
             want b && sc_crash_in_mutex "$mode"
             want g && sc_server_path "$mode"
-            want i && sc_flock_coexist "$mode"
             ;;
         v3local)
             want d && sc_local_lock "$mode"
