@@ -7,7 +7,7 @@
 //! alone —, the test "does anyone else hold it?" (`F_OFD_GETLK`), the holders' marks (an
 //! exclusive holder's by token, a shared or slotted holder's counted), a section's
 //! announcement on LOCK's directory ([`announce`]), and the two locks on LOCK's own file: the
-//! holder's exclusive flock for the whole holding ([`hold_lock_file`]) and a waiter's hint
+//! holder's exclusive flock (and OFD read lock) for the whole holding ([`hold_lock_file`]) and a waiter's hint
 //! ([`hint_waiting`]).
 //! Must never: block (except [`wait_free`], which a caller runs on its own thread); leave one of
 //! the two locks held when taking the other failed.
@@ -55,6 +55,9 @@ impl Where {
 
 /// The byte the exclusive lock covers (the mutex, a ticket).
 const LOCK_BYTE: i64 = 0;
+/// The byte of LOCK's own file that a holder's OFD read lock covers beside its flock
+/// ([`hold_lock_file`]): not [`LOCK_BYTE`], where waiters hint that they wait.
+const HOLDING_BYTE: i64 = 1;
 /// Where the holders' marks start: a holder of token `t` keeps byte `MARKS + t` of the mutex
 /// file read-locked for as long as it holds (see [`hold_mark`]) — apart from [`LOCK_BYTE`], so
 /// that holding never blocks the mutex.
@@ -148,13 +151,25 @@ pub(crate) fn try_exclusive(file: &File, at: Where) -> io::Result<bool> {
 /// the holder waits for it (PROTOCOL.md §10, "util-linux flock(1) on LOCK itself"). `Ok(false)`
 /// when someone else locks the file already (it is new and unpredictably named: only a
 /// directory writer who opened it meanwhile could).
+///
+/// Beside the flock, an OFD read lock on the file's byte [`HOLDING_BYTE`]: on the NFS server's
+/// own path that is what conflicts with the locks the server keeps for its clients (a client's
+/// flock(1) is a whole-file write lock there, which a local flock never meets), so flock(1) on
+/// a client waits for a holder on the server's path too (PROTOCOL.md §10). A read lock (the
+/// descriptor is read-only, as it must be) on its own byte: not counted as another program's
+/// exclusive lock (`mutex::exclusive_locker`), and apart from waiters' hints on the first byte.
 pub(crate) fn hold_lock_file(file: &File) -> io::Result<bool> {
-    flock(file, libc::LOCK_EX | libc::LOCK_NB)
+    if !flock(file, libc::LOCK_EX | libc::LOCK_NB)? {
+        return Ok(false);
+    }
+    ofd_at(file, libc::F_RDLCK as libc::c_short, false, HOLDING_BYTE)
 }
 
-/// Lets go of [`hold_lock_file`]'s lock (the job is over), before the file is closed.
+/// Lets go of [`hold_lock_file`]'s locks (the job is over), before the file is closed.
 pub(crate) fn let_go_lock_file(file: &File) -> io::Result<()> {
-    flock(file, libc::LOCK_UN).map(drop)
+    let r = ofd_at(file, libc::F_UNLCK as libc::c_short, false, HOLDING_BYTE).map(drop);
+    flock(file, libc::LOCK_UN)?;
+    r
 }
 
 /// A queued waiter's hint to the holder that it waits (local file systems): an OFD read lock on
@@ -466,6 +481,50 @@ mod tests {
             writable: false,
         };
         (dir, p, local)
+    }
+
+    /// The holder's locks on LOCK's own file: its flock keeps util-linux flock(1) out, and its
+    /// OFD read lock keeps out a whole-file byte-range write lock — the form an NFS server keeps
+    /// a client's flock(1) in on its own path, which a local flock never meets; neither meets a
+    /// waiter's hint on the first byte. Both go with `let_go_lock_file`.
+    #[test]
+    fn a_holder_of_lock_excludes_flock_and_whole_file_write_locks_until_it_lets_go() {
+        let (_dir, p, _) = fixture();
+        let holder = open(&p, false);
+        let waiter = open(&p, false);
+        let client = open(&p, true);
+        let whole_file_write = |f: &File| {
+            let fl = span(libc::F_WRLCK as libc::c_short, 0, 0);
+            match fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&fl)) {
+                Ok(_) => {
+                    let un = span(libc::F_UNLCK as libc::c_short, 0, 0);
+                    fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&un)).unwrap();
+                    true
+                }
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => false,
+                Err(e) => panic!("F_OFD_SETLK: {e}"),
+            }
+        };
+        assert!(whole_file_write(&client));
+        assert!(hold_lock_file(&holder).unwrap());
+        assert!(
+            !flock(&client, libc::LOCK_EX | libc::LOCK_NB).unwrap(),
+            "flock(1)'s lock is kept out"
+        );
+        assert!(
+            !whole_file_write(&client),
+            "an NFS server's lock for its client is kept out"
+        );
+        assert!(
+            hint_waiting(&waiter).unwrap(),
+            "a waiter's hint still goes in"
+        );
+        assert!(waiting_hinted(&holder).unwrap(), "and the holder sees it");
+        let_go_lock_file(&holder).unwrap();
+        assert!(flock(&client, libc::LOCK_EX | libc::LOCK_NB).unwrap());
+        flock(&client, libc::LOCK_UN).unwrap();
+        drop(waiter);
+        assert!(whole_file_write(&client), "both locks went");
     }
 
     /// A read-only holder's lock excludes a second holder (flock), is seen by a tester through

@@ -2,15 +2,17 @@
 # Real-NFS scenarios for leasehold, run inside the two lab guests (see lab.sh): mutual exclusion
 # across hosts, handoff, a frozen foreign waiter, a live foreign holder never broken, takeover
 # after a host crash (outside and inside the mutex, both bounded in time), the refusal
-# (exit 78) of host-local locks, and jobs on the NFS server's own path racing a client's. A setup step that times out fails its scenario, never goes on.
+# (exit 78) of host-local locks, jobs on the NFS server's own path racing a client's, and
+# util-linux flock(1) against leasehold across hosts and on the server's path (i). A setup step
+# that times out fails its scenario, never goes on.
 #
 #   bash tests/nfs/lab.sh setup
 #   LEASEHOLD_BIN=$PWD/target/release/leasehold bash tests/nfs/scenarios.sh
 #
 # Env: LEASEHOLD_BIN (required, absolute path of a host-built binary; it is copied into the export)
 #      LEASEHOLD_NFS_MODES (default "v4 v3local"), LEASEHOLD_NFS_ROUNDS (default 10 per host),
-#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f g h),
-#      LEASEHOLD_NFS_RACE_ROUNDS (scenario g's rounds, default 100).
+#      LEASEHOLD_NFS_ONLY (scenario letters to run, e.g. "f"; default all: a b c d e f g h i),
+#      LEASEHOLD_NFS_RACE_ROUNDS (scenarios g's and i's racing rounds, default 100).
 # Prints every check and the measured figures; the last line is `nfs: N passed, M failed`;
 # exits non-zero when anything failed (including a lab that cannot start on this machine).
 set -uo pipefail
@@ -29,6 +31,8 @@ T_ALL=$SECONDS
 ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
 bad() { FAIL=$((FAIL + 1)); FAILED+=("$*"); echo "FAIL - $*"; }
 fig() { FIGURES+=("$*"); echo "     # $*"; }
+# a known limit, measured (PROTOCOL.md §10 states it): shown and summed up, never a failure
+lim() { FIGURES+=("LIMIT: $*"); echo "lim  - $*"; }
 now() { date +%s.%N; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 # whether scenario $1 (a letter) is to run (LEASEHOLD_NFS_ONLY)
@@ -580,6 +584,182 @@ sc_deleted_elsewhere() {  # (h) LOCK removed by another host under a holder: the
     fig "[$mode] (h) cross-host window after LOCK's removal (ttl 3s): hosta fenced after $fenced_after s, overlap $overlap s"
 }
 
+# (i) util-linux flock(1) and leasehold on one LOCK across hosts and on the server's own path.
+# Markers, not sleeps, give the order: a job rewrites its state file ("held", then "ended")
+# in place before it ends, and whoever gets in next reads it (close-to-open: a re-open sees the
+# new bytes). The go signal is a file's content for the same reason (a name looked up and found
+# missing stays invisible on a client for 10-29 s). A 2 s pause before the release only gives
+# the blocked side time to reach its lock call; the order check does not rely on it.
+# i_job NAME: a job for `-c`: writes held, waits for go, writes ended (paths as the runner sees
+# them: $1 = the folder in that host's view)
+i_job() { echo "echo held >$1/$2.state; until [ \"\$(cat $1/$2.go)\" = go ]; do sleep 0.1; done; echo ended >$1/$2.state; date +%s.%N >$1/$2.end"; }
+# i_next NAME: the blocked side's job: records what the holder's state was when it got in
+i_next() { echo "date +%s.%N >$1/$2.next; cat $1/$2.state >$1/$2.seen"; }
+# i_order MODE LABEL NAME HOLDERPID WAITERPID [HOST-SIDE]: releases the holder and checks that
+# the waiter got in only after the holder's job ended
+i_order() {
+    local mode=$1 label=$2 n=$3 hp=$4 wp=$5 d=$E/i
+    wait_file "$d/$n.waiting" 60 || { bad "[$mode] (i) $label: the waiter never started"; echo go >"$d/$n.go"; wait $hp $wp; return 1; }
+    sleep 2
+    if [ -e "$d/$n.next" ]; then
+        local v=bad; [ -n "${I_LIMIT:-}" ] && v=lim
+        $v "[$mode] (i) $label: the waiter got in while the holder held (saw: $(cat "$d/$n.seen" 2>/dev/null))"
+        echo go >"$d/$n.go"; wait $hp $wp; return 1
+    fi
+    echo go >"$d/$n.go"
+    wait $hp; wait $wp
+    local seen; seen=$(cat "$d/$n.seen" 2>/dev/null)
+    if [ "$seen" = ended ] && [ -s "$d/$n.end" ] && [ -s "$d/$n.next" ]; then
+        local dt; dt=$(sub "$(cat "$d/$n.next")" "$(cat "$d/$n.end")")
+        ok "[$mode] (i) $label: the waiter got in only after the holder's job ended ($dt s later)"
+        fig "[$mode] (i) $label: waiter in $dt s after the holder's job ended"
+    else
+        bad "[$mode] (i) $label: waiter saw the holder's state '${seen:-nothing}' (wanted ended)"
+    fi
+}
+
+sc_flock_coexist() {
+    local mode=$1 d=$E/i n=${LEASEHOLD_NFS_RACE_ROUNDS:-100} out hp wp t0=$SECONDS
+    rm -rf "$d" "$E"/i[0-9].lock "$E"/.i[0-9].lock.leasehold-*
+    mkdir -p "$d"
+    echo "-- (i) util-linux flock(1) and leasehold on one LOCK: across hosts and on the server's own path"
+    local s; for s in 1 2 3 4 5 6; do : >"$d/$s.go"; done
+
+    # 1. leasehold holds on hosta; flock(1) on hostb. A known limit, measured, not a failure
+    # (PROTOCOL.md §10): on NFS the holder keeps no lock on LOCK's file (LOCK is never kept open
+    # there beyond one read, §9), so flock(1) on another client does not wait for it. Counted
+    # as passed the day it does.
+    gx 180 hosta "$LH run -q --poll $G/i1.lock -c '$(i_job "$G/i" 1)'" >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/1.state" 60; then
+        out=$(gx 30 hostb "/usr/bin/flock -n $G/i1.lock -c 'echo granted'; echo rc=\$?")
+        [ "$(echo $out)" = "rc=1" ] && ok "[$mode] (i) 1. leasehold run holds on hosta: /usr/bin/flock -n on hostb exits 1" ||
+            lim "[$mode] (i) 1. leasehold run holds on hosta: /usr/bin/flock -n on hostb: $(echo $out) (the holder keeps no lock on NFS)"
+        gx 180 hostb "echo w >$G/i/1.waiting; /usr/bin/flock $G/i1.lock -c '$(i_next "$G/i" 1)'" >/dev/null 2>&1 &
+        wp=$!
+        I_LIMIT=1 i_order "$mode" "1. /usr/bin/flock on hostb waits for leasehold run on hosta" 1 $hp $wp
+    else
+        bad "[$mode] (i) 1. the leasehold holder on hosta never started"; echo go >"$d/1.go"; wait $hp
+    fi
+
+    # 2. flock(1) holds on hosta; leasehold on hostb
+    gx 180 hosta "/usr/bin/flock $G/i2.lock -c '$(i_job "$G/i" 2)'" >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/2.state" 60; then
+        out=$(gx 30 hostb "$LH run -q -n --poll $G/i2.lock -c 'echo granted'; echo rc=\$?" 2>&1)
+        [ "$(echo $out)" = "rc=75" ] && ok "[$mode] (i) 2. /usr/bin/flock holds on hosta: leasehold run -n on hostb exits 75" ||
+            bad "[$mode] (i) 2. /usr/bin/flock holds on hosta: leasehold run -n on hostb: $(echo $out) (wanted rc=75)"
+        gx 180 hostb "echo w >$G/i/2.waiting; $LH run -q --poll -w 90s $G/i2.lock -c '$(i_next "$G/i" 2)'" >/dev/null 2>&1 &
+        wp=$!
+        i_order "$mode" "2. leasehold run on hostb waits for /usr/bin/flock on hosta" 2 $hp $wp
+    else
+        bad "[$mode] (i) 2. the flock(1) holder on hosta never started"; echo go >"$d/2.go"; wait $hp
+    fi
+
+    # 3. flock(1) holds on hosta; leasehold on the server's own path
+    gx 180 hosta "/usr/bin/flock $G/i3.lock -c '$(i_job "$G/i" 3)'" >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/3.state" 60; then
+        "$LEASEHOLD_BIN" run -q -n "$E/i3.lock" -c 'echo granted' >"$d/3.n.out" 2>&1
+        local rc=$?
+        [ $rc = 75 ] && ok "[$mode] (i) 3. /usr/bin/flock holds on hosta: leasehold run -n on the server's path exits 75" ||
+            bad "[$mode] (i) 3. /usr/bin/flock holds on hosta: leasehold run -n on the server's path exited $rc (wanted 75): $(cat "$d/3.n.out")"
+        ( echo w >"$d/3.waiting"; timeout -k 5 180 "$LEASEHOLD_BIN" run -q -w 90s "$E/i3.lock" -c "$(i_next "$d" 3)" ) >/dev/null 2>&1 &
+        wp=$!
+        i_order "$mode" "3. leasehold run on the server's path waits for /usr/bin/flock on hosta" 3 $hp $wp
+    else
+        bad "[$mode] (i) 3. the flock(1) holder on hosta never started"; echo go >"$d/3.go"; wait $hp
+    fi
+
+    # 4. leasehold holds on the server's own path; flock(1) on hosta
+    ( timeout -k 5 180 "$LEASEHOLD_BIN" run -q "$E/i4.lock" -c "$(i_job "$d" 4)" ) >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/4.state" 60; then
+        out=$(gx 30 hosta "/usr/bin/flock -n $G/i4.lock -c 'echo granted'; echo rc=\$?")
+        [ "$(echo $out)" = "rc=1" ] && ok "[$mode] (i) 4. leasehold run holds on the server's path: /usr/bin/flock -n on hosta exits 1" ||
+            bad "[$mode] (i) 4. leasehold run holds on the server's path: /usr/bin/flock -n on hosta: $(echo $out) (wanted rc=1)"
+        gx 180 hosta "echo w >$G/i/4.waiting; /usr/bin/flock $G/i4.lock -c '$(i_next "$G/i" 4)'" >/dev/null 2>&1 &
+        wp=$!
+        i_order "$mode" "4. /usr/bin/flock on hosta waits for leasehold run on the server's path" 4 $hp $wp
+    else
+        bad "[$mode] (i) 4. the leasehold holder on the server's path never started"; echo go >"$d/4.go"; wait $hp
+    fi
+
+    # 5. known limit, measured, not a failure: flock(1) on the server's own path takes a flock(2),
+    # which never meets the byte-range locks the server keeps for its clients, so no client sees
+    # it: neither leasehold nor flock(1) itself.
+    ( timeout -k 5 120 /usr/bin/flock "$E/i5.lock" -c "$(i_job "$d" 5)" ) >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/5.state" 60; then
+        local lrc frc
+        gx 30 hosta "$LH run -q -n --poll $G/i5.lock -c true" >/dev/null 2>&1; lrc=$?
+        gx 30 hostb "/usr/bin/flock -n $G/i5.lock true"; frc=$?
+        echo go >"$d/5.go"; wait $hp
+        lim "[$mode] (i) 5. /usr/bin/flock holding on the server's own path is invisible to clients: leasehold run -n on hosta exits $lrc, /usr/bin/flock -n on hostb exits $frc (0 = got in; a flock(2) never meets the server's byte-range locks)"
+    else
+        echo go >"$d/5.go"; wait $hp; fig "[$mode] (i) 5. the server-local flock(1) holder never started (limit not measured)"
+    fi
+
+    # 6. race: /usr/bin/flock -n on hosta and leasehold run -n on the server's own path, one free
+    # LOCK, as (g): each critical section 0.3 s, the server side started 0-0.4 s after hosta's.
+    local r=$d/race i delay; mkdir -p "$r"
+    echo "   (i) 6. $n racing rounds: /usr/bin/flock -n on hosta against leasehold run -n on the server's path"
+    local t6=$SECONDS
+    for i in $(seq "$n"); do
+        gx 60 hosta "/usr/bin/flock -n $G/i6.lock sh $G/cs.sh $G/i/race 0.3 2>>$G/i/race/err.client; echo \$? >>$G/i/race/rc.client" >/dev/null 2>&1 &
+        local gp=$!
+        delay=$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 400 / 1000 }')
+        sleep "$delay"
+        "$LEASEHOLD_BIN" run -q -n --ttl 5s "$E/i6.lock" -- sh "$E/cs.sh" "$r" 0.3 2>>"$r/err.server"
+        echo $? >>"$r/rc.server"
+        wait $gp
+    done
+    local res
+    res=$($PY - "$r" "$n" <<'EOF'
+import glob, os, sys
+from collections import Counter
+d, n = sys.argv[1], int(sys.argv[2])
+problems = []
+def codes(side):
+    p = os.path.join(d, "rc." + side)
+    return [l.strip() for l in open(p)] if os.path.exists(p) else []
+c, s = codes("client"), codes("server")
+for side, cs, want in (("client flock(1)", c, ("0", "1")), ("server leasehold", s, ("0", "75"))):
+    if len(cs) != n: problems.append("%s finished %d of %d rounds" % (side, len(cs), n))
+    odd = Counter(x for x in cs if x not in want)
+    if odd: problems.append("%s exit statuses other than %s: %s" % (side, " or ".join(want), dict(odd)))
+overlaps = []
+for f in glob.glob(os.path.join(d, "overlap.*")):
+    overlaps += open(f).read().strip().split("\n")
+# A flock(1) that opened LOCK's file just before a contender renamed its lease over it, and
+# locked it just after the contender looked, holds a file nobody looks at (PROTOCOL.md §10,
+# known limit): on NFS the client's open and lock are two round trips apart. Up to one round
+# in 20 is reported as that limit; more is a failure (before the holder's OFD lock: 13 in 30).
+if len(overlaps) > n // 20: problems.append("OVERLAP x%d: %s" % (len(overlaps), "; ".join(overlaps[:5])))
+limits = ["LIMIT %d overlap(s) (at most %d allowed as the known window): %s" % (len(overlaps), n // 20, "; ".join(overlaps[:5]))] if overlaps and len(overlaps) <= n // 20 else []
+refused = c.count("1") + s.count("75")
+if refused < max(5, n // 10): problems.append("only %d refusals in %d rounds: the two sides rarely met" % (refused, n))
+if c.count("0") == 0 or s.count("0") == 0: problems.append("one side never ran its command")
+# flock(1) is refused only if it sees leasehold's holder (before the holder's locks: 0 in 30)
+if c.count("1") < max(3, n // 10): problems.append("flock(1) refused only %d times: it does not see leasehold's holder" % c.count("1"))
+print("rounds=%d overlaps=%d client flock(1): %d ran, %d refused; server leasehold: %d ran, %d refused" % (n, len(overlaps), c.count("0"), c.count("1"), s.count("0"), s.count("75")))
+for l in limits: print(l)
+for p in problems: print("PROBLEM " + p)
+EOF
+)
+    echo "$res" | sed 's/^/    /'
+    [ -s "$r/err.server" ] && sort "$r/err.server" | uniq -c | sort -rn | head -5 | sed 's/^/    server stderr: /'
+    [ -s "$r/err.client" ] && sort "$r/err.client" | uniq -c | sort -rn | head -5 | sed 's/^/    client stderr: /'
+    while read -r _ note; do lim "[$mode] (i) 6. $note"; done < <(echo "$res" | grep '^LIMIT')
+    if echo "$res" | grep -q PROBLEM; then
+        bad "[$mode] (i) 6. /usr/bin/flock -n on a client racing leasehold run -n on the server's path"
+    else
+        ok "[$mode] (i) 6. /usr/bin/flock -n on a client racing leasehold run -n on the server's path: overlaps within the known window (at most 1 in 20), every exit 0/1 (flock) and 0/75 (leasehold) ($(echo "$res" | head -1))"
+    fi
+    fig "[$mode] (i) 6. $(echo "$res" | head -1) in $((SECONDS - t6)) s"
+    fig "[$mode] (i) took $((SECONDS - t0)) s"
+}
+
 sc_local_lock() {  # (d) refuse host-local kernel locks by default
     local mode=$1 out rc
     echo "-- (d) local_lock=all mount: leasehold must refuse by default"
@@ -610,6 +790,7 @@ for mode in $MODES; do
             want f && sc_frozen_waiter "$mode"
             # before (b) and (b2), which crash hosta and then hostb (hostb is not booted again)
             want h && sc_deleted_elsewhere "$mode"
+            want i && sc_flock_coexist "$mode"
             { want b || want c; } && sc_foreign_holder "$mode"
             want b && sc_crash_in_mutex "$mode"
             want g && sc_server_path "$mode"
