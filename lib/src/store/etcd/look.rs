@@ -341,7 +341,7 @@ pub(crate) fn break_key(conn: &Conn, kv: Option<&KeyValue>, mode: BreakMode) -> 
             how: format!("broken: {}", v.reason),
             by: Some(breaker(&me)),
         };
-        super::ending::broken(&conn, kv, &lease, &ended, false);
+        super::ending::broken(conn, kv, &lease, &ended, false);
         conn.revoke("revoke the lease", CALL_TIMEOUT, kv.lease())?;
         return Ok(out);
     }
