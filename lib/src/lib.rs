@@ -44,15 +44,19 @@ compile_error!(
      locks, CLOCK_BOOTTIME timers and /proc, which this target does not have"
 );
 
+// Every Linux-only kernel interface that has a module of its own (os/linux/mod.rs says which);
+// re-exported under their old names so that `crate::klock::…` and the like keep working.
+#[cfg(target_os = "linux")]
+mod os;
+#[cfg(target_os = "linux")]
+use os::linux::{boottime, cancel, fsinfo, klock};
+
 mod acquire;
-mod boottime;
 mod builder;
-mod cancel;
 mod clock;
 mod ending;
 mod epoch;
 mod error;
-mod fsinfo;
 mod fsio;
 mod grave;
 mod guard;
@@ -60,7 +64,6 @@ mod handover;
 mod identity;
 mod judge;
 mod keeper;
-mod klock;
 mod lockdir;
 mod loss;
 mod mutex;

@@ -16,7 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use nix::fcntl::OFlag;
 use crate::error::{Error, Result};
 use crate::klock::{self, Where};
 use crate::lockdir::{Meta, user_name};
+use crate::os::linux::procfs::proc_locks;
 use crate::paths::LockPaths;
 use crate::process;
 use crate::store::StuckPolicy;
@@ -742,60 +743,6 @@ pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
     }) || dir.reopen().is_ok_and(|d| {
         region.marked(&d, 0).unwrap_or(false) || region.shared_marks(&d, 1).is_ok_and(|n| n > 0)
     })
-}
-
-/// One lock on a file's inode as /proc/locks lists it: granted, or a request blocked for it.
-struct ProcLock {
-    /// `FLOCK`, `POSIX` or `OFDLCK`.
-    kind: String,
-    /// `WRITE` (exclusive) or `READ`.
-    exclusive: bool,
-    /// The owning process; OFD locks show -1 (no process owns them).
-    pid: i32,
-    /// A request still waiting for the lock (a `->` line), not a lock held.
-    blocked: bool,
-}
-
-/// Every lock held on, and every request blocked for, `file`'s inode, by /proc/locks (this
-/// host's locks only).
-fn proc_locks(file: &File) -> Vec<ProcLock> {
-    let Ok(meta) = file.metadata() else {
-        return Vec::new();
-    };
-    let (maj, min, ino) = (
-        nix::sys::stat::major(meta.dev()),
-        nix::sys::stat::minor(meta.dev()),
-        meta.ino(),
-    );
-    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
-    // Most lines are other files' locks: skip them before splitting (a release looks here).
-    let needle = format!(":{ino} ");
-    text.lines()
-        .filter(|line| line.contains(&needle))
-        .filter_map(|line| {
-            // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
-            // behind it "1: -> FLOCK  ADVISORY  WRITE 1240 00:1f:5678 0 EOF".
-            let all: Vec<&str> = line.split_whitespace().collect();
-            let blocked = all.get(1) == Some(&"->");
-            let f = if blocked { &all[1..] } else { &all[..] };
-            if f.len() < 6 {
-                return None;
-            }
-            let mut dev = f[5].split(':');
-            let (a, b, i) = (dev.next()?, dev.next()?, dev.next()?);
-            let same = u64::from_str_radix(a, 16).ok() == Some(maj)
-                && u64::from_str_radix(b, 16).ok() == Some(min)
-                && i.parse::<u64>().ok() == Some(ino);
-            same.then(|| ProcLock {
-                kind: f[1].to_lowercase(),
-                exclusive: f[3] == "WRITE",
-                pid: f[4].parse().unwrap_or(-1),
-                blocked,
-            })
-        })
-        .collect()
 }
 
 /// Whether some process waits, blocked, for a kernel lock on `file`'s inode (a `->` line in

@@ -1,7 +1,8 @@
 //! Processes on this host, as /proc tells them: is a recorded holder still the process it was,
 //! who is left in its process group, and stopping a verified group.
 //!
-//! Owns: reading /proc/PID/stat (state, process group, start time), scanning for group members
+//! Owns: judging what /proc/PID/stat says (read and parsed in `os/linux/procfs.rs`, re-exported
+//! here as [`stat`] and [`ProcStat`]), scanning for group members
 //! and for the processes carrying a job's environment anywhere, the evidence that a process
 //! belongs to one lock's job (belongs / does not / cannot tell), and the one place that signals
 //! another job's processes (SIGKILL; SIGTERM and SIGCONT for the guardian's grace). Must never: signal a process
@@ -19,115 +20,9 @@ use std::path::Path;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
-/// What /proc says of one process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcStat {
-    /// Process id.
-    pub pid: i32,
-    /// State letter: R, S, D, T (stopped), Z (zombie), ...
-    pub state: char,
-    /// Parent process id.
-    pub ppid: i32,
-    /// Process group id.
-    pub pgrp: i32,
-    /// Start time in clock ticks after boot.
-    pub start: u64,
-    /// Effective uid (owner of /proc/PID).
-    pub uid: u32,
-}
-
-impl ProcStat {
-    /// True for a zombie or a dead task: it will never run again.
-    pub fn is_dead(&self) -> bool {
-        matches!(self.state, 'Z' | 'X' | 'x')
-    }
-}
-
-/// Reads /proc/PID/stat. `Ok(None)` when there is no such process.
-///
-/// ```
-/// let me = leasehold::process::stat(std::process::id() as i32).unwrap().unwrap();
-/// assert_eq!(me.pid, std::process::id() as i32);
-/// ```
-pub fn stat(pid: i32) -> io::Result<Option<ProcStat>> {
-    if pid <= 0 {
-        return Ok(None);
-    }
-    let gone = |e: &io::Error| {
-        e.kind() == io::ErrorKind::NotFound
-            || e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32)
-    };
-    let f = match fs::File::open(format!("/proc/{pid}/stat")) {
-        Ok(f) => f,
-        Err(e) if gone(&e) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    // The file belongs to the process's owner, like its /proc directory.
-    let uid = match f.metadata() {
-        Ok(m) => m.uid(),
-        Err(e) if gone(&e) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    // One read takes the whole line (a few hundred bytes); std's read_to_string would grow its
-    // buffer from 32 bytes, a system call each time.
-    let mut buf = vec![0u8; 1024];
-    let mut n = 0;
-    loop {
-        match std::io::Read::read(&mut (&f), &mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => {
-                n += k;
-                if buf[..n].ends_with(b"\n") {
-                    break;
-                }
-                if n == buf.len() {
-                    buf.resize(n * 2, 0);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if gone(&e) => return Ok(None),
-            Err(e) => return Err(e),
-        }
-    }
-    let text = String::from_utf8_lossy(&buf[..n]);
-    Ok(parse_stat(pid, &text, uid))
-}
-
-fn parse_stat(pid: i32, text: &str, uid: u32) -> Option<ProcStat> {
-    // comm may hold spaces and parentheses: the fields start after the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // f[0] = state (field 3), f[1] = ppid, f[2] = pgrp, f[19] = starttime (field 22)
-    Some(ProcStat {
-        pid,
-        state: f.first()?.chars().next()?,
-        ppid: f.get(1)?.parse().ok()?,
-        pgrp: f.get(2)?.parse().ok()?,
-        start: f.get(19)?.parse().ok()?,
-        uid,
-    })
-}
-
-/// The start time of this process (clock ticks after boot), for writing into our own lease.
-pub fn own_start_time() -> u64 {
-    // (pid, start): cached, and read again in a forked child.
-    static CACHE: std::sync::Mutex<(u32, u64)> = std::sync::Mutex::new((0, 0));
-    let pid = std::process::id();
-    if let Ok(c) = CACHE.lock()
-        && c.0 == pid
-    {
-        return c.1;
-    }
-    let start = stat(pid as i32)
-        .ok()
-        .flatten()
-        .map(|s| s.start)
-        .unwrap_or(0);
-    if let Ok(mut c) = CACHE.lock() {
-        *c = (pid, start);
-    }
-    start
-}
+#[cfg(test)]
+use crate::os::linux::procfs::parse_stat;
+pub use crate::os::linux::procfs::{ProcStat, own_start_time, stat};
 
 /// Whether a recorded process is still the one that was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

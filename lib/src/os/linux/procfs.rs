@@ -1,0 +1,176 @@
+//! Reading /proc: what the kernel says of a process (`/proc/PID/stat`) and of the kernel locks
+//! on an inode (`/proc/locks`), parsed into plain values.
+//!
+//! Owns: opening and parsing those files, and telling "no such process" from "cannot read".
+//! Must never: judge what it reads (whether a process is a lock's job, whether a lock is stuck:
+//! `process.rs` and `mutex.rs` do), signal anyone, or fail on any text the kernel gives.
+
+use std::fs;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+
+/// What /proc says of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Process id.
+    pub pid: i32,
+    /// State letter: R, S, D, T (stopped), Z (zombie), ...
+    pub state: char,
+    /// Parent process id.
+    pub ppid: i32,
+    /// Process group id.
+    pub pgrp: i32,
+    /// Start time in clock ticks after boot.
+    pub start: u64,
+    /// Effective uid (owner of /proc/PID).
+    pub uid: u32,
+}
+
+impl ProcStat {
+    /// True for a zombie or a dead task: it will never run again.
+    pub fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Reads /proc/PID/stat. `Ok(None)` when there is no such process.
+///
+/// ```
+/// let me = leasehold::process::stat(std::process::id() as i32).unwrap().unwrap();
+/// assert_eq!(me.pid, std::process::id() as i32);
+/// ```
+pub fn stat(pid: i32) -> io::Result<Option<ProcStat>> {
+    if pid <= 0 {
+        return Ok(None);
+    }
+    let gone = |e: &io::Error| {
+        e.kind() == io::ErrorKind::NotFound
+            || e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32)
+    };
+    let f = match fs::File::open(format!("/proc/{pid}/stat")) {
+        Ok(f) => f,
+        Err(e) if gone(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The file belongs to the process's owner, like its /proc directory.
+    let uid = match f.metadata() {
+        Ok(m) => m.uid(),
+        Err(e) if gone(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // One read takes the whole line (a few hundred bytes); std's read_to_string would grow its
+    // buffer from 32 bytes, a system call each time.
+    let mut buf = vec![0u8; 1024];
+    let mut n = 0;
+    loop {
+        match std::io::Read::read(&mut (&f), &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => {
+                n += k;
+                if buf[..n].ends_with(b"\n") {
+                    break;
+                }
+                if n == buf.len() {
+                    buf.resize(n * 2, 0);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    let text = String::from_utf8_lossy(&buf[..n]);
+    Ok(parse_stat(pid, &text, uid))
+}
+
+/// Parses the text of /proc/PID/stat; `None` when it is not one.
+pub(crate) fn parse_stat(pid: i32, text: &str, uid: u32) -> Option<ProcStat> {
+    // comm may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] = state (field 3), f[1] = ppid, f[2] = pgrp, f[19] = starttime (field 22)
+    Some(ProcStat {
+        pid,
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        start: f.get(19)?.parse().ok()?,
+        uid,
+    })
+}
+
+/// The start time of this process (clock ticks after boot), for writing into our own lease.
+pub fn own_start_time() -> u64 {
+    // (pid, start): cached, and read again in a forked child.
+    static CACHE: std::sync::Mutex<(u32, u64)> = std::sync::Mutex::new((0, 0));
+    let pid = std::process::id();
+    if let Ok(c) = CACHE.lock()
+        && c.0 == pid
+    {
+        return c.1;
+    }
+    let start = stat(pid as i32)
+        .ok()
+        .flatten()
+        .map(|s| s.start)
+        .unwrap_or(0);
+    if let Ok(mut c) = CACHE.lock() {
+        *c = (pid, start);
+    }
+    start
+}
+
+/// One lock on a file's inode as /proc/locks lists it: granted, or a request blocked for it.
+pub(crate) struct ProcLock {
+    /// `FLOCK`, `POSIX` or `OFDLCK`.
+    pub(crate) kind: String,
+    /// `WRITE` (exclusive) or `READ`.
+    pub(crate) exclusive: bool,
+    /// The owning process; OFD locks show -1 (no process owns them).
+    pub(crate) pid: i32,
+    /// A request still waiting for the lock (a `->` line), not a lock held.
+    pub(crate) blocked: bool,
+}
+
+/// Every lock held on, and every request blocked for, `file`'s inode, by /proc/locks (this
+/// host's locks only).
+pub(crate) fn proc_locks(file: &File) -> Vec<ProcLock> {
+    let Ok(meta) = file.metadata() else {
+        return Vec::new();
+    };
+    let (maj, min, ino) = (
+        nix::sys::stat::major(meta.dev()),
+        nix::sys::stat::minor(meta.dev()),
+        meta.ino(),
+    );
+    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    // Most lines are other files' locks: skip them before splitting (a release looks here).
+    let needle = format!(":{ino} ");
+    text.lines()
+        .filter(|line| line.contains(&needle))
+        .filter_map(|line| {
+            // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
+            // behind it "1: -> FLOCK  ADVISORY  WRITE 1240 00:1f:5678 0 EOF".
+            let all: Vec<&str> = line.split_whitespace().collect();
+            let blocked = all.get(1) == Some(&"->");
+            let f = if blocked { &all[1..] } else { &all[..] };
+            if f.len() < 6 {
+                return None;
+            }
+            let mut dev = f[5].split(':');
+            let (a, b, i) = (dev.next()?, dev.next()?, dev.next()?);
+            let same = u64::from_str_radix(a, 16).ok() == Some(maj)
+                && u64::from_str_radix(b, 16).ok() == Some(min)
+                && i.parse::<u64>().ok() == Some(ino);
+            same.then(|| ProcLock {
+                kind: f[1].to_lowercase(),
+                exclusive: f[3] == "WRITE",
+                pid: f[4].parse().unwrap_or(-1),
+                blocked,
+            })
+        })
+        .collect()
+}
