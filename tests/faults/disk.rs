@@ -482,6 +482,42 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
     );
 }
 
+/// A fresh loop-mounted ext4 with no periodic journal commit while the test runs (`commit=600`):
+/// only what leasehold syncs reaches the disk before it is shut down. `None` (the test skips,
+/// saying why, or fails under CI) without root, the tools or a loop device.
+fn uncommitted_disk() -> Option<LoopExt4> {
+    if support::need_root()
+        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
+    {
+        return None;
+    }
+    let disk = match LoopExt4::new() {
+        Ok(d) => d,
+        Err(why) => {
+            support::skip(true, &format!("cannot attach a loop device here: {why}"));
+            return None;
+        }
+    };
+    let st = Command::new("mount")
+        .args(["-o", "remount,commit=600"])
+        .arg(&disk.mnt)
+        .status()
+        .expect("mount -o remount");
+    assert!(st.success(), "remount with commit=600: {st}");
+    Some(disk)
+}
+
+/// The first run on a disk, which records its epoch (synced) with the longest TTL, 2 s.
+fn first_run(lock: &Path) {
+    let st = support::lh()
+        .args(["run", "--ttl", "2s"])
+        .arg(lock)
+        .args(["--", "true"])
+        .status()
+        .expect("first run");
+    assert_eq!(support::code(st), 0, "the first run");
+}
+
 /// Durability per mount epoch (PROTOCOL.md §8): once a run has recorded the disk's epoch
 /// (which attachment of which device, this boot, the longest TTL), later leases on it are not
 /// synced. The disk drops off under such an unsynced lease (its journal is never committed:
@@ -492,38 +528,15 @@ fn a_disk_that_drops_off_and_comes_back_in_the_same_boot_still_shows_the_lease_s
 /// wrapper, is gone. Without the grace the next run entered beside it.
 #[test]
 fn a_disk_that_drops_off_under_an_unsynced_lease_holds_every_contender_for_the_longest_ttl() {
-    if support::need_root()
-        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
-    {
+    let Some(disk) = uncommitted_disk() else {
         return;
-    }
-    let disk = match LoopExt4::new() {
-        Ok(d) => d,
-        Err(why) => {
-            support::skip(true, &format!("cannot attach a loop device here: {why}"));
-            return;
-        }
     };
-    // No periodic journal commit while the test runs: only what leasehold syncs reaches the
-    // disk before it is shut down.
-    let st = Command::new("mount")
-        .args(["-o", "remount,commit=600"])
-        .arg(&disk.mnt)
-        .status()
-        .expect("mount -o remount");
-    assert!(st.success(), "remount with commit=600: {st}");
     let w = work();
     let cs = Cs::new(w.path(), "cs");
     cs.allow_fenced();
     let lock = disk.mnt.join("job.lock");
     // The first run on this disk records its epoch (synced), with the longest TTL, 2 s.
-    let st = support::lh()
-        .args(["run", "--ttl", "2s"])
-        .arg(&lock)
-        .args(["--", "true"])
-        .status()
-        .expect("first run");
-    assert_eq!(support::code(st), 0, "the first run");
+    first_run(&lock);
     let epoch = disk.mnt.join(".job.lock.leasehold-epoch");
     let recorded = fs::read_to_string(&epoch).expect("the epoch record");
     let mut old = Proc::spawn(
@@ -602,35 +615,14 @@ fn a_disk_that_drops_off_under_an_unsynced_lease_holds_every_contender_for_the_l
 /// neither the lease nor a record, and the next run entered beside the old command.
 #[test]
 fn a_holder_whose_epoch_record_is_removed_syncs_its_lease_at_its_next_renewal() {
-    if support::need_root()
-        || support::need_tools(&["losetup", "mkfs.ext4", "truncate", "mount", "umount", "sh"])
-    {
+    let Some(disk) = uncommitted_disk() else {
         return;
-    }
-    let disk = match LoopExt4::new() {
-        Ok(d) => d,
-        Err(why) => {
-            support::skip(true, &format!("cannot attach a loop device here: {why}"));
-            return;
-        }
     };
-    let st = Command::new("mount")
-        .args(["-o", "remount,commit=600"])
-        .arg(&disk.mnt)
-        .status()
-        .expect("mount -o remount");
-    assert!(st.success(), "remount with commit=600: {st}");
     let w = work();
     let cs = Cs::new(w.path(), "cs");
     cs.allow_fenced();
     let lock = disk.mnt.join("job.lock");
-    let st = support::lh()
-        .args(["run", "--ttl", "2s"])
-        .arg(&lock)
-        .args(["--", "true"])
-        .status()
-        .expect("first run");
-    assert_eq!(support::code(st), 0, "the first run");
+    first_run(&lock);
     let mut old = Proc::spawn(
         support::lh()
             .args(cs.hold_args(&["--ttl", "2s"], &lock, "old"))
