@@ -78,8 +78,9 @@ const BLOCKED_TAKES_WITHIN: std::time::Duration = std::time::Duration::from_secs
 
 /// The release of a lease whose file (`f`, LOCK as we renamed it into place, holding `bytes`)
 /// another program waits on, blocked for our flock: util-linux flock(1) on LOCK. Lets go of the
-/// flock, waits (at most [`BLOCKED_TAKES_WITHIN`]) until another process holds a lock on the
-/// file — the kernel woke the blocked one, which then takes it —, and only then sets the
+/// flock, waits (at most [`BLOCKED_TAKES_WITHIN`]) until another process holds an exclusive
+/// lock on the file (`mutex::exclusively_locked`, tested atomically: a look at /proc/locks
+/// can skip it) — the kernel woke the blocked one, which then takes it —, and only then sets the
 /// released bit in place: the file stays LOCK, so the program runs on the file every contender
 /// looks at, and a contender that reads the released record finds its lock and waits for it
 /// (`mutex::exclusive_locker`). A full released record renamed over the file instead would
@@ -94,7 +95,7 @@ pub(crate) fn release_to_blocked(
     let _ = crate::klock::let_go_lock_file(&f);
     let until = std::time::Instant::now() + BLOCKED_TAKES_WITHIN;
     let mut nap = std::time::Duration::from_micros(100);
-    while !crate::mutex::locked_by_another_process(&f) && std::time::Instant::now() < until {
+    while !crate::mutex::exclusively_locked(&f) && std::time::Instant::now() < until {
         std::thread::sleep(nap);
         nap = (nap * 2).min(std::time::Duration::from_millis(10));
     }

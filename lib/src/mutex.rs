@@ -746,18 +746,37 @@ pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
 }
 
 /// Whether some process waits, blocked, for a kernel lock on `file`'s inode (a `->` line in
-/// /proc/locks): e.g. util-linux flock(1) waiting for a holder's lock on LOCK's own file.
+/// /proc/locks): e.g. util-linux flock(1) waiting for a holder's flock on LOCK's own file. A
+/// read of /proc/locks can skip a lock (`procfs::proc_locks_read`), and a blocked request is
+/// listed with the lock it waits for: when `file` itself holds the exclusive flock (its fdinfo
+/// says so), a read that shows that flock shows its waiters too, so the file is read again (a
+/// few times) until it does; if it never does, yes — someone may wait (the caller then lets go
+/// and waits a moment for a taker, which is safe). /proc/locks unreadable: no.
 pub(crate) fn someone_blocked(file: &File) -> bool {
-    proc_locks(file).iter().any(|l| l.blocked)
+    let ours = crate::os::linux::procfs::holds_exclusive_flock(file).unwrap_or(false);
+    for _ in 0..4 {
+        let Some(locks) = crate::os::linux::procfs::proc_locks_read(file) else {
+            return false;
+        };
+        // Only one exclusive flock can be held on an inode: ours, when we hold it.
+        if !ours
+            || locks
+                .iter()
+                .any(|l| l.kind == "flock" && l.exclusive && !l.blocked)
+        {
+            return locks.iter().any(|l| l.blocked);
+        }
+    }
+    true
 }
 
-/// Whether a process other than this one holds a kernel lock on `file`'s inode that names it
-/// (a flock or POSIX lock; OFD locks, such as waiters' hints, name no process).
-pub(crate) fn locked_by_another_process(file: &File) -> bool {
-    let me = std::process::id() as i32;
-    proc_locks(file)
-        .iter()
-        .any(|l| !l.blocked && l.pid > 0 && l.pid != me)
+/// Whether another open file description holds an exclusive lock on `file`'s inode now — a
+/// flock (util-linux flock(1) that took it) or a byte-range write lock —, tested atomically
+/// (`klock::flock_held_exclusively`, `klock::range_write_locked`), not by a read of
+/// /proc/locks, which can skip a lock. `file` must hold no flock itself. An error says yes.
+pub(crate) fn exclusively_locked(file: &File) -> bool {
+    klock::flock_held_exclusively(file).unwrap_or(true)
+        || klock::range_write_locked(file).unwrap_or(true)
 }
 
 /// A pid seen holding the kernel lock on `file`'s inode in /proc/locks. OFD locks name no
@@ -771,20 +790,50 @@ pub(crate) fn holder_pid(file: &File) -> Option<i32> {
         .find(|&p| p > 0)
 }
 
-/// Who holds an exclusive (`WRITE`) kernel lock of any kind on `file`'s inode, by
-/// /proc/locks, in words — `pid 812 (user bob, state S, flock lock)` — if anyone does (this
-/// host's locks only). Shared locks are not counted. A leasehold holder holds one on the file
-/// its lease is in for the whole holding (`klock::hold_lock_file`), and lets go of it before
-/// its record says released; so a contender asking when LOCK's record would let it in
-/// (released, emptied, or a holder gone) counts every such lock as another program's —
-/// conservatively, a leasehold holder whose record was emptied under it too: it is still
-/// running (PROTOCOL.md §10).
-/// A lock whose pid `own` says is a leasehold holder of this lock (checked on the kernel's
+/// Who holds an exclusive (`WRITE`) kernel lock of any kind on `file`'s inode, in words —
+/// `pid 812 (user bob, state S, flock lock)` — if anyone does (this host's locks only). Shared
+/// locks are not counted. A leasehold holder holds one on the file its lease is in for the
+/// whole holding (`klock::hold_lock_file`), and lets go of it before its record says released;
+/// so a contender asking when LOCK's record would let it in (released, emptied, or a holder
+/// gone) counts every such lock as another program's — conservatively, a leasehold holder
+/// whose record was emptied under it too: it is still running (PROTOCOL.md §10).
+/// A flock whose pid `own` says is a leasehold holder of this lock (checked on the kernel's
 /// evidence by the caller) is not counted.
+///
+/// Whether one is held is tested atomically ([`exclusively_locked`]); /proc/locks only names
+/// it. A lock /proc/locks does not show (a skipped line, another pid namespace) is still
+/// counted, as held by someone this host cannot name. `file` must hold no flock itself.
 pub(crate) fn exclusive_locker(file: &File, own: impl Fn(i32) -> bool) -> Option<String> {
-    let l = proc_locks(file)
-        .into_iter()
-        .find(|l| l.exclusive && !l.blocked && !(l.pid > 0 && own(l.pid)))?;
+    let flock = klock::flock_held_exclusively(file).unwrap_or(true);
+    let range = klock::range_write_locked(file).unwrap_or(true);
+    if !flock && !range {
+        return None;
+    }
+    // Two reads: a lock one of them skipped is seen in the other.
+    let seen: Vec<_> = (0..2)
+        .flat_map(|_| proc_locks(file))
+        .filter(|l| l.exclusive && !l.blocked)
+        .collect();
+    let by_flock = |l: &&crate::os::linux::procfs::ProcLock| l.kind == "flock";
+    // Only one exclusive flock can be held on an inode at a time: if it is `own`'s, the flock
+    // is no other program's.
+    let flock_foreign = flock
+        && !seen
+            .iter()
+            .filter(by_flock)
+            .any(|l| l.pid > 0 && own(l.pid));
+    if !flock_foreign && !range {
+        return None;
+    }
+    let l = seen
+        .iter()
+        .find(|l| if by_flock(l) { flock_foreign } else { range });
+    let Some(l) = l else {
+        let kind = if flock_foreign { "flock" } else { "byte-range" };
+        return Some(format!(
+            "a process this host cannot name ({kind} lock; /proc/locks does not show it)"
+        ));
+    };
     let kind = &l.kind;
     let proc = (l.pid > 0)
         .then(|| process::stat(l.pid).ok().flatten())
@@ -840,6 +889,113 @@ fn judge_stuck(file: &File, policy: StuckPolicy) {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+
+    /// Other locks on this host coming and going all the time (a busy host): threads that
+    /// flock and let go of their own files until `stop`, enough of them that /proc/locks spans
+    /// several pages.
+    fn churn(dir: &std::path::Path, stop: &std::sync::atomic::AtomicBool) {
+        use std::sync::atomic::Ordering;
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                s.spawn(move || {
+                    let files: Vec<File> = (0..40)
+                        .map(|i| File::create(dir.join(format!("churn-{t}-{i}"))).unwrap())
+                        .collect();
+                    while !stop.load(Ordering::Relaxed) {
+                        for f in &files {
+                            klock::flock_held_exclusively(f).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// A flock held by another description on LOCK's file is found by every look while other
+    /// locks on the host come and go — and so is a program blocked behind the holder's flock.
+    /// (When these looks read /proc/locks alone, a lock skipped between two of its pages let a
+    /// waiter take over beside util-linux flock(1), about once in four test runs under load.)
+    #[test]
+    fn a_held_flock_and_its_waiter_are_never_missed_while_other_locks_churn() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let d = tempfile::tempdir().unwrap();
+        let lock = d.path().join("job.lock");
+        std::fs::write(&lock, "").unwrap();
+        let held = File::open(&lock).unwrap();
+        assert!(klock::hold_lock_file(&held).unwrap());
+        let mut flock1 = std::process::Command::new("flock")
+            .arg(&lock)
+            .arg("true")
+            .spawn()
+            .unwrap();
+        let look = File::open(&lock).unwrap();
+        while !someone_blocked(&held) {
+            std::thread::yield_now();
+        }
+        let stop = AtomicBool::new(false);
+        let mut missed = (0, 0);
+        std::thread::scope(|s| {
+            s.spawn(|| churn(d.path(), &stop));
+            for _ in 0..300 {
+                missed.0 += usize::from(exclusive_locker(&look, |_| false).is_none());
+                missed.1 += usize::from(!someone_blocked(&held));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(missed, (0, 0), "(held flock, blocked waiter) missed");
+        // The holder's own flock is not counted when `own` names it, and nothing is once the
+        // holder lets go and the waiter has run.
+        assert!(exclusive_locker(&look, |p| p == std::process::id() as i32).is_none());
+        klock::let_go_lock_file(&held).unwrap();
+        assert!(flock1.wait().unwrap().success());
+        assert!(exclusive_locker(&look, |_| false).is_none());
+        assert!(!someone_blocked(&held));
+    }
+
+    /// The atomic tests of LOCK's file: an exclusive flock or a byte-range write lock held by
+    /// another description counts; a shared flock, a read lock (a waiter's hint, a holder's
+    /// byte) and our own description's flock do not.
+    #[test]
+    fn only_another_descriptions_exclusive_lock_counts_as_held() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("f");
+        let a = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let b = File::open(&path).unwrap();
+        assert!(!exclusively_locked(&b));
+        assert!(klock::hint_waiting(&a).unwrap());
+        assert!(!exclusively_locked(&b), "a read lock does not count");
+        // SAFETY: flock(2) on a descriptor we own.
+        assert_eq!(
+            unsafe { nix::libc::flock(a.as_raw_fd(), nix::libc::LOCK_SH) },
+            0
+        );
+        assert!(!exclusively_locked(&b), "a shared flock does not count");
+        assert_eq!(
+            unsafe { nix::libc::flock(a.as_raw_fd(), nix::libc::LOCK_EX) },
+            0
+        );
+        assert!(exclusively_locked(&b), "an exclusive flock counts");
+        assert!(crate::os::linux::procfs::holds_exclusive_flock(&a).unwrap());
+        assert!(!crate::os::linux::procfs::holds_exclusive_flock(&b).unwrap());
+        assert_eq!(
+            unsafe { nix::libc::flock(a.as_raw_fd(), nix::libc::LOCK_UN) },
+            0
+        );
+        assert!(!exclusively_locked(&b));
+        let mut fl: nix::libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = nix::libc::F_WRLCK as nix::libc::c_short;
+        fl.l_whence = nix::libc::SEEK_SET as nix::libc::c_short;
+        fl.l_start = 5;
+        fl.l_len = 1;
+        nix::fcntl::fcntl(&a, nix::fcntl::FcntlArg::F_OFD_SETLK(&fl)).unwrap();
+        assert!(exclusively_locked(&b), "a write lock anywhere counts");
+    }
 
     /// A new mutex file names its lock; an older leasehold's file (two token lines) is adopted
     /// and then names it too; another lock's mutex file and any other file are refused with 65,

@@ -215,12 +215,40 @@ pub(crate) fn held_by_other(file: &File, network: bool) -> io::Result<bool> {
     }
 }
 
+/// Whether another open file description holds an exclusive `flock(2)` on `file`'s inode
+/// right now (util-linux flock(1), a leasehold holder): a shared flock tried without waiting
+/// and let go at once. An atomic answer, unlike a read of /proc/locks, which the kernel hands
+/// out a page at a time and can skip a lock when others come and go between two pages. `file`
+/// must be a description that holds no flock itself (trying would convert its own lock).
+/// The try holds a shared lock for a moment: a flock(1) asking then waits until it is let go.
+pub(crate) fn flock_held_exclusively(file: &File) -> io::Result<bool> {
+    if flock(file, libc::LOCK_SH | libc::LOCK_NB)? {
+        flock(file, libc::LOCK_UN)?;
+        Ok(false)
+    } else {
+        Ok(true)
+    }
+}
+
+/// Whether anyone holds a byte-range write lock (POSIX or OFD) anywhere on `file`'s inode: a
+/// test that takes nothing (`F_OFD_GETLK` for a read lock over the whole file, which every
+/// write lock conflicts with and no read lock does — not waiters' hints, not a holder's).
+pub(crate) fn range_write_locked(file: &File) -> io::Result<bool> {
+    held_for(file, libc::F_RDLCK as libc::c_short, 0, 0)
+}
+
 fn held_at(file: &File, byte: i64) -> io::Result<bool> {
     held_in(file, byte, 1)
 }
 
 fn held_in(file: &File, byte: i64, len: i64) -> io::Result<bool> {
-    let mut fl = span(libc::F_WRLCK as libc::c_short, byte, len);
+    held_for(file, libc::F_WRLCK as libc::c_short, byte, len)
+}
+
+/// Whether a lock of kind `kind` on `len` bytes from `byte` would conflict with one held by
+/// another description (`F_OFD_GETLK`, which takes nothing).
+fn held_for(file: &File, kind: libc::c_short, byte: i64, len: i64) -> io::Result<bool> {
+    let mut fl = span(kind, byte, len);
     fcntl(file.as_fd(), FcntlArg::F_OFD_GETLK(&mut fl)).map_err(io::Error::from)?;
     Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
 }

@@ -136,20 +136,25 @@ pub(crate) struct ProcLock {
 /// Every lock held on, and every request blocked for, `file`'s inode, by /proc/locks (this
 /// host's locks only).
 pub(crate) fn proc_locks(file: &File) -> Vec<ProcLock> {
-    let Ok(meta) = file.metadata() else {
-        return Vec::new();
-    };
+    proc_locks_read(file).unwrap_or_default()
+}
+
+/// As [`proc_locks`], `None` when /proc/locks (or `file`) cannot be read at all. One read of
+/// /proc/locks is not a snapshot: the kernel hands it out a page at a time and locks that come
+/// and go between two pages shift the rest, so a lock can be skipped. Callers that must not
+/// miss one test it another way, or check that the read shows a lock they know is held.
+pub(crate) fn proc_locks_read(file: &File) -> Option<Vec<ProcLock>> {
+    let meta = file.metadata().ok()?;
     let (maj, min, ino) = (
         nix::sys::stat::major(meta.dev()),
         nix::sys::stat::minor(meta.dev()),
         meta.ino(),
     );
-    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
     // Most lines are other files' locks: skip them before splitting (a release looks here).
     let needle = format!(":{ino} ");
-    text.lines()
+    let locks = text
+        .lines()
         .filter(|line| line.contains(&needle))
         .filter_map(|line| {
             // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
@@ -172,5 +177,21 @@ pub(crate) fn proc_locks(file: &File) -> Vec<ProcLock> {
                 blocked,
             })
         })
-        .collect()
+        .collect();
+    Some(locks)
+}
+
+/// Whether the open file description `file` itself holds an exclusive `flock(2)` (its
+/// `/proc/self/fdinfo` entry lists the locks held through it: one small read, not the whole
+/// of /proc/locks). `None` when it cannot be read.
+pub(crate) fn holds_exclusive_flock(file: &File) -> Option<bool> {
+    use std::os::fd::AsRawFd;
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    Some(text.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        w.next() == Some("lock:") && {
+            let rest: Vec<&str> = w.collect();
+            rest.get(1) == Some(&"FLOCK") && rest.get(3) == Some(&"WRITE")
+        }
+    }))
 }
