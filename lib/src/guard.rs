@@ -262,6 +262,29 @@ impl LeaseGuard {
         Ok(())
     }
 
+    /// A duplicate (close-on-exec) of the descriptor on which this holder holds its kernel lock
+    /// on LOCK's own file — the lock that keeps util-linux `flock(1)` on LOCK waiting for the
+    /// holding (PROTOCOL.md §10). A process that must keep flock(1) out past this process's own
+    /// death, until what the job left running is stopped (the `leasehold run` guardian), keeps
+    /// it open; [`LeaseGuard::release`] lets go of the lock for every duplicate at once.
+    /// `None` where the holder holds no such lock: on NFS, for shared and counted leases, on
+    /// etcd and S3, and once LOCK was rewritten to another file.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), leasehold::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("job.lock");
+    /// let guard = leasehold::LeaseBuilder::new(&path).try_acquire()?;
+    /// let keep = guard.lock_file_descriptor(); // hand it to a process that outlives us
+    /// guard.release()?;
+    /// drop(keep);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_file_descriptor(&self) -> Option<std::os::fd::OwnedFd> {
+        self.inner.holding.kernel_lock()
+    }
+
     /// How the holding before this one ended, as this lease recorded it when it was taken
     /// (`None`: the lock was never held, or was emptied). See [`crate::LastEnding`].
     pub fn previous(&self) -> Option<crate::ending::LastEnding> {

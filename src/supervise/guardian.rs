@@ -6,13 +6,17 @@
 //! Owns: starting the guardian before the command, in a session of its own (no signal to the
 //! wrapper's process group or terminal reaches it) — forked, or re-executed from /proc/self/exe
 //! when the wrapper has more than one thread —; arming it once the lease is taken (lease id,
-//! LOCK, uid, the command's start time, the grace, the wrapper's pid) through a pipe whose write
-//! end only the wrapper holds; dismissing it (SIGKILL and reap: it holds nothing and has done
-//! nothing) once the job has ended through the wrapper; and, in the guardian, the stop on EOF:
-//! SIGTERM (and SIGCONT) every process carrying this lease's environment, wait the grace while
-//! any lives, SIGKILL them, one line on stderr.
-//! Must never: hold a descriptor but its pipe's read end and stderr (no kernel lock, no lease
-//! file, no mutex, not the caller's stdout); signal a process not verified by
+//! LOCK, uid, the command's start time, the grace, the wrapper's pid) through a socket whose
+//! other end only the wrapper holds, with a duplicate of the descriptor on which the wrapper
+//! holds its kernel lock on LOCK's file ([`LeaseGuard::lock_file_descriptor`], passed as
+//! `SCM_RIGHTS`): kept until the job is stopped, so that util-linux flock(1) blocked on LOCK
+//! does not start beside what a SIGKILLed wrapper's command left running (PROTOCOL.md §10);
+//! dismissing it (SIGKILL: it has done nothing, and the release lets go of that lock for every
+//! duplicate) once the job has ended through the wrapper; and, in the guardian, the stop on
+//! EOF: SIGTERM (and SIGCONT) every process carrying this lease's environment, wait the grace
+//! while any lives, SIGKILL them, one line on stderr, then exit (closing the lock's duplicate).
+//! Must never: hold a descriptor but its socket, stderr and that duplicate (no lease file, no
+//! mutex, not the caller's stdout); lock or unlock anything itself; signal a process not verified by
 //! `leasehold::process` (this lock's path and this lease id in its environment, the lease's
 //! uid, started no earlier than the command, re-read just before each signal); act before it is
 //! armed or on anything but EOF; survive a wrapper that ended its job itself.
@@ -25,11 +29,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 use nix::libc;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{ForkResult, Pid, fork, pipe2};
+use nix::unistd::{ForkResult, Pid, fork};
 
 use leasehold::process::{self, JobEvidence};
 use leasehold::{LeaseGuard, Result};
@@ -67,8 +70,8 @@ impl Guardian {
     /// Forks the guardian (re-executed when this process has other threads), in its own
     /// session, holding only its pipe's read end and stderr. `lock` names the lock in messages.
     pub(super) fn start(lock: &Path) -> Result<Guardian> {
-        let (rx, tx) = pipe2(OFlag::O_CLOEXEC)
-            .map_err(|e| io_error(lock, "create the guardian's pipe", e.into()))?;
+        let (rx, tx) =
+            socket_pair().map_err(|e| io_error(lock, "create the guardian's socket", e))?;
         let exec = if single_threaded() {
             None
         } else {
@@ -152,11 +155,14 @@ impl Guardian {
                 Err(e) => return Err(io_error(lock, "arm the guardian", e.into())),
             }
         }
-        Ok(())
+        let held = guard.lock_file_descriptor();
+        send_descriptor(&self.tx, held.as_ref().map(AsRawFd::as_raw_fd))
+            .map_err(|e| io_error(lock, "arm the guardian", e))
     }
 
     /// The job ended through the wrapper: the guardian goes without doing anything. It holds
-    /// nothing, so a SIGKILL is all it takes, and once `kill` has returned it never runs another
+    /// nothing of its own (its duplicate of the lock's descriptor loses the lock when the
+    /// release lets go of it), so a SIGKILL is all it takes, and once `kill` has returned it never runs another
     /// instruction of its own (a pending SIGKILL ends a task before it returns to user mode):
     /// not waiting for its teardown keeps a short job's run short. Only the supervising thread
     /// reaps, so an unreaped child's pid cannot have been reused when it is signalled.
@@ -164,6 +170,109 @@ impl Guardian {
         if let Ok(WaitStatus::StillAlive) = waitpid(self.pid, Some(WaitPidFlag::WNOHANG)) {
             let _ = kill(self.pid, Signal::SIGKILL);
         }
+    }
+}
+
+/// A connected pair of Unix stream sockets, close-on-exec: the guardian's end, the wrapper's.
+/// A socket rather than a pipe, to pass the lock's descriptor; EOF is the same.
+fn socket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` has room for the two descriptors the call fills in.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one byte on `sock`, with `fd` attached (`SCM_RIGHTS`) when there is one: `l` (the
+/// lock's descriptor follows) or `n` (the holder holds no lock on LOCK's file).
+fn send_descriptor(sock: &OwnedFd, fd: Option<RawFd>) -> std::io::Result<()> {
+    let mut byte = [if fd.is_some() { b'l' } else { b'n' }];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one descriptor's control message, aligned for `cmsghdr`.
+    let mut space = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; every pointer set below lives through the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_* compute within `space`, which CMSG_SPACE(sizeof int) fits.
+        unsafe {
+            let len = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+            msg.msg_control = space.as_mut_ptr().cast();
+            msg.msg_controllen = len;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+    }
+    loop {
+        // SAFETY: `msg` and what it points to are valid for the call.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n == 1 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The guardian's side of [`send_descriptor`]: `None` on EOF or an error (the wrapper is gone);
+/// else the descriptor received, if one was sent.
+fn receive_descriptor(sock: RawFd) -> Option<Option<OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut space = [0u64; 8];
+    loop {
+        // SAFETY: a zeroed msghdr is valid; every pointer set below lives through the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = space.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&space);
+        // SAFETY: as above.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 && Errno::last() == Errno::EINTR {
+            continue;
+        }
+        if n != 1 {
+            return None;
+        }
+        // SAFETY: the kernel filled the control buffer and set `msg_controllen`; a
+        // SCM_RIGHTS message carries descriptors now ours.
+        let fd = unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (!c.is_null()
+                && (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_RIGHTS)
+                .then(|| {
+                    OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+                        libc::CMSG_DATA(c).cast::<RawFd>(),
+                    ))
+                })
+        };
+        return Some(fd);
     }
 }
 
@@ -316,6 +425,11 @@ fn serve(fd: RawFd) -> i32 {
     }
     let Some(armed) = decode(&body) else {
         return 1;
+    };
+    // The holder's lock on LOCK's file, kept until the job is stopped (dropped when we exit).
+    let Some(_held) = receive_descriptor(fd) else {
+        stop(&armed);
+        return 0;
     };
     let mut byte = [0u8; 64];
     loop {

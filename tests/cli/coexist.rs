@@ -485,3 +485,64 @@ fn a_sigkilled_run_holder_lets_the_blocked_flock_1_run_and_contenders_wait_for_i
         assert!(after.exists(), "{fs}: the waiter never ran");
     }
 }
+
+/// A `run` wrapper SIGKILLed with its whole process group (a CI runner's cancel) while
+/// flock(1) waits for it: the guardian stops what the command left running (here a process
+/// that ignores SIGTERM, so it lives through the grace) and keeps the holder's lock on LOCK's
+/// file until then, so flock(1) starts only once the leftover is gone. (Before, the kernel
+/// dropped the lock with the wrapper, and flock(1) ran beside the leftover for the grace.)
+#[test]
+fn a_cancelled_run_keeps_flock_1_waiting_until_its_leftovers_are_stopped() {
+    if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
+        return;
+    }
+    for (fs, base, _keep) in file_systems() {
+        let d = tempfile::tempdir_in(&base).unwrap();
+        let lock = d.path().join("job.lock");
+        let bg = d.path().join("bg");
+        let job = format!(
+            "trap '' TERM; sleep 300 & echo $! > '{b}.tmp'; mv '{b}.tmp' '{b}'; wait",
+            b = bg.display()
+        );
+        let mut c = lh();
+        c.args(["run", "-n", "--grace", "1s"])
+            .arg(&lock)
+            .args(["--", "sh", "-c", &job])
+            .env_remove("LEASEHOLD_LOCK")
+            .env_remove("LEASEHOLD_LEASE_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // `lh()` makes the wrapper its own process group's leader, as a CI job's shell is.
+        let mut holder = Proc::spawn(c, "the run to cancel");
+        ensure_within("the job's leftover to start", LONG, || bg.exists());
+        let left: i32 = std::fs::read_to_string(&bg)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // What flock(1)'s command sees when it starts: the leftover running, or gone (no
+        // /proc entry, or a zombie nobody reaped yet).
+        let seen = d.path().join("seen");
+        let script = format!(
+            "s=$(awk '{{print $3}}' /proc/{left}/stat 2>/dev/null); \
+             case \"$s\" in ''|Z|X) echo gone ;; *) echo \"running ($s)\" ;; esac > '{o}'",
+            o = seen.display()
+        );
+        let mut f = flock_1(&[], &lock, &script, "flock(1)");
+        ensure_within("flock(1) to block on LOCK", LONG, || blocked_on(&lock));
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(holder.pid()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        holder.wait_timeout(LONG);
+        assert!(f.wait_timeout(LONG).success(), "{fs}: flock(1)");
+        let seen = std::fs::read_to_string(&seen).unwrap();
+        assert_eq!(
+            seen.trim(),
+            "gone",
+            "{fs}: flock(1) started while the cancelled job's leftover pid {left} still ran"
+        );
+    }
+}

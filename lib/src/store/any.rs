@@ -94,6 +94,16 @@ impl Holding for AnyHolding {
         }
     }
 
+    fn kernel_lock(&self) -> Option<std::os::fd::OwnedFd> {
+        match self {
+            AnyHolding::File(h) => h.kernel_lock(),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.kernel_lock(),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.kernel_lock(),
+        }
+    }
+
     fn enter(&self, deadline: Instant, stuck_after: Duration) -> Result<AnySection> {
         match self {
             AnyHolding::File(h) => h.enter(deadline, stuck_after).map(AnySection::File),

@@ -379,6 +379,13 @@ pub(crate) trait Holding: Send + Sync + 'static {
         None
     }
 
+    /// A duplicate of the descriptor on which we hold a kernel lock on our lease's own file
+    /// (`klock::hold_lock_file`), for a process that must keep that lock past ours (the
+    /// binary's guardian, until the job is stopped). `None` (the default): we hold none.
+    fn kernel_lock(&self) -> Option<std::os::fd::OwnedFd> {
+        None
+    }
+
     /// A held section, for [`Holding::rewrite`].
     type Section;
 

@@ -264,6 +264,14 @@ impl FileHolding {
 impl Holding for FileHolding {
     type Section = MutexGuard;
 
+    fn kernel_lock(&self) -> Option<std::os::fd::OwnedFd> {
+        let written = lock(&self.written);
+        let kept = written.as_ref()?.kept.as_ref()?;
+        // A duplicate shares the open file description, and with it the flock and the OFD
+        // lock; close-on-exec, as `try_clone` makes it.
+        kept.try_clone().ok().map(std::os::fd::OwnedFd::from)
+    }
+
     fn still_ours(&self, lease_id: &str) -> Result<Ours> {
         fsio::read_lock(&self.paths).map(|c| ours(&c, lease_id))
     }
@@ -432,13 +440,19 @@ impl FileHolding {
             return handover::settle(&self.paths, f, self.sync, replaced, mark);
         }
         // Our flock on LOCK's file (if any) is held until the full released record has been
-        // renamed over it, and goes with `written` when this returns.
+        // renamed over it, then let go of explicitly: a duplicate of its descriptor (the
+        // `run` guardian's, `LeaseGuard::lock_file_descriptor`) may outlive ours for a moment.
         let kept = written.as_ref().and_then(|w| w.kept.as_ref());
         let outcome = if blocked {
             Ok(false)
         } else {
             self.write_released(&r, witness, kept)
         };
+        if !matches!(outcome, Ok(false))
+            && let Some(k) = kept
+        {
+            let _ = crate::klock::let_go_lock_file(k);
+        }
         match outcome {
             Ok(true) | Err(Error::Lost { .. }) => Ok(()),
             Ok(false) => {
