@@ -105,6 +105,38 @@ pub(crate) fn release_to_blocked(
     Ok(f)
 }
 
+/// Before a holder's release becomes visible: programs blocked on a file that is no longer LOCK
+/// but that we hold the lock of (`files`: the one our lease replaced, claimed before the rename,
+/// and our own earlier files a rewrite replaced) — util-linux flock(1) that opened LOCK before
+/// a rename over it — get that lock now, one after the other, while our lease still keeps
+/// every leasehold contender out, and we wait until they have let go. Let go of at once, they
+/// would run on a file nobody looks at, beside the next holder. Waits as long as their jobs
+/// run (the guard keeps renewing meanwhile); nothing to do, and no wait, when nobody is blocked.
+pub(crate) fn serve_old_waiters<'a>(files: impl IntoIterator<Item = &'a File>) {
+    // Only a file whose flock we hold: a program blocked behind anyone else's (a frozen
+    // holder's, whose job was stopped) is not ours to serve.
+    let ours = |f: &&File| crate::os::linux::procfs::holds_exclusive_flock(f) == Some(true);
+    for f in files.into_iter().filter(ours) {
+        // At most a few rounds: each is a program that was blocked when we looked.
+        for _ in 0..64 {
+            if !crate::mutex::someone_blocked(f) {
+                break;
+            }
+            let _ = crate::klock::let_go_lock_file(f);
+            let until = std::time::Instant::now() + BLOCKED_TAKES_WITHIN;
+            let mut nap = std::time::Duration::from_micros(100);
+            while !crate::mutex::exclusively_locked(f) && std::time::Instant::now() < until {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(std::time::Duration::from_millis(10));
+            }
+            // Ours again once it has let go (waiting, as the blocked program did).
+            if crate::klock::wait_exclusive(f).is_err() {
+                break;
+            }
+        }
+    }
+}
+
 /// Finishes a release in place: makes the mark durable (with `sync`), then puts the files let
 /// go of — the marked file, the one our lease replaced, and the holder's mark, all read-only or
 /// `O_PATH`, none locked by us — aside, to be closed off the waiter's way.

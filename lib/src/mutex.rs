@@ -143,6 +143,10 @@ impl MutexFile {
 pub(crate) struct MutexGuard {
     file: MutexFile,
     path: PathBuf,
+    /// LOCK's file as this section found it free, claimed (`klock::claim_lock_file`) by the
+    /// look that found no other program on it ([`claim_lock_file`]): handed to the holding by
+    /// the take, let go of if the section ends without one.
+    claimed: std::sync::Mutex<Option<File>>,
 }
 
 /// Takes the mutex of `path`, polling try-lock with backoff, never past `deadline`. After
@@ -312,6 +316,7 @@ pub(crate) fn lock_with(
                 return Ok(MutexGuard {
                     file: mf,
                     path: path.to_path_buf(),
+                    claimed: std::sync::Mutex::new(None),
                 });
             }
             Ok(_) => {}
@@ -429,6 +434,14 @@ fn open(paths: &LockPaths, write: bool) -> Result<(File, Meta)> {
 }
 
 impl MutexGuard {
+    /// LOCK's file as claimed in this section (see [`claim_lock_file`]), for the take.
+    pub(crate) fn take_claimed(&self) -> Option<File> {
+        self.claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
     /// Releases the kernel lock and hands back the open file for the next time. If the unlock
     /// itself fails, the file is closed instead (which releases the lock) and `None` returned.
     pub(crate) fn unlock(self) -> Option<MutexFile> {
@@ -849,6 +862,27 @@ pub(crate) fn exclusive_locker(file: &File, own: impl Fn(i32) -> bool) -> Option
         // OFD locks name no process.
         None => format!("an open file description ({kind} lock; no pid to name)"),
     })
+}
+
+/// [`exclusive_locker`] for a contender inside `section` that may take over LOCK's file `file`
+/// (local file systems): when no other program holds it, the contender claims it
+/// (`klock::claim_lock_file`) in the same step, and the section keeps the claim for the take —
+/// a test and a hold in one, so that a flock(1) cannot slip in before the rename. When the only
+/// flock on it is `own`'s (a frozen holder's, see [`exclusive_locker`]), nothing is claimed and
+/// nothing is foreign.
+pub(crate) fn claim_lock_file(
+    section: &MutexGuard,
+    file: File,
+    own: impl Fn(i32) -> bool,
+) -> Option<String> {
+    if klock::claim_lock_file(&file).unwrap_or(false) {
+        *section
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(file);
+        return None;
+    }
+    exclusive_locker(&file, own)
 }
 
 /// Who holds the kernel lock on `file`'s inode, in words: `pid 812 (user bob, state S)`.

@@ -95,8 +95,10 @@ pub fn status_with(path: impl AsRef<Path>, me: &Identity, clock: &dyn Clock) -> 
     if v.state == State::Free && m.as_ref().is_some_and(|m| store.marked(m, from)) {
         v.holder_unseen();
     } else if v.state != State::Held
-        && let Some(who) =
-            store.foreign_lock((v.lease.as_ref()).filter(|_| v.state == State::Hung && v.same_host))
+        && let Some(who) = store.foreign_lock(
+            (v.lease.as_ref()).filter(|_| v.state == State::Hung && v.same_host),
+            None,
+        )
     {
         v.kernel_locked(who);
     }

@@ -6,6 +6,7 @@
 //! holds an exclusive flock on LOCK's file for the whole holding — also across hand-overs
 //! between leasehold waiters and when the holder is SIGKILLed — on tmpfs and ext4.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -140,9 +141,11 @@ fn file_systems() -> Vec<(&'static str, PathBuf, Box<dyn std::any::Any>)> {
 /// Whether some process waits, blocked, for a kernel lock on `file`'s inode (a `->` line in
 /// /proc/locks): flock(1) blocked behind a holder.
 fn blocked_on(file: &Path) -> bool {
-    let Ok(m) = std::fs::metadata(file) else {
-        return false;
-    };
+    std::fs::metadata(file).is_ok_and(|m| blocked_on_inode(&m))
+}
+
+/// [`blocked_on`] for the inode `m` describes (one that may have no name any more).
+fn blocked_on_inode(m: &std::fs::Metadata) -> bool {
     let (maj, min) = (
         nix::sys::stat::major(m.dev()),
         nix::sys::stat::minor(m.dev()),
@@ -543,6 +546,102 @@ fn a_cancelled_run_keeps_flock_1_waiting_until_its_leftovers_are_stopped() {
             seen.trim(),
             "gone",
             "{fs}: flock(1) started while the cancelled job's leftover pid {left} still ran"
+        );
+    }
+}
+
+/// A flock(1) that opened LOCK before a `run` renamed its lease over the file, and locks it only
+/// after: kept out while the new holder's job runs (`flock -n` on that descriptor fails; a
+/// blocking one waits), and let in by the holder's release — after its job, before the release
+/// lets the next leasehold job in. No two jobs inside at once (O_EXCL checker). (Before, the
+/// take let go of the file it replaced at once: flock(1) got it and ran beside the holder, on a
+/// file no contender looks at.)
+#[test]
+fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_runs_alone() {
+    if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
+        return;
+    }
+    for (fs, base, _keep) in file_systems() {
+        let d = tempfile::tempdir_in(&base).unwrap();
+        let cs = Cs::new(d.path(), "cs");
+        let lock = d.path().join("job.lock");
+        // LOCK exists and is free: a run before left its released record.
+        let st = lh()
+            .arg("run")
+            .arg(&lock)
+            .args(["--", "true"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "{fs}");
+        // Opened now, locked only once the next holder has taken the lease over this file.
+        let (old, probe) = (
+            std::fs::File::open(&lock).unwrap(),
+            std::fs::File::open(&lock).unwrap(),
+        );
+        let old_meta = old.metadata().unwrap();
+        let mut h = Proc::spawn(
+            lh().args(cs.hold_args(&["-n"], &lock, "h"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "holder",
+        );
+        cs.wait_entered("h", LONG);
+        assert_ne!(
+            std::fs::metadata(&lock).unwrap().ino(),
+            old_meta.ino(),
+            "{fs}: the take renamed its lease over the file"
+        );
+        // SAFETY: flock(2) on a descriptor we own.
+        let got =
+            unsafe { nix::libc::flock(probe.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) };
+        assert_ne!(
+            got, 0,
+            "{fs}: flock -n on the replaced file must fail while the holder runs"
+        );
+        drop(probe);
+        // A blocking flock(1) on that descriptor (its stdin), then a job.
+        let mut f = Command::new("sh");
+        f.arg("-c")
+            .arg(format!("{FLOCK} 0 && exec \"$@\""))
+            .arg("sh")
+            .args(cs.job("f", 3, "0.01"))
+            .stdin(Stdio::from(old))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut f = Proc::spawn(f, "flock(1) on the replaced file");
+        ensure_within("flock(1) to block on the replaced file", LONG, || {
+            blocked_on_inode(&old_meta)
+        });
+        // A leasehold waiter queued behind the holder.
+        let mut w = Proc::spawn(
+            lh().args(["run", "-w", "60s"])
+                .arg(&lock)
+                .arg("--")
+                .args(cs.job("w", 3, "0.01"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "waiter",
+        );
+        let queue = d.path().join(".job.lock.leasehold-queue");
+        ensure_within("the waiter to queue", LONG, || {
+            std::fs::read_dir(&queue).is_ok_and(|r| {
+                r.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("q-"))
+            })
+        });
+        cs.release("h");
+        for (p, who) in [(&mut h, "holder"), (&mut f, "flock(1)"), (&mut w, "waiter")] {
+            let st = p.wait_timeout(Duration::from_secs(60));
+            assert!(st.success(), "{fs}: {who}: {st}: {}", p.stderr());
+        }
+        let all = cs.verify();
+        let order: Vec<&str> = all.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(
+            order,
+            ["h", "f", "w"],
+            "{fs}: flock(1) runs after the holder's job, before the next"
         );
     }
 }

@@ -88,7 +88,15 @@ impl FileStore {
     /// lease in its environment: `process::JobEvidence`), never by the record alone, which a
     /// directory writer can forge. On a local file system /proc/locks names the locker; on NFS
     /// a test for a conflicting lock on the first byte asks the server.
-    pub(crate) fn foreign_lock(&self, frozen: Option<&Lease>) -> Option<String> {
+    ///
+    /// Inside a section that may take the lease (`claim`), on a local file system, the look
+    /// also claims the file when no other program holds it (`mutex::claim_lock_file`): the take
+    /// keeps that claim for the holding.
+    pub(crate) fn foreign_lock(
+        &self,
+        frozen: Option<&Lease>,
+        claim: Option<&MutexGuard>,
+    ) -> Option<String> {
         let f = self
             .paths
             .handle()
@@ -100,7 +108,13 @@ impl FileStore {
                 _ => None,
             };
         }
-        crate::mutex::exclusive_locker(&f, |pid| frozen.is_some_and(|l| self.holder_itself(l, pid)))
+        let own = |pid| frozen.is_some_and(|l| self.holder_itself(l, pid));
+        match claim {
+            Some(section) if self.origin.is_none() => {
+                crate::mutex::claim_lock_file(section, f, own)
+            }
+            _ => crate::mutex::exclusive_locker(&f, own),
+        }
     }
 
     /// Whether `pid` is `l`'s holder process itself, on the kernel's evidence (see
@@ -378,6 +392,19 @@ impl Store for FileStore {
         } else {
             m.hold_mark(token);
         }
+        // LOCK's file as we found it: claimed by our look for other programs' locks (see
+        // [`FileStore::foreign_lock`]), or — a takeover no such look preceded — claimed now if
+        // nobody holds it, and kept for the holding either way (PROTOCOL.md §10).
+        let replaced = match (m.take_claimed(), replaced) {
+            (Some(c), _) => Some(c),
+            (None, Some(s)) => {
+                if !self.storage.network && self.origin.is_none() {
+                    let _ = crate::klock::claim_lock_file(&s.file);
+                }
+                Some(s.file)
+            }
+            (None, None) => None,
+        };
         // The renew deadline counts from before the lease becomes visible: conservative.
         let started = BootInstant::now();
         let prepared = ticket
@@ -398,7 +425,7 @@ impl Store for FileStore {
         let ticket = ticket.map(Ticket::unlink_held);
         let witness = m.unlock();
         drop(ticket);
-        let mut holding = FileHolding::new(self, witness, written, replaced.map(|s| s.file), mark);
+        let mut holding = FileHolding::new(self, witness, written, replaced, mark);
         holding.sync = sync;
         holding.rests_on = Mutex::new(vouched);
         Ok((lease, bytes, started, holding))
@@ -416,8 +443,8 @@ impl Store for FileStore {
         section.holder_marked(from)
     }
 
-    fn kernel_locked(&self, _: &MutexGuard, frozen: Option<&Lease>) -> Option<String> {
-        self.foreign_lock(frozen)
+    fn kernel_locked(&self, section: &MutexGuard, frozen: Option<&Lease>) -> Option<String> {
+        self.foreign_lock(frozen, Some(section))
     }
 
     fn settling(&self, m: &MutexGuard) -> Option<(Duration, Duration)> {

@@ -165,6 +165,41 @@ pub(crate) fn hold_lock_file(file: &File) -> io::Result<bool> {
     ofd_at(file, libc::F_RDLCK as libc::c_short, false, HOLDING_BYTE)
 }
 
+/// A contender's claim on LOCK's file as it found it free (local file systems): the holder's
+/// locks of [`hold_lock_file`] taken on it, without waiting, *as* the test that no other program
+/// holds it — so that nothing takes the file between that test and the rename of our lease over
+/// it. Kept for the whole holding that follows: a program that opened the file before the rename
+/// (util-linux flock(1)) and locks it after waits for us, instead of running on a file nobody
+/// looks at (PROTOCOL.md §10). `Ok(false)`, holding nothing, when another description holds a
+/// flock on it, or a byte-range write lock (a client's flock(1) through the NFS server).
+pub(crate) fn claim_lock_file(file: &File) -> io::Result<bool> {
+    if !flock(file, libc::LOCK_EX | libc::LOCK_NB)? {
+        return Ok(false);
+    }
+    // Our read lock on its byte meets every write lock taken from now on; one taken before is
+    // found by the test that follows it.
+    let held = ofd_at(file, libc::F_RDLCK as libc::c_short, false, HOLDING_BYTE)
+        .and_then(|got| Ok(got && !range_write_locked(file)?));
+    match held {
+        Ok(true) => Ok(true),
+        other => {
+            let _ = let_go_lock_file(file);
+            other
+        }
+    }
+}
+
+/// Takes `file`'s exclusive flock, waiting for it (for `handover::serve_old_waiters`, on a file
+/// only programs that opened it long ago can lock: it is no longer LOCK).
+pub(crate) fn wait_exclusive(file: &File) -> io::Result<()> {
+    loop {
+        match flock(file, libc::LOCK_EX) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other.map(drop),
+        }
+    }
+}
+
 /// Lets go of [`hold_lock_file`]'s locks (the job is over), before the file is closed.
 pub(crate) fn let_go_lock_file(file: &File) -> io::Result<()> {
     let r = ofd_at(file, libc::F_UNLCK as libc::c_short, false, HOLDING_BYTE).map(drop);

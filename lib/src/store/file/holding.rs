@@ -46,6 +46,9 @@ pub(crate) struct FileHolding {
     written: Mutex<Option<Written>>,
     /// The file our lease replaced, still open (see `fsio::read_lock_keep`); closed at release.
     replaced: Mutex<Option<File>>,
+    /// Our own earlier files, replaced by a rewrite (`set_child`), with our flock still on
+    /// them: a program blocked on one is served before our release (`handover::serve_old_waiters`).
+    superseded: Mutex<Vec<File>>,
     /// The holder's mark (see [`holder_mark`]): closed only after release has written LOCK.
     mark: Mutex<Option<OwnedFd>>,
     /// A holder file's: LOCK's paths, nudged after our release to wake the head (`slots.rs`).
@@ -71,6 +74,7 @@ impl FileHolding {
             witness: Mutex::new(witness),
             written: Mutex::new(Some(written)),
             replaced: Mutex::new(replaced),
+            superseded: Mutex::new(Vec::new()),
             mark: Mutex::new(mark.or_else(|| holder_mark(paths))),
             origin: store.origin.clone(),
         }
@@ -362,13 +366,16 @@ impl Holding for FileHolding {
     fn rewrite(&self, _: &MutexGuard, mine: &Lease, bytes: &[u8]) -> Result<()> {
         // Never over a revoked record: that would make a broken lease held again.
         self.ensure_ours(mine, false)?;
-        // The new file carries our flock before it becomes LOCK; the old one's goes with it.
+        // The new file carries our flock before it becomes LOCK; the old one keeps ours until
+        // our release serves whoever blocked on it meanwhile (`handover::serve_old_waiters`).
         let w = if self.storage.network || self.origin.is_some() {
             fsio::replace_keep(&self.paths, &self.paths.lock, bytes, false)?
         } else {
             fsio::replace_holding(&self.paths, &self.paths.lock, bytes, false)?
         };
-        *lock(&self.written) = Some(w);
+        if let Some(old) = lock(&self.written).replace(w).and_then(|o| o.kept) {
+            lock(&self.superseded).push(old);
+        }
         Ok(())
     }
 
@@ -406,6 +413,13 @@ pub(crate) fn not_ours(o: Ours) -> LossReason {
 impl FileHolding {
     /// Releases our lease in the file we hold it in (see [`Holding::release`]).
     fn release_here(&self, r: Release<'_>) -> Result<()> {
+        // First, while our lease still keeps every contender out: programs blocked on files
+        // that are no longer LOCK but whose flock we hold get them, one after the other.
+        if !self.storage.network {
+            let superseded: Vec<File> = lock(&self.superseded).drain(..).collect();
+            let replaced = lock(&self.replaced);
+            handover::serve_old_waiters(superseded.iter().chain(replaced.iter()));
+        }
         let witness = lock(&self.witness).take();
         // Our kernel mark goes before anything says the lock is free (a contender that finds
         // it free while the mark is held waits for a holder it cannot see).
