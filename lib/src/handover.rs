@@ -115,11 +115,10 @@ pub(crate) fn release_to_blocked(
 pub(crate) fn serve_old_waiters<'a>(files: impl IntoIterator<Item = &'a File>) {
     // Only a file whose flock we hold: a program blocked behind anyone else's (a frozen
     // holder's, whose job was stopped) is not ours to serve.
-    let ours = |f: &&File| crate::os::linux::procfs::holds_exclusive_flock(f) == Some(true);
-    for f in files.into_iter().filter(ours) {
+    for f in files {
         // At most a few rounds: each is a program that was blocked when we looked.
         for _ in 0..64 {
-            if !crate::mutex::someone_blocked(f) {
+            if crate::mutex::blocked_behind_ours(f) != Some(true) {
                 break;
             }
             let _ = crate::klock::let_go_lock_file(f);

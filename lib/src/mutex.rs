@@ -767,6 +767,18 @@ pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
 /// and waits a moment for a taker, which is safe). /proc/locks unreadable: no.
 pub(crate) fn someone_blocked(file: &File) -> bool {
     let ours = crate::os::linux::procfs::holds_exclusive_flock(file).unwrap_or(false);
+    blocked_reading(file, ours)
+}
+
+/// [`someone_blocked`] behind the exclusive flock `file` itself holds: `None` when it holds
+/// none (nobody can be blocked behind us), one look at its fdinfo and /proc/locks otherwise.
+pub(crate) fn blocked_behind_ours(file: &File) -> Option<bool> {
+    crate::os::linux::procfs::holds_exclusive_flock(file)
+        .filter(|&held| held)
+        .map(|_| blocked_reading(file, true))
+}
+
+fn blocked_reading(file: &File, ours: bool) -> bool {
     for _ in 0..4 {
         let Some(locks) = crate::os::linux::procfs::proc_locks_read(file) else {
             return false;
