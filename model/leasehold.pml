@@ -34,6 +34,25 @@
  *                             file it wrote
  *   -DBROKEN_NO_GRACE         (with -DREMOUNT) a contender that finds the epoch record naming
  *                             another attachment of the disk grants at once, without the grace
+ *   -DBROKEN_NO_CLAIM         (with -DFLOCK1) the look for another program's lock on LOCK's file
+ *                             only tests it: the taker does not keep the flock through its rename
+ *   -DBROKEN_NO_SERVE         (with -DFLOCK1) the holder closes the claimed old file at release
+ *                             without serving a flock(1) blocked on it
+ *
+ * -DFLOCK1 (use with -DONE_HOST): util-linux flock(1) on LOCK, a program that does not know the
+ * protocol, on host 0, run FRUNS times (default 1): (a) open LOCK (whatever inode it names now),
+ * (b) flock(2) that inode exclusively, blocking, (c) run its command (a command for P1), (d) let
+ * go. Every rename over LOCK is a new inode (RENAMED clears fcur: flock(1)'s inode is LOCK no
+ * more). A leasehold holder holds the exclusive flock of its lease file from before its rename
+ * for its whole holding; a contender whose look lets it in claims LOCK's current file (try-lock,
+ * no wait: if another program holds it, it waits) and keeps that flock through its rename and
+ * its holding; before its release becomes visible the holder serves a flock(1) blocked on the
+ * claimed old file (lets go, waits until flock(1) has run), and releases in place to a flock(1)
+ * blocked on its current file (lets go, sets the released bit once flock(1) holds the lock).
+ * A flock(1) that has opened a file counts as blocked on it for the holder's looks (its flock(2)
+ * follows its open within microseconds; README: not modelled). With crash or pause (a hung holder
+ * is SIGKILLed) a holder dies with flock(1) blocked on its claimed old file, which nobody serves:
+ * a known gap (gap-flock1-holder-dies).
  *
  * -DREMOUNT (a local disk: use with -DONE_HOST -DDRIFT=0 -DNO_RM): durability per mount epoch
  * (PROTOCOL.md §8). What reached the disk is kept apart from what the page cache shows: a lease
@@ -152,6 +171,38 @@ bool dmk[NC];                   /* i's mark again in LOCK's directory (klock::Di
 #define SEES_MARK(i, n) (MARKED(n) || HOST(i) == 0 && DMARKED)
 #endif
 
+/* ---------------------------------------------------------------- util-linux flock(1) (-DFLOCK1)
+ * Locks are tracked relative to two inodes: LOCK's current one and X, the one flock(1) opened. */
+#ifdef FLOCK1
+#ifndef ONE_HOST
+#error "-DFLOCK1 is modelled on one host: add -DONE_HOST"
+#endif
+#ifndef FRUNS
+#define FRUNS 1
+#endif
+byte fst;                       /* flock(1): 0 idle, 1 opened X, 2 blocked in flock(2) on X, 3 holds X, runs its command */
+byte fn;                        /* runs of flock(1) finished */
+bool fcur;                      /* X is still LOCK (cleared by any rename over LOCK) */
+bool ofl[NC];                   /* i holds the flock of its own lease file (klock::hold_lock_file) */
+bool ccur[NC];                  /* i holds the flock of LOCK's current file by its claim (until its rename) */
+bool fxo[NC];                   /* i holds the flock of X as its own lease file */
+bool fxc[NC];                   /* i holds the flock of X by its claim (the file its lease replaced) */
+#define FR (fst == 3)           /* flock(1)'s command runs */
+#define FOPEN (fst == 1 || fst == 2)   /* flock(1) opened X and is (as good as) blocked on it */
+#if NC == 3
+#define XLOCKED (fxo[0] || fxo[1] || fxo[2] || fxc[0] || fxc[1] || fxc[2])
+#define FRN fcur = 0; ccur[0] = 0; ccur[1] = 0; ccur[2] = 0
+#else
+#define XLOCKED (fxo[0] || fxo[1] || fxc[0] || fxc[1])
+#define FRN fcur = 0; ccur[0] = 0; ccur[1] = 0
+#endif
+#define FKILL(j) ofl[j] = 0; ccur[j] = 0; fxo[j] = 0; fxc[j] = 0
+#else
+#define FR false
+#define FRN skip
+#define FKILL(j) skip
+#endif
+
 /* ---------------------------------------------------------------- the disk (-DREMOUNT) */
 #ifdef REMOUNT
 #define NOEP 2
@@ -206,9 +257,9 @@ byte last_tok;                  /* token of the last command started */
  * break where a command starts or a frozen one resumes, and is asserted exactly there. */
 #define R(i) (running[i] && !paused[i])
 #if NC == 3
-#define ONE_CMD (!(R(0) && R(1)) && !(R(0) && R(2)) && !(R(1) && R(2)))
+#define ONE_CMD (!(R(0) && R(1)) && !(R(0) && R(2)) && !(R(1) && R(2)) && !(FR && (R(0) || R(1) || R(2))))
 #else
-#define ONE_CMD (!(R(0) && R(1)))
+#define ONE_CMD (!(R(0) && R(1)) && !(FR && (R(0) || R(1))))
 #endif
 
 /* A contender is done with this tick: it took its turn, is gone or frozen, or polls a mutex
@@ -237,9 +288,9 @@ byte last_tok;                  /* token of the last command started */
 #define RENAMED opened[0] = 0; opened[1] = 0; mine[0] = 0; mine[1] = 0; MORE_RENAMED
 #endif
 #if NC == 3
-#define MORE_RENAMED opened[2] = 0; mine[2] = 0
+#define MORE_RENAMED opened[2] = 0; mine[2] = 0; FRN
 #else
-#define MORE_RENAMED skip
+#define MORE_RENAMED FRN
 #endif
 
 /* The process dies: the kernel drops its locks (mutex, ticket, mark); PR_SET_PDEATHSIG takes
@@ -247,6 +298,7 @@ byte last_tok;                  /* token of the last command started */
 inline kill(j) {
   crashed[j] = 1; gone[j] = 1; paused[j] = 0; running[j] = 0; waiting[j] = 0; mwait[j] = 0;
   hold[j] = 0; dlc[j] = 0; due[j] = 0; fl[j] = 0; rel[j] = 0; lvc = 0; mkino[j] = 0; dmk[j] = 0;
+  FKILL(j);
   if :: mlk[0] == j -> mlk[0] = NOBODY :: else fi;
   if :: mlk[1] == j -> mlk[1] = NOBODY :: else fi;
   MDROP(j)
@@ -331,6 +383,9 @@ proctype contender(byte me) provided (!paused[me])
   byte h = HOST(me), age, t;
   mtype v;
   bool ok;
+#ifdef FLOCK1
+  byte sv;                                      /* flock(1)'s runs finished when we let go for it */
+#endif
 
   myino[me] = mino;
   waiting[me] = 1;
@@ -366,6 +421,22 @@ attempt:
           d_step { if :: !gone[age - 1] -> kill(age - 1) :: else fi; age = 0; v = 0; ok = 0 }  /* stop_hung: verified SIGKILL */
        :: else -> v = 0; ok = 0
        fi;
+#ifdef FLOCK1
+       /* claim_lock_file: another program's lock on LOCK's current file? The test is a try-lock
+          of its exclusive flock, kept through the rename and the holding */
+       d_step {
+         if
+         :: FR && fcur -> ok = 1                /* flock(1) holds it: wait for it */
+         :: else ->
+#ifndef BROKEN_NO_CLAIM
+            ccur[me] = 1;
+            if :: FOPEN && fcur -> fxc[me] = 1 :: else fi;
+#endif
+            ok = 0
+         fi
+       };
+       if :: ok -> ok = 0; goto queue :: else fi;
+#endif
        t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
        hwm[myino[me]] = t;                      /* high-water mark, fdatasync'ed */
        d_step {                                 /* the holder's mark (MutexGuard::hold_mark) */
@@ -375,6 +446,9 @@ attempt:
        d_step { fl[me] = 1; rel[me] = 0 };      /* the deadline counts from before the rename */
        d_step {                                 /* rename of the new lease over LOCK */
          RENAMED; mine[me] = 1;
+#ifdef FLOCK1
+         ofl[me] = 1;                           /* its flock, taken on the new file before the rename */
+#endif
          lk_state = HELD; lk_owner = me; lk_tok = t;
 #ifdef REMOUNT
          /* epoch.rs vouches: unsynced under a record naming this attachment; else the record
@@ -399,6 +473,10 @@ attempt:
        d_step { qno[me] = 0; waiting[me] = 0; unlock_mutex() }  /* unlink ticket, unlock */
        goto start
     :: else ->
+#ifdef FLOCK1
+queue:                                          /* (a goto may not jump into a d_step) */
+       skip;
+#endif
        d_step {
          v = 0; ok = 0;
          if :: qno[me] == 0 -> qcnt++; qno[me] = qcnt :: else fi;   /* join the queue */
@@ -501,7 +579,55 @@ endheld:
 release:
     skip;
     d_step { hold[me] = 0; dlc[me] = 0; due[me] = 0 };   /* stop the guard threads */
+#ifdef FLOCK1
+    /* handover::serve_old_waiters: flock(1) blocked on the file our lease replaced (claimed, not
+       LOCK any more) gets it now, while our lease keeps contenders out; we wait until it ran */
+#ifdef BROKEN_NO_SERVE
+    d_step { fxc[me] = 0 };                     /* closed at release, nobody served */
+#else
+    if
+    :: d_step { FOPEN && !fcur && fxc[me] -> fxc[me] = 0; sv = fn };
+       fn != sv
+    :: else
+    fi;
+#endif
+#endif
     d_step { mkino[me] = 0; dmk[me] = 0 };      /* the command is dead: drop the marks, then release */
+#ifdef FLOCK1
+    /* blocked: flock(1) waits for our flock on LOCK's file (mutex::someone_blocked) */
+    if
+    :: OLD(me) -> skip
+    :: !OLD(me) && FOPEN && fcur && fxo[me] ->
+blocked:                                         /* handover::release_to_blocked */
+       skip;
+       d_step { ofl[me] = 0; fxo[me] = 0; sv = fn };    /* let go ... */
+       (FR || fn != sv);                                /* ... until flock(1) holds it ... */
+       d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+    :: !OLD(me) && !(FOPEN && fcur && fxo[me]) && LIVE_TICKET ->   /* handover::release_in_place */
+       d_step { ofl[me] = 0; fxo[me] = 0 };      /* let go, then ... */
+       d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+    :: !OLD(me) && !(FOPEN && fcur && fxo[me]) && !LIVE_TICKET ->
+       lock_mutex();
+       if
+       :: d_step {                              /* ensure_ours; checked last: blocked? else rename */
+            if
+            :: FOPEN && fcur && fxo[me] -> ok = 1
+            :: else ->
+               if
+               :: lk_owner == me && (lk_state == HELD || lk_state == REVOKED) ->
+                  RENAMED; lk_state = RELEASED
+               :: else
+               fi
+            fi
+          }
+       :: skip                                  /* full disk: header rewritten in place ... */
+          d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+       :: skip                                  /* ... or not even that */
+       fi;
+       unlock_mutex();
+       if :: ok -> ok = 0; goto blocked :: else fi
+    fi;
+#else
     if
     :: OLD(me) -> skip                          /* the old superblock: nothing can be written */
     :: !OLD(me) && LIVE_TICKET ->                           /* someone waits: released bit in place */
@@ -526,8 +652,10 @@ release:
        fi;
        unlock_mutex()
     fi;
+#endif
     d_step {                                    /* exits; a lost holder may leave its record behind: */
       gone[me] = 1;                             /* P3's clock then counts from now */
+      FKILL(me);                                /* its flocks go with it */
       if :: lk_owner == me && (lk_state == HELD || lk_state == REVOKED) -> lvc = 0 :: else fi
     }
   } unless { crashed[me] }
@@ -552,7 +680,11 @@ end:
        ALLRDY ->
        /* bounded liveness: a dead holder's lock is taken by a live waiter within LBOUND */
        assert(!((lk_state == HELD || lk_state == REVOKED) && gone[lk_owner] &&
-                WAITERS && !pz && lvc >= LBOUND) || P3_lock_not_taken);
+                WAITERS && !pz && lvc >= LBOUND
+#ifdef FLOCK1
+                && !(FR && fcur)
+#endif
+               ) || P3_lock_not_taken);
        ready[0] = 0; ready[1] = 0;
 #if NC == 3
        ready[2] = 0;
@@ -699,6 +831,38 @@ end:
 #endif
     lvc = 0
   }
+}
+#endif
+
+/* ------------------------------------------------ util-linux flock(1) on LOCK (-DFLOCK1)
+ * A program that knows nothing of the protocol: opens LOCK, then (a separate step) flock(2)s the
+ * inode it opened, exclusively, blocking; runs its command; lets go. Its lock on a file that is no
+ * longer LOCK excludes nobody else. */
+#ifdef FLOCK1
+active proctype flock1()
+{
+end:
+  do
+  :: atomic { fst == 0 && fn < FRUNS ->          /* open LOCK: whatever inode it names now */
+       fst = 1; fcur = 1;
+       fxo[0] = ofl[0] && mine[0]; fxc[0] = ccur[0];
+       fxo[1] = ofl[1] && mine[1]; fxc[1] = ccur[1];
+#if NC == 3
+       fxo[2] = ofl[2] && mine[2]; fxc[2] = ccur[2];
+#endif
+       skip }
+  :: atomic { fst == 1 -> fst = 2 }             /* flock(2), LOCK_EX: blocks while anyone holds it */
+  :: atomic { fst == 2 && !XLOCKED ->            /* has it: runs its command */
+       fst = 3;
+       assert(ONE_CMD || P1_two_commands) }
+  :: atomic { fst == 3 ->                       /* the command ends; the lock goes with the close */
+       fst = 0; fn++; fcur = 0; lvc = 0;
+       fxo[0] = 0; fxc[0] = 0; fxo[1] = 0; fxc[1] = 0;
+#if NC == 3
+       fxo[2] = 0; fxc[2] = 0;
+#endif
+       skip }
+  od
 }
 #endif
 
