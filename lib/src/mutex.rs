@@ -795,6 +795,27 @@ fn blocked_reading(file: &File, ours: bool) -> bool {
     true
 }
 
+/// For each of `files` (descriptors that normally hold the exclusive flock on their file: a
+/// holder's): `Some(false)` — nobody is blocked behind it — when one read of /proc/locks shows
+/// an exclusive flock on the file and no request blocked for it (a blocked request is listed
+/// with the lock it waits for, so the read that shows the lock shows them); `None` otherwise
+/// (someone may be blocked, or the read does not show a flock: we hold none, or it skipped
+/// it), for the caller to ask [`someone_blocked`] or [`blocked_behind_ours`]. One read for all:
+/// a release looks at its own file and the one its lease replaced.
+pub(crate) fn nobody_blocked_at_a_glance(files: &[&File]) -> Vec<Option<bool>> {
+    let Some(all) = crate::os::linux::procfs::proc_locks_of(files) else {
+        return files.iter().map(|_| None).collect();
+    };
+    all.iter()
+        .map(|locks| {
+            let held = locks
+                .iter()
+                .any(|l| l.kind == "flock" && l.exclusive && !l.blocked);
+            (held && !locks.iter().any(|l| l.blocked)).then_some(false)
+        })
+        .collect()
+}
+
 /// Whether another open file description holds an exclusive lock on `file`'s inode now — a
 /// flock (util-linux flock(1) that took it) or a byte-range write lock —, tested atomically
 /// (`klock::flock_held_exclusively`, `klock::range_write_locked`), not by a read of

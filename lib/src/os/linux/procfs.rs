@@ -144,41 +144,60 @@ pub(crate) fn proc_locks(file: &File) -> Vec<ProcLock> {
 /// and go between two pages shift the rest, so a lock can be skipped. Callers that must not
 /// miss one test it another way, or check that the read shows a lock they know is held.
 pub(crate) fn proc_locks_read(file: &File) -> Option<Vec<ProcLock>> {
-    let meta = file.metadata().ok()?;
-    let (maj, min, ino) = (
-        nix::sys::stat::major(meta.dev()),
-        nix::sys::stat::minor(meta.dev()),
-        meta.ino(),
-    );
-    let text = std::fs::read_to_string("/proc/locks").ok()?;
-    // Most lines are other files' locks: skip them before splitting (a release looks here).
-    let needle = format!(":{ino} ");
-    let locks = text
-        .lines()
-        .filter(|line| line.contains(&needle))
-        .filter_map(|line| {
-            // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
-            // behind it "1: -> FLOCK  ADVISORY  WRITE 1240 00:1f:5678 0 EOF".
-            let all: Vec<&str> = line.split_whitespace().collect();
-            let blocked = all.get(1) == Some(&"->");
-            let f = if blocked { &all[1..] } else { &all[..] };
-            if f.len() < 6 {
-                return None;
-            }
-            let mut dev = f[5].split(':');
-            let (a, b, i) = (dev.next()?, dev.next()?, dev.next()?);
-            let same = u64::from_str_radix(a, 16).ok() == Some(maj)
-                && u64::from_str_radix(b, 16).ok() == Some(min)
-                && i.parse::<u64>().ok() == Some(ino);
-            same.then(|| ProcLock {
-                kind: f[1].to_lowercase(),
-                exclusive: f[3] == "WRITE",
-                pid: f[4].parse().unwrap_or(-1),
-                blocked,
+    proc_locks_of(&[file])?.pop()
+}
+
+/// [`proc_locks_read`] for each of `files`, from one read of /proc/locks.
+pub(crate) fn proc_locks_of(files: &[&File]) -> Option<Vec<Vec<ProcLock>>> {
+    let ids = files
+        .iter()
+        .map(|f| {
+            f.metadata().ok().map(|m| {
+                (
+                    nix::sys::stat::major(m.dev()),
+                    nix::sys::stat::minor(m.dev()),
+                    m.ino(),
+                )
             })
         })
-        .collect();
-    Some(locks)
+        .collect::<Option<Vec<_>>>()?;
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    // Most lines are other files' locks: skip them before splitting (a release looks here).
+    let needles: Vec<String> = ids.iter().map(|(_, _, ino)| format!(":{ino} ")).collect();
+    let mut out: Vec<Vec<ProcLock>> = ids.iter().map(|_| Vec::new()).collect();
+    for line in text.lines() {
+        if !needles.iter().any(|n| line.contains(n.as_str())) {
+            continue;
+        }
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF", and for a request blocked
+        // behind it "1: -> FLOCK  ADVISORY  WRITE 1240 00:1f:5678 0 EOF".
+        let all: Vec<&str> = line.split_whitespace().collect();
+        let blocked = all.get(1) == Some(&"->");
+        let f = if blocked { &all[1..] } else { &all[..] };
+        if f.len() < 6 {
+            continue;
+        }
+        let mut dev = f[5].split(':');
+        let (Some(a), Some(b), Some(i)) = (dev.next(), dev.next(), dev.next()) else {
+            continue;
+        };
+        let id = (
+            u64::from_str_radix(a, 16).ok(),
+            u64::from_str_radix(b, 16).ok(),
+            i.parse::<u64>().ok(),
+        );
+        for (k, (maj, min, ino)) in ids.iter().enumerate() {
+            if id == (Some(*maj), Some(*min), Some(*ino)) {
+                out[k].push(ProcLock {
+                    kind: f[1].to_lowercase(),
+                    exclusive: f[3] == "WRITE",
+                    pid: f[4].parse().unwrap_or(-1),
+                    blocked,
+                });
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Whether the open file description `file` itself holds an exclusive `flock(2)` (its

@@ -415,10 +415,29 @@ impl FileHolding {
     fn release_here(&self, r: Release<'_>) -> Result<()> {
         // First, while our lease still keeps every contender out: programs blocked on files
         // that are no longer LOCK but whose flock we hold get them, one after the other.
+        // One read of /proc/locks says, in the usual case, that nobody waits on any of them,
+        // nor on LOCK's file (`glance`, last).
+        let mut glance = None;
         if !self.storage.network {
             let superseded: Vec<File> = lock(&self.superseded).drain(..).collect();
             let replaced = lock(&self.replaced);
-            handover::serve_old_waiters(superseded.iter().chain(replaced.iter()));
+            let written = lock(&self.written);
+            let kept = written.as_ref().and_then(|w| w.kept.as_ref());
+            let old: Vec<&File> = superseded.iter().chain(replaced.iter()).collect();
+            let files: Vec<&File> = old.iter().copied().chain(kept).collect();
+            let mut seen = mutex::nobody_blocked_at_a_glance(&files);
+            if kept.is_some() {
+                glance = seen.pop();
+            }
+            let waited_on: Vec<&File> = (old.into_iter().zip(seen))
+                .filter(|(_, s)| *s != Some(false))
+                .map(|(f, _)| f)
+                .collect();
+            if !waited_on.is_empty() {
+                // Serving may take a while: LOCK's own file is looked at again below.
+                glance = None;
+                handover::serve_old_waiters(waited_on);
+            }
         }
         let witness = lock(&self.witness).take();
         // Our kernel mark goes before anything says the lock is free (a contender that finds
@@ -435,6 +454,7 @@ impl FileHolding {
         // that lock on the file LOCK still names, so we release in place for it (PROTOCOL.md §10).
         let local = !self.storage.network;
         let blocked = local
+            && glance != Some(Some(false))
             && (written.as_ref().and_then(|w| w.kept.as_ref())).is_some_and(mutex::someone_blocked);
         // On a local file system, with someone waiting: mark our file released in place (no
         // mutex: the file is the one we renamed into place, which only we change in place, and
