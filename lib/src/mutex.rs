@@ -908,13 +908,26 @@ pub(crate) fn claim_lock_file(
     file: File,
     own: impl Fn(i32) -> bool,
 ) -> Option<String> {
-    if klock::claim_lock_file(&file).unwrap_or(false) {
-        *section
-            .claimed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(file);
+    use std::os::unix::fs::MetadataExt;
+    let id = |f: &File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
+    let mut claimed = section
+        .claimed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Looked at again in the same section: a claim of ours on this very file is no other
+    // program's lock (and trying again would meet it).
+    if claimed
+        .as_ref()
+        .is_some_and(|c| id(c).is_some() && id(c) == id(&file))
+    {
         return None;
     }
+    *claimed = None;
+    if klock::claim_lock_file(&file).unwrap_or(false) {
+        *claimed = Some(file);
+        return None;
+    }
+    drop(claimed);
     exclusive_locker(&file, own)
 }
 
@@ -1017,6 +1030,39 @@ mod tests {
         assert!(flock1.wait().unwrap().success());
         assert!(exclusive_locker(&look, |_| false).is_none());
         assert!(!someone_blocked(&held));
+    }
+
+    /// A contender's claim on LOCK's file: held while its section lasts (another description's
+    /// flock is refused), looked at again in the same section without meeting itself, and let
+    /// go of with the section when no take used it.
+    #[test]
+    fn a_claim_is_kept_by_the_section_and_a_second_look_does_not_meet_it() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = std::fs::canonicalize(d.path()).unwrap();
+        let paths = LockPaths::new(dir.join("a.lock")).unwrap();
+        std::fs::write(&paths.lock, "").unwrap();
+        let other = File::open(&paths.lock).unwrap();
+        let section = lock(
+            &paths,
+            None,
+            Duration::from_secs(1),
+            StuckPolicy::Report,
+            false,
+        )
+        .unwrap();
+        let look = || File::open(&paths.lock).unwrap();
+        assert_eq!(claim_lock_file(&section, look(), |_| false), None);
+        assert!(klock::flock_held_exclusively(&other).unwrap(), "claimed");
+        assert_eq!(
+            claim_lock_file(&section, look(), |_| false),
+            None,
+            "again, same section"
+        );
+        drop(section);
+        assert!(
+            !klock::flock_held_exclusively(&other).unwrap(),
+            "let go with the section"
+        );
     }
 
     /// The atomic tests of LOCK's file: an exclusive flock or a byte-range write lock held by
