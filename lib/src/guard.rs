@@ -285,6 +285,30 @@ impl LeaseGuard {
         self.inner.holding.kernel_lock()
     }
 
+    /// Duplicates of the descriptors on which this holder keeps the lock of files that are no
+    /// longer LOCK — the file its lease replaced (claimed when it was taken) and its own earlier
+    /// files —, so that util-linux flock(1) that opened one of them before the rename waits for
+    /// us (PROTOCOL.md §4). A process that outlives us (the binary's guardian) keeps them and, if
+    /// we die before our release served their waiters, serves them itself with
+    /// [`serve_blocked`] before it lets go. Empty where there are none (NFS, shared leases,
+    /// etcd, S3, a lock taken when LOCK did not exist).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), leasehold::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("job.lock");
+    /// leasehold::LeaseBuilder::new(&path).try_acquire()?.release()?;
+    /// let guard = leasehold::LeaseBuilder::new(&path).try_acquire()?;
+    /// let old = guard.old_file_descriptors(); // the released record's file, claimed
+    /// guard.release()?;
+    /// drop(old);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn old_file_descriptors(&self) -> Vec<std::os::fd::OwnedFd> {
+        self.inner.holding.old_locks()
+    }
+
     /// How the holding before this one ended, as this lease recorded it when it was taken
     /// (`None`: the lock was never held, or was emptied). See [`crate::LastEnding`].
     pub fn previous(&self) -> Option<crate::ending::LastEnding> {
@@ -492,4 +516,26 @@ impl<H: Holding> Kept for Inner<H> {
         let last_error = lock(&self.control).last_error.clone();
         self.set_lost(LossReason::RenewTimeout { last_error });
     }
+}
+
+/// Lets programs blocked on the flock held through `files` (descriptors from
+/// [`LeaseGuard::old_file_descriptors`]) have it, one after the other, waiting while each runs:
+/// what a holder's release does before it becomes visible, for a process that kept those
+/// descriptors past a holder that died (the binary's guardian). Files whose flock these
+/// descriptors do not hold are left alone; nothing blocked, nothing waited for.
+///
+/// ```
+/// # fn main() -> Result<(), leasehold::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("job.lock");
+/// leasehold::LeaseBuilder::new(&path).try_acquire()?.release()?;
+/// let guard = leasehold::LeaseBuilder::new(&path).try_acquire()?;
+/// let old: Vec<std::fs::File> = guard.old_file_descriptors().into_iter().map(Into::into).collect();
+/// leasehold::serve_blocked(&old); // nobody is blocked: returns at once
+/// guard.release()?;
+/// # Ok(())
+/// # }
+/// ```
+pub fn serve_blocked(files: &[std::fs::File]) {
+    crate::handover::serve_old_waiters(files);
 }

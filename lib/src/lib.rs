@@ -91,7 +91,7 @@ pub use cancel::Cancel;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
 pub use ending::{Ack, Acked, EndKind, History, LastEnding, SKIPPED, ack, last_ending, too_soon};
 pub use error::{Error, Result, TimingError};
-pub use guard::LeaseGuard;
+pub use guard::{LeaseGuard, serve_blocked};
 pub use identity::Identity;
 pub use loss::LossReason;
 pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_beside};

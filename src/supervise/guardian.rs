@@ -15,8 +15,13 @@
 //! duplicate) once the job has ended through the wrapper; and, in the guardian, the stop on
 //! EOF: SIGTERM (and SIGCONT) every process carrying this lease's environment, wait the grace
 //! while any lives, SIGKILL them, one line on stderr, then exit (closing the lock's duplicate).
-//! Must never: hold a descriptor but its socket, stderr and that duplicate (no lease file, no
-//! mutex, not the caller's stdout); lock or unlock anything itself; signal a process not verified by
+//! Also passed: duplicates of the descriptors on which the wrapper keeps the lock of files
+//! that are no longer LOCK (`LeaseGuard::old_file_descriptors`: the file its lease replaced,
+//! claimed); once the job is stopped, a flock(1) blocked on one of them is served
+//! (`leasehold::serve_blocked`) before the guardian exits and lets go of LOCK's, so it never
+//! runs beside the next holder (PROTOCOL.md §4).
+//! Must never: hold a descriptor but its socket, stderr and those duplicates (no lease file, no
+//! mutex, not the caller's stdout); lock or unlock anything itself but in that serving; signal a process not verified by
 //! `leasehold::process` (this lock's path and this lease id in its environment, the lease's
 //! uid, started no earlier than the command, re-read just before each signal); act before it is
 //! armed or on anything but EOF; survive a wrapper that ended its job itself.
@@ -156,8 +161,15 @@ impl Guardian {
             }
         }
         let held = guard.lock_file_descriptor();
-        send_descriptor(&self.tx, held.as_ref().map(AsRawFd::as_raw_fd))
-            .map_err(|e| io_error(lock, "arm the guardian", e))
+        let send = |fd: Option<RawFd>| {
+            send_descriptor(&self.tx, fd).map_err(|e| io_error(lock, "arm the guardian", e))
+        };
+        send(held.as_ref().map(AsRawFd::as_raw_fd))?;
+        // Then the files we keep locked that are no longer LOCK, one a message, and an end.
+        for old in guard.old_file_descriptors() {
+            send(Some(old.as_raw_fd()))?;
+        }
+        send(None)
     }
 
     /// The job ended through the wrapper: the guardian goes without doing anything. It holds
@@ -431,6 +443,20 @@ fn serve(fd: RawFd) -> i32 {
         stop(&armed);
         return 0;
     };
+    // The locks it keeps on files that are no longer LOCK (`LeaseGuard::old_file_descriptors`):
+    // served, once the job is stopped, before we let go of LOCK's.
+    let mut old: Vec<std::fs::File> = Vec::new();
+    loop {
+        match receive_descriptor(fd) {
+            Some(Some(f)) => old.push(f.into()),
+            Some(None) => break,
+            None => {
+                stop(&armed);
+                leasehold::serve_blocked(&old);
+                return 0;
+            }
+        }
+    }
     let mut byte = [0u8; 64];
     loop {
         // SAFETY: within `byte`.
@@ -440,6 +466,7 @@ fn serve(fd: RawFd) -> i32 {
         }
     }
     stop(&armed);
+    leasehold::serve_blocked(&old);
     0
 }
 

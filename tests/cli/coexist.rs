@@ -645,3 +645,83 @@ fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_ru
         );
     }
 }
+
+/// A `run` SIGKILLed with its group while a flock(1) waits on the file its lease replaced (one
+/// that opened LOCK before the take): the guardian keeps the claim on that file too, stops
+/// what the command left running (here a process that ignores SIGTERM, alive through the
+/// grace), and only then lets that flock(1) run. (Without the guardian's duplicate of the
+/// claim, the kernel dropped it with the wrapper and flock(1) ran beside the leftover.)
+#[test]
+fn a_cancelled_run_keeps_a_flock_1_on_the_file_it_replaced_waiting_until_its_leftovers_are_stopped()
+{
+    if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
+        return;
+    }
+    for (fs, base, _keep) in file_systems() {
+        let d = tempfile::tempdir_in(&base).unwrap();
+        let lock = d.path().join("job.lock");
+        let st = lh()
+            .arg("run")
+            .arg(&lock)
+            .args(["--", "true"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "{fs}");
+        let old = std::fs::File::open(&lock).unwrap();
+        let old_meta = old.metadata().unwrap();
+        let bg = d.path().join("bg");
+        let job = format!(
+            "trap '' TERM; sleep 300 & echo $! > '{b}.tmp'; mv '{b}.tmp' '{b}'; wait",
+            b = bg.display()
+        );
+        let mut c = lh();
+        c.args(["run", "-n", "--grace", "1s"])
+            .arg(&lock)
+            .args(["--", "sh", "-c", &job])
+            .env_remove("LEASEHOLD_LOCK")
+            .env_remove("LEASEHOLD_LEASE_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut holder = Proc::spawn(c, "the run to cancel");
+        ensure_within("the job's leftover to start", LONG, || bg.exists());
+        let left: i32 = std::fs::read_to_string(&bg)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let seen = d.path().join("seen");
+        let script = format!(
+            "{FLOCK} 0 || exit 9; s=$(awk '{{print $3}}' /proc/{left}/stat 2>/dev/null); \
+             case \"$s\" in ''|Z|X) echo gone ;; *) echo \"running ($s)\" ;; esac > '{o}'",
+            o = seen.display()
+        );
+        let mut f = Command::new("sh");
+        f.arg("-c")
+            .arg(&script)
+            .stdin(Stdio::from(old))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut f = Proc::spawn(f, "flock(1) on the replaced file");
+        ensure_within("flock(1) to block on the replaced file", LONG, || {
+            blocked_on_inode(&old_meta)
+        });
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(holder.pid()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        holder.wait_timeout(LONG);
+        assert!(
+            f.wait_timeout(LONG).success(),
+            "{fs}: flock(1): {}",
+            f.stderr()
+        );
+        let seen = std::fs::read_to_string(&seen).unwrap();
+        assert_eq!(
+            seen.trim(),
+            "gone",
+            "{fs}: flock(1) started while the cancelled job's leftover pid {left} still ran"
+        );
+    }
+}

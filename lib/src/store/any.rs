@@ -104,6 +104,16 @@ impl Holding for AnyHolding {
         }
     }
 
+    fn old_locks(&self) -> Vec<std::os::fd::OwnedFd> {
+        match self {
+            AnyHolding::File(h) => h.old_locks(),
+            #[cfg(feature = "etcd")]
+            AnyHolding::Etcd(h) => h.old_locks(),
+            #[cfg(feature = "s3")]
+            AnyHolding::S3(h) => h.old_locks(),
+        }
+    }
+
     fn enter(&self, deadline: Instant, stuck_after: Duration) -> Result<AnySection> {
         match self {
             AnyHolding::File(h) => h.enter(deadline, stuck_after).map(AnySection::File),

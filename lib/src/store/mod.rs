@@ -386,6 +386,14 @@ pub(crate) trait Holding: Send + Sync + 'static {
         None
     }
 
+    /// Duplicates of the descriptors on which we hold the lock of files that are no longer
+    /// our lease's (the file our lease replaced, claimed; our own earlier files), for a process
+    /// that must serve programs blocked on them if we die (`handover::serve_old_waiters`).
+    /// Empty (the default): none.
+    fn old_locks(&self) -> Vec<std::os::fd::OwnedFd> {
+        Vec::new()
+    }
+
     /// A held section, for [`Holding::rewrite`].
     type Section;
 

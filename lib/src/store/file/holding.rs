@@ -276,6 +276,15 @@ impl Holding for FileHolding {
         kept.try_clone().ok().map(std::os::fd::OwnedFd::from)
     }
 
+    fn old_locks(&self) -> Vec<std::os::fd::OwnedFd> {
+        let superseded = lock(&self.superseded);
+        let replaced = lock(&self.replaced);
+        (superseded.iter().chain(replaced.iter()))
+            .filter(|f| crate::os::linux::procfs::holds_exclusive_flock(f) == Some(true))
+            .filter_map(|f| f.try_clone().ok().map(std::os::fd::OwnedFd::from))
+            .collect()
+    }
+
     fn still_ours(&self, lease_id: &str) -> Result<Ours> {
         fsio::read_lock(&self.paths).map(|c| ours(&c, lease_id))
     }
@@ -437,6 +446,11 @@ impl FileHolding {
                 // Serving may take a while: LOCK's own file is looked at again below.
                 glance = None;
                 handover::serve_old_waiters(waited_on);
+            }
+            // Let go explicitly: a duplicate handed to the guardian (`old_locks`) must not keep
+            // them past our release.
+            for f in superseded.iter().chain(replaced.iter()) {
+                let _ = crate::klock::let_go_lock_file(f);
             }
         }
         let witness = lock(&self.witness).take();
