@@ -65,10 +65,11 @@ pub fn lh_run(pre: &[&str], lock: &Path, post: &[&str]) -> assert_cmd::assert::A
         .assert()
 }
 
-/// SIGKILLs a `leasehold run` wrapper and waits until it is gone and its command `child` (which
-/// dies with it, by PDEATHSIG) too.
+/// SIGKILLs a `leasehold run` wrapper and waits until it is gone, its command `child` (which
+/// dies with it, by PDEATHSIG) too, and its guardian has stopped the leftovers and let go.
 #[track_caller]
 pub fn kill_wrapper(wrapper: &mut Proc, child: i32) {
+    let guardian = guardian_of(wrapper.pid());
     wrapper.signal(nix::sys::signal::Signal::SIGKILL);
     wrapper.wait_timeout(Duration::from_secs(5));
     ensure_within(
@@ -76,6 +77,15 @@ pub fn kill_wrapper(wrapper: &mut Proc, child: i32) {
         Duration::from_secs(5),
         || !super::alive(child),
     );
+    // The guardian keeps the wrapper's kernel lock on LOCK until it has stopped what the job
+    // left behind; a run that looked before then would rightly wait behind it.
+    if let Some(g) = guardian {
+        ensure_within(
+            "the wrapper's guardian to stop the leftovers and let go",
+            Duration::from_secs(5),
+            || !super::alive(g),
+        );
+    }
 }
 
 /// The guardian of the `leasehold run` wrapper `wrapper`: its child named `lh-guardian`.
