@@ -719,6 +719,7 @@ fn take_with<S: Store>(
         bytes,
         started,
         on_lost: s.on_lost.clone(),
+        on_serve: s.on_serve.clone(),
         broke,
         holding,
     })))

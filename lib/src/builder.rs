@@ -66,6 +66,7 @@ pub struct LeaseBuilder {
     pub(crate) wall_skew: Option<Duration>,
     pub(crate) on_lost: Option<LostCallback>,
     pub(crate) on_wait: Option<WaitCallback>,
+    pub(crate) on_serve: Option<crate::handover::ServeCallback>,
     pub(crate) take_over_hung: bool,
     pub(crate) poll: bool,
     pub(crate) durable: bool,
@@ -114,6 +115,7 @@ impl LeaseBuilder {
             wall_skew: None,
             on_lost: None,
             on_wait: None,
+            on_serve: None,
             take_over_hung: true,
             poll: false,
             durable: true,
@@ -195,6 +197,24 @@ impl LeaseBuilder {
     /// line per call should print only when what it shows changes.
     pub fn on_wait(mut self, f: impl FnMut(&Verdict) + Send + 'static) -> Self {
         self.on_wait = Some(Arc::new(Mutex::new(f)));
+        self
+    }
+    /// Called at the release, before the lease is let go, for each program that blocked on a
+    /// file LOCK named before our lease replaced it (util-linux flock(1) that opened LOCK just
+    /// before): the release lets it run first and waits until it has let go (PROTOCOL.md §4),
+    /// which may take as long as that program's job. A caller that prints says why it waits.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), leasehold::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let guard = leasehold::LeaseBuilder::new(dir.path().join("job.lock"))
+    ///     .on_serve(|s| eprintln!("waiting for {} to finish first", s.who()))
+    ///     .try_acquire()?;
+    /// guard.release()?; // nobody blocked: nothing said
+    /// # Ok(()) }
+    /// ```
+    pub fn on_serve(mut self, f: impl Fn(&crate::Served) + Send + Sync + 'static) -> Self {
+        self.on_serve = Some(Arc::new(f));
         self
     }
     /// Whether a hung same-host holder (alive, heartbeat stalled a TTL) is stopped (verified

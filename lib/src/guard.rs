@@ -21,6 +21,7 @@ use crate::boottime::BootInstant;
 
 use crate::clock::{Clock, format_rfc3339};
 use crate::error::{Error, Result};
+use crate::handover::ServeCallback;
 use crate::keeper::{self, Kept};
 use crate::loss::{LossReason, LostCallback};
 use crate::record::{Lease, LeaseState};
@@ -40,6 +41,7 @@ pub(crate) struct Start<H> {
     /// When the acquiring write began: the first renew deadline counts from here.
     pub started: BootInstant,
     pub on_lost: Option<LostCallback>,
+    pub on_serve: Option<ServeCallback>,
     pub broke: Option<Verdict>,
     /// The lease's link to its store.
     pub holding: H,
@@ -86,6 +88,7 @@ struct Inner<H> {
     lost: AtomicBool,
     loss: Mutex<Option<LossReason>>,
     on_lost: Option<LostCallback>,
+    on_serve: Option<ServeCallback>,
     holding: H,
 }
 
@@ -132,6 +135,7 @@ impl LeaseGuard {
             bytes,
             started,
             on_lost,
+            on_serve,
             broke,
             holding,
         } = s;
@@ -154,6 +158,7 @@ impl LeaseGuard {
             lost: AtomicBool::new(false),
             loss: Mutex::new(None),
             on_lost,
+            on_serve,
             holding: holding.into(),
         });
         let renew_at = lock(&inner.control).next_renew;
@@ -360,6 +365,7 @@ impl LeaseGuard {
             stuck_after: inner.timing.ttl,
             stop: &mut || stop_threads(inner),
             lost: inner.lost.load(Ordering::Acquire),
+            on_serve: inner.on_serve.as_deref(),
         })
     }
 }
@@ -522,7 +528,8 @@ impl<H: Holding> Kept for Inner<H> {
 /// [`LeaseGuard::old_file_descriptors`]) have it, one after the other, waiting while each runs:
 /// what a holder's release does before it becomes visible, for a process that kept those
 /// descriptors past a holder that died (the binary's guardian). Files whose flock these
-/// descriptors do not hold are left alone; nothing blocked, nothing waited for.
+/// descriptors do not hold are left alone; nothing blocked, nothing waited for. `tell` hears
+/// of each program before it runs ([`Served`](crate::Served); `lock` is LOCK, for it to name).
 ///
 /// ```
 /// # fn main() -> Result<(), leasehold::Error> {
@@ -531,11 +538,15 @@ impl<H: Holding> Kept for Inner<H> {
 /// leasehold::LeaseBuilder::new(&path).try_acquire()?.release()?;
 /// let guard = leasehold::LeaseBuilder::new(&path).try_acquire()?;
 /// let old: Vec<std::fs::File> = guard.old_file_descriptors().into_iter().map(Into::into).collect();
-/// leasehold::serve_blocked(&old); // nobody is blocked: returns at once
+/// leasehold::serve_blocked(&path, &old, |s| eprintln!("serving {}", s.who())); // nobody: at once
 /// guard.release()?;
 /// # Ok(())
 /// # }
 /// ```
-pub fn serve_blocked(files: &[std::fs::File]) {
-    crate::handover::serve_old_waiters(files);
+pub fn serve_blocked(
+    lock: &std::path::Path,
+    files: &[std::fs::File],
+    tell: impl Fn(&crate::Served) + Send + Sync,
+) {
+    crate::handover::serve_old_waiters(files, lock, Some(&tell));
 }

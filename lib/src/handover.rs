@@ -105,6 +105,60 @@ pub(crate) fn release_to_blocked(
     Ok(f)
 }
 
+/// A program a releasing holder lets run before its release: it blocked on a file LOCK named
+/// before a lease replaced it (util-linux flock(1) that opened LOCK just before the rename), and
+/// running it later, beside the next holder, would be two jobs at once (PROTOCOL.md §4). The
+/// release waits until it has let go; [`LeaseBuilder::on_serve`](crate::LeaseBuilder::on_serve)
+/// and [`serve_blocked`](crate::serve_blocked) report each one, so that the wait is not silent.
+///
+/// ```
+/// let s = leasehold::Served {
+///     lock: "/var/lock/deploy.lock".into(),
+///     pid: Some(4242),
+///     user: Some("deploy".into()),
+/// };
+/// assert_eq!(s.who(), "pid 4242 (user deploy)");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// LOCK, as the holder took it.
+    pub lock: PathBuf,
+    /// The blocked program's process id, when this host's /proc/locks names it.
+    pub pid: Option<i32>,
+    /// Its user, when its process can still be read.
+    pub user: Option<String>,
+}
+
+impl Served {
+    /// The program as `pid N (user U)`, or what is known of it.
+    pub fn who(&self) -> String {
+        match (self.pid, &self.user) {
+            (Some(p), Some(u)) => format!("pid {p} (user {})", crate::text::escape(u)),
+            (Some(p), None) => format!("pid {p}"),
+            _ => "a program this host cannot name".into(),
+        }
+    }
+}
+
+/// Reports one program served (the builder's `on_serve`, or `serve_blocked`'s caller).
+pub(crate) type ServeCallback = std::sync::Arc<dyn Fn(&Served) + Send + Sync>;
+
+/// Who is blocked for our flock on `f`, as /proc/locks names the first request waiting for it.
+fn blocked_one(f: &File, lock: &std::path::Path) -> Served {
+    let pid = crate::os::linux::procfs::proc_locks(f)
+        .into_iter()
+        .find(|l| l.blocked && l.pid > 0)
+        .map(|l| l.pid);
+    let user = pid
+        .and_then(|p| crate::process::stat(p).ok().flatten())
+        .map(|s| crate::lockdir::user_name(s.uid));
+    Served {
+        lock: lock.to_path_buf(),
+        pid,
+        user,
+    }
+}
+
 /// Before a holder's release becomes visible: programs blocked on a file that is no longer LOCK
 /// but that we hold the lock of (`files`: the one our lease replaced, claimed before the rename,
 /// and our own earlier files a rewrite replaced) — util-linux flock(1) that opened LOCK before
@@ -112,7 +166,12 @@ pub(crate) fn release_to_blocked(
 /// every leasehold contender out, and we wait until they have let go. Let go of at once, they
 /// would run on a file nobody looks at, beside the next holder. Waits as long as their jobs
 /// run (the guard keeps renewing meanwhile); nothing to do, and no wait, when nobody is blocked.
-pub(crate) fn serve_old_waiters<'a>(files: impl IntoIterator<Item = &'a File>) {
+/// `tell` hears of each program before it runs (LOCK is `lock`).
+pub(crate) fn serve_old_waiters<'a>(
+    files: impl IntoIterator<Item = &'a File>,
+    lock: &std::path::Path,
+    tell: Option<&(dyn Fn(&Served) + Send + Sync)>,
+) {
     // Only a file whose flock we hold: a program blocked behind anyone else's (a frozen
     // holder's, whose job was stopped) is not ours to serve.
     for f in files {
@@ -120,6 +179,9 @@ pub(crate) fn serve_old_waiters<'a>(files: impl IntoIterator<Item = &'a File>) {
         for _ in 0..64 {
             if crate::mutex::blocked_behind_ours(f) != Some(true) {
                 break;
+            }
+            if let Some(tell) = tell {
+                tell(&blocked_one(f, lock));
             }
             let _ = crate::klock::let_go_lock_file(f);
             let until = std::time::Instant::now() + BLOCKED_TAKES_WITHIN;

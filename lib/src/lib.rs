@@ -52,6 +52,7 @@ mod os;
 use os::linux::{boottime, cancel, fsinfo, klock};
 
 mod acquire;
+mod badge;
 mod builder;
 mod clock;
 mod ending;
@@ -86,12 +87,14 @@ mod verdict;
 mod wait;
 
 pub use acquire::Acquirer;
+pub use badge::{KeeperBadge, keeper_badge};
 pub use builder::LeaseBuilder;
 pub use cancel::Cancel;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
 pub use ending::{Ack, Acked, EndKind, History, LastEnding, SKIPPED, ack, last_ending, too_soon};
 pub use error::{Error, Result, TimingError};
 pub use guard::{LeaseGuard, serve_blocked};
+pub use handover::Served;
 pub use identity::Identity;
 pub use loss::LossReason;
 pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_beside};

@@ -119,7 +119,8 @@ pub struct JobEvidence {
     pub uid: u32,
     /// The lock's absolute path, as the job's processes carry it in `LEASEHOLD_LOCK`.
     pub lock: std::path::PathBuf,
-    /// Device and inode of the lock's mutex file.
+    /// Device and inode of the lock's mutex file (or of a keeper's badge:
+    /// [`JobEvidence::with_holder_mark`]), on which a holder keeps its `O_PATH` mark.
     pub mutex: Option<(u64, u64)>,
     /// Processes never signalled: this one and its ancestors.
     protected: Vec<i32>,
@@ -182,6 +183,22 @@ impl JobEvidence {
             own_group: stat(me).ok().flatten().map(|s| s.pgrp),
             trusted_child: None,
         }
+    }
+
+    /// The holder's mark is an `O_PATH` descriptor on the file `(dev, ino)` rather than on the
+    /// lock's mutex file: a script-mode keeper's badge ([`crate::keeper_badge`]), for a lock
+    /// with no directory of its own (etcd, S3), whose holder is verified by it as a lock file's
+    /// is by its mark ([`JobEvidence::check_holder`]).
+    ///
+    /// ```
+    /// use leasehold::process::JobEvidence;
+    /// let ev = JobEvidence::by_environment("ab12", 1000, "s3://bucket/key".as_ref())
+    ///     .with_holder_mark((1, 2));
+    /// assert_eq!(ev.mutex, Some((1, 2)));
+    /// ```
+    pub fn with_holder_mark(mut self, id: (u64, u64)) -> JobEvidence {
+        self.mutex = Some(id);
+        self
     }
 
     /// Script mode: the process `pid` with start time `start` belongs to the job too, though

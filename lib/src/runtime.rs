@@ -1,4 +1,5 @@
-//! Where the `flock` front end keeps a file's lease (asked for with `LEASEHOLD_FLOCK_FENCE=1`):
+//! Where the `flock` front end keeps a file's lease (asked for with `LEASEHOLD_FLOCK_FENCE=1`),
+//! and the directory a script-mode keeper's badge lives in (`badge.rs`):
 //! on a local file system, in this user's runtime directory, keyed by the locked file's device
 //! and inode (and its creation time, where the file system keeps one) — never in the user's
 //! directories; on a network file system, where other hosts must see it, beside the file
@@ -82,6 +83,18 @@ fn make() -> Option<PathBuf> {
                 .create(&d);
             trusted(&d).then_some(d)
         }
+    }
+}
+
+/// The runtime directory, if it can be used: made first when `create` (for a keeper's badge,
+/// `badge.rs`), else only if it is there.
+pub(crate) fn directory(create: bool) -> Option<PathBuf> {
+    if create {
+        return make();
+    }
+    match look() {
+        Runtime::Usable(d) => Some(d),
+        Runtime::Missing(_) | Runtime::Unusable => None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! What `leasehold run` reports, as typed events, and the two ways of showing them.
 //!
 //! Owns: the [`Event`]s of a run (waiting, acquired, broke, refused, recovering, fenced,
-//! timed-out, leftovers-stopped, lost, released, error, not-started, usage-error), the choice of
+//! timed-out, leftovers-stopped, lost, serving, released, error, not-started, usage-error), the choice of
 //! renderer made once from the flags ([`for_run`]), the human renderer (today's lines from
 //! `report`, the live wait line from `progress`, and what `-q`/`-v` hide or show) and the JSON
 //! renderer (`--json`: one object a line on stderr, every event, the names and fields that
@@ -99,6 +99,9 @@ pub(crate) enum Event<'a> {
     },
     /// Something failed (`exit` is the status it maps to, when the run ends by it).
     Failed { lock: &'a Path, error: &'a Error },
+    /// The release lets a program blocked on the file LOCK named before our lease replaced it
+    /// run first, and waits until it lets go.
+    Serving(&'a leasehold::Served),
     /// The command could not be started (`why` names it).
     NotStarted {
         lock: &'a Path,
@@ -125,6 +128,7 @@ impl Event<'_> {
             Event::Lost { .. } => "lost",
             Event::Released { .. } => "released",
             Event::Failed { .. } => "error",
+            Event::Serving(_) => "serving",
             Event::NotStarted { .. } => "not-started",
             Event::Usage { .. } => "usage-error",
         }
@@ -183,6 +187,7 @@ impl Event<'_> {
                 reason,
             } => report::lost_at_end_line(lock, reason, &quote_argv(command)),
             Event::Released { lock, how, .. } => report::released_line(lock, how),
+            Event::Serving(s) => report::served_line(s, false),
             Event::NotStarted { why, .. } => report::not_started_line(why),
             Event::Usage { message, .. } => message.to_string(),
         })
@@ -303,6 +308,9 @@ impl Event<'_> {
             } => json!({
                 "lock": path(lock), "how": how, "exit": exit, "skipped": skipped,
             }),
+            Event::Serving(s) => json!({
+                "lock": path(&s.lock), "pid": s.pid, "user": s.user,
+            }),
             Event::Failed { lock, error } => json!({
                 "lock": path(lock), "exit": super::exit::exit_code(error),
             }),
@@ -364,7 +372,8 @@ impl Renderer for Human {
             | Event::Refused { .. }
             | Event::TooSoon { .. }
             | Event::Recovering { .. }
-            | Event::LeftoversStopped { .. } => !self.quiet,
+            | Event::LeftoversStopped { .. }
+            | Event::Serving(_) => !self.quiet,
             _ => true,
         };
         if let (true, Some(text)) = (shown, e.line()) {

@@ -427,6 +427,22 @@ pub fn guardian_line(
     s
 }
 
+/// A release (or, `guardian`, the guardian of a wrapper that died) lets a program blocked on
+/// the file LOCK named before our lease replaced it run first, and waits until it lets go
+/// (PROTOCOL.md §4): said before the wait, which lasts as long as that program's job.
+pub fn served_line(s: &leasehold::Served, guardian: bool) -> String {
+    let who = if guardian {
+        "the guardian of the wrapper that held"
+    } else {
+        "releasing"
+    };
+    format!(
+        "leasehold: {who} {} waits for {} to finish first: it was blocked on the file LOCK named before this lease replaced it (util-linux flock(1)?), and runs now, alone, while the lease still keeps every other job out",
+        escape_path(&s.lock),
+        scrub(&s.who())
+    )
+}
+
 /// The lease was lost just as the command ended. `cmd` is the shell-quoted command.
 pub fn lost_at_end_line(lock: &Path, reason: &str, cmd: &str) -> String {
     format!(

@@ -155,6 +155,7 @@ fn take(
     ev: &Arc<dyn Renderer>,
 ) -> Result<LeaseGuard, i32> {
     let shown = Arc::clone(ev);
+    let told = Arc::clone(ev);
     let lock = a.lock.as_path();
     let mut b = LeaseBuilder::new(&a.lock);
     if let Some(d) = a.max_time {
@@ -165,6 +166,7 @@ fn take(
             .child(child.0, child.1, child.0)
             .on_lost(sup.loss_notifier())
             .on_wait(move |v| shown.emit(&Event::Waiting(v)))
+            .on_serve(move |s| told.emit(&Event::Serving(s)))
             .cancel(cancel),
     );
     if let Err(e) = b.timing() {

@@ -3,7 +3,8 @@
 //! Owns: deciding whether the caller may (the script itself or a process it started: a
 //! descendant, or one whose environment carries this lock's path and lease id — and the same
 //! user), finding the keeper (the lease's `holder.pid`, verified by its start time and its
-//! holder's mark on this lock, PROTOCOL.md §7), the request (SIGUSR1 through a pidfd), waiting
+//! holder's mark on this lock, PROTOCOL.md §7 — for an etcd or S3 lock, its badge in our
+//! runtime directory, §11), the request (SIGUSR1 through a pidfd), waiting
 //! for the keeper to exit, and the exit status. Must never: signal a process the lease names
 //! before it is verified; change LOCK itself (the keeper releases; `break` is for anyone else).
 
@@ -50,8 +51,13 @@ pub(super) fn unlock(a: &UnlockArgs) -> i32 {
         return exit::NOPERM;
     }
     let ev = if leasehold::is_store_url(&a.lock) {
-        // An etcd or S3 lock: no mutex file; its jobs carry the URL in their environment.
-        JobEvidence::by_environment(&l.lease_id, h.uid, &a.lock)
+        // An etcd or S3 lock: no mutex file; its jobs carry the URL in their environment, and
+        // its keeper holds its badge in our runtime directory (`leasehold::KeeperBadge`).
+        let ev = JobEvidence::by_environment(&l.lease_id, h.uid, &a.lock);
+        match leasehold::keeper_badge(&l.lease_id) {
+            Some(id) => ev.with_holder_mark(id),
+            None => ev,
+        }
     } else {
         let paths = match LockPaths::new(&a.lock) {
             Ok(p) => p,

@@ -183,6 +183,22 @@ fn keep(k: Keeper, cancel: leasehold::Cancel) -> i32 {
     if let (Some(v), false) = (guard.broke(), k.quiet || k.flock) {
         say(&report::broke_line(v, false));
     }
+    // A lock with no directory (etcd, S3): the badge `leasehold unlock` verifies us by, made
+    // before the script can know the lease (it learns it from our `ok`), kept until we return.
+    let _badge = if leasehold::is_store_url(guard.path()) && !k.flock {
+        match leasehold::KeeperBadge::create(&guard.lease_id()) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                say(&format!(
+                    "leasehold: warning: {}; leasehold unlock will refuse (77) as it cannot verify this keeper, and the lock is released when the script exits",
+                    leasehold::text::scrub(&e.to_string())
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
     // From here on nothing is printed: stderr too goes to /dev/null, so a caller reading it to
     // its end (cron) is not kept waiting by us.
     if let Ok(null) = nix::fcntl::open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
@@ -435,8 +451,16 @@ fn watch(guard: &LeaseGuard, script: &OwnedFd, lost: &File, pid: i32, start: u64
         );
     };
     let lease = guard.lease();
-    let ev = LockPaths::new(guard.path())
-        .map(|p| JobEvidence::new(&guard.lease_id(), lease.holder.uid, &p.lock, &p.mutex));
+    let ev = if leasehold::is_store_url(guard.path()) {
+        Ok(JobEvidence::by_environment(
+            &guard.lease_id(),
+            lease.holder.uid,
+            guard.path(),
+        ))
+    } else {
+        LockPaths::new(guard.path())
+            .map(|p| JobEvidence::new(&guard.lease_id(), lease.holder.uid, &p.lock, &p.mutex))
+    };
     loop {
         let mut fds = [
             PollFd::new(script.as_fd(), PollFlags::POLLIN),

@@ -452,7 +452,7 @@ fn serve(fd: RawFd) -> i32 {
             Some(None) => break,
             None => {
                 stop(&armed);
-                leasehold::serve_blocked(&old);
+                serve_old(&armed, &old);
                 return 0;
             }
         }
@@ -466,8 +466,19 @@ fn serve(fd: RawFd) -> i32 {
         }
     }
     stop(&armed);
-    leasehold::serve_blocked(&old);
+    serve_old(&armed, &old);
     0
+}
+
+/// Serves programs blocked on the wrapper's old files (`leasehold::serve_blocked`), saying so.
+fn serve_old(a: &Armed, old: &[std::fs::File]) {
+    leasehold::serve_blocked(&a.lock, old, |s| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{}",
+            crate::cli::report::served_line(s, true)
+        );
+    });
 }
 
 /// The wrapper is gone without ending the job: SIGTERM (and SIGCONT) every process carrying

@@ -643,6 +643,15 @@ fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_ru
             ["h", "f", "w"],
             "{fs}: flock(1) runs after the holder's job, before the next"
         );
+        // The holder's release waited for flock(1)'s job, and said so (never silently).
+        let said = h.stderr();
+        assert!(
+            said.contains(&format!(
+                "leasehold: releasing {} waits for pid ",
+                lock.display()
+            )) && said.contains("to finish first"),
+            "{fs}: the release's wait is not explained: {said}"
+        );
     }
 }
 
@@ -722,6 +731,13 @@ fn a_cancelled_run_keeps_a_flock_1_on_the_file_it_replaced_waiting_until_its_lef
             seen.trim(),
             "gone",
             "{fs}: flock(1) started while the cancelled job's leftover pid {left} still ran"
+        );
+        // The guardian said why flock(1) waited (its stderr is the wrapper's).
+        let said = holder.stderr();
+        assert!(
+            said.contains("the guardian of the wrapper that held")
+                && said.contains("waits for pid "),
+            "{fs}: the guardian's wait is not explained: {said}"
         );
     }
 }

@@ -600,6 +600,15 @@ fn etcd_unreachable_cluster_waits_out_w_then_75_and_n_exits_69_naming_each_endpo
     );
 }
 
+/// Script mode on etcd: `unlock` from a stranger is refused (77), from the script it releases
+/// (0) — its keeper verified by its badge (`store_script.rs`). Without the badge the script's
+/// was refused too.
+#[test]
+fn etcd_script_mode_unlock_from_the_script_releases_and_from_elsewhere_is_refused() {
+    let Some(cl) = Cluster::start() else { return };
+    crate::store_script::unlock_from_the_script_only(&cl.url("script"), &|_| {});
+}
+
 #[test]
 fn etcd_nested_names_are_independent_locks_for_run_status_and_break() {
     let Some(cl) = Cluster::start() else { return };

@@ -30,6 +30,9 @@ mod skew;
 /// `s3::endings::`.
 #[cfg(any(feature = "etcd", feature = "s3"))]
 mod store_endings;
+/// Script mode's `unlock` on each networked store: `etcd::`, `s3::`.
+#[cfg(any(feature = "etcd", feature = "s3"))]
+mod store_script;
 
 /// The entry point of worker processes (see `support::worker`): the tests re-run this binary
 /// with `--exact worker --include-ignored` and a role. Ignored in a normal run, where it would

@@ -1,7 +1,7 @@
 //! The S3 store on a real Ceph RADOS Gateway (`support::s3`): tokens and exclusion across
 //! contenders, `-n` on a held lock, `status --json`, takeover after a SIGKILLed holder, fencing
 //! behind a frozen gateway, racing creates and replaces with one winner, `break` of a live
-//! holder, and the probe refusing a server that ignores conditional writes (a fake endpoint
+//! holder, script mode's `unlock` (its keeper verified by its badge), and the probe refusing a server that ignores conditional writes (a fake endpoint
 //! here). Built only with the `s3` feature; skipped (failed under CI) where Ceph is missing.
 
 use std::fs;
@@ -307,6 +307,15 @@ enum Fake {
     /// Honours conditions, matching `If-Match` only with the ETag quoted (RFC 7232's form;
     /// Ceph 16 is the other way round).
     QuotedOnly,
+}
+
+/// Script mode on S3: `eval "$(leasehold lock s3://…)"` holds the lease for the script;
+/// `leasehold unlock` from a stranger is refused (77), from the script it releases (0) — its
+/// keeper verified by its badge (`store_script.rs`). Without the badge the script's was refused.
+#[test]
+fn s3_script_mode_unlock_from_the_script_releases_and_from_elsewhere_is_refused() {
+    let Some(gw) = gateway() else { return };
+    crate::store_script::unlock_from_the_script_only(&gw.url("script"), &|c| gw.apply(c));
 }
 
 /// One request: method, path, headers (lowercase), body.

@@ -436,6 +436,8 @@ pub(crate) struct Release<'a> {
     /// the same either way).
     #[cfg_attr(not(any(feature = "etcd", feature = "s3")), allow(dead_code))]
     pub lost: bool,
+    /// Hears of each program the release lets run first (the builder's `on_serve`).
+    pub on_serve: Option<&'a (dyn Fn(&crate::Served) + Send + Sync)>,
 }
 
 /// Why a renewal failed.

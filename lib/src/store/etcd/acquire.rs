@@ -673,6 +673,7 @@ fn hold(
         bytes,
         started: c.last_ok,
         on_lost: s.on_lost.clone(),
+        on_serve: s.on_serve.clone(),
         broke: None,
         holding,
     })

@@ -445,7 +445,7 @@ impl FileHolding {
             if !waited_on.is_empty() {
                 // Serving may take a while: LOCK's own file is looked at again below.
                 glance = None;
-                handover::serve_old_waiters(waited_on);
+                handover::serve_old_waiters(waited_on, &self.paths.lock, r.on_serve);
             }
             // Let go explicitly: a duplicate handed to the guardian (`old_locks`) must not keep
             // them past our release.

@@ -276,6 +276,7 @@ fn hold(
         bytes,
         started: sent,
         on_lost: s.on_lost.clone(),
+        on_serve: s.on_serve.clone(),
         broke,
         holding,
     })
