@@ -885,16 +885,50 @@ pub(crate) fn exclusive_locker(file: &File, own: impl Fn(i32) -> bool) -> Option
         .then(|| process::stat(l.pid).ok().flatten())
         .flatten();
     Some(match proc {
+        // A zombie holds nothing: someone it passed the descriptor to keeps the lock.
+        Some(s) if s.is_dead() && by_flock(&l) => kept_after(file, s.pid),
         Some(s) => format!(
             "pid {} (user {}, state {}, {kind} lock)",
             s.pid,
             user_name(s.uid),
             s.state
         ),
+        None if l.pid > 0 && by_flock(&l) => kept_after(file, l.pid),
         None if l.pid > 0 => format!("pid {} ({kind} lock)", l.pid),
         // OFD locks name no process.
         None => format!("an open file description ({kind} lock; no pid to name)"),
     })
+}
+
+/// How [`kept_after`] names a dead run's guardian (and how a verdict tells it from another
+/// program).
+pub(crate) const GUARDIAN_WORDS: &str = "the guardian";
+
+/// Who keeps the exclusive flock on `file` that pid `locker`, now gone, took: the process it
+/// passed its descriptor to — `leasehold run`'s guardian, when its wrapper was killed, until it
+/// has stopped what the command left running — or a child that inherited it.
+fn kept_after(file: &File, locker: i32) -> String {
+    let keeper = crate::os::linux::procfs::exclusive_flock_keepers(file)
+        .into_iter()
+        .find_map(|p| process::stat(p).ok().flatten());
+    let Some(s) = keeper else {
+        return format!("pid {locker} (gone; flock lock, kept by a process this host cannot name)");
+    };
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", s.pid)).unwrap_or_default();
+    if comm.trim() == "lh-guardian" {
+        format!(
+            "{GUARDIAN_WORDS} (pid {}) of leasehold run pid {locker}, which is gone: it keeps \
+             the lock until it has stopped what that run's command left running",
+            s.pid
+        )
+    } else {
+        format!(
+            "pid {} (user {}, state {}; flock lock taken by pid {locker}, which is gone)",
+            s.pid,
+            user_name(s.uid),
+            s.state
+        )
+    }
 }
 
 /// [`exclusive_locker`] for a contender inside `section` that may take over LOCK's file `file`

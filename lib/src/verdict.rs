@@ -139,11 +139,22 @@ impl Verdict {
     pub(crate) fn kernel_locked(&mut self, who: String) {
         self.state = State::Held;
         self.heartbeat_age = None;
-        self.behind = Some("a kernel lock on LOCK itself".into());
+        // A dead run's guardian says what it is (`mutex::kept_after`), also where a refusal
+        // or a wait line says what we are behind; anyone else is taken for another program.
+        let guardian = who.starts_with(crate::mutex::GUARDIAN_WORDS);
+        self.behind = Some(if guardian {
+            format!("a kernel lock on LOCK itself, kept by {who}")
+        } else {
+            "a kernel lock on LOCK itself".into()
+        });
+        let what = if guardian {
+            ""
+        } else {
+            ": another program (flock(1) on the same file?), not a leasehold lease, whatever its \
+             record says"
+        };
         self.reason = format!(
-            "LOCK itself is locked by {who}: another program (flock(1) on the same file?), not \
-             a leasehold lease, whatever its record says ({}); nobody takes the lease until it \
-             lets go",
+            "LOCK itself is locked by {who}{what} ({}); nobody takes the lease until it lets go",
             self.reason
         );
     }

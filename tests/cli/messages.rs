@@ -7,7 +7,10 @@
 //! - `break --lease-id` with an id that does not match says so (it may be a typo), never that
 //!   the lease "changed hands"; a broken or revoked lease's record and `status` (readable and
 //!   `--json` reason) name who broke it (user, host, pid);
-//! - `status` on a LOCK that does not exist says so and creates nothing beside it.
+//! - `status` on a LOCK that does not exist says so and creates nothing beside it;
+//! - a run SIGKILLed while its command's leftovers still run: a contender's refusal names the
+//!   dead run's guardian that keeps LOCK's kernel lock until they are stopped, not "another
+//!   program".
 
 use std::time::Duration;
 
@@ -271,4 +274,55 @@ fn status_of_a_missing_lock_says_so_and_creates_nothing() {
     assert!(stderr_of(&a).contains("No such file"), "{}", stderr_of(&a));
     assert!(!gone.exists(), "status created the directory");
     assert_eq!(list(), before, "status created something");
+}
+
+/// A run whose wrapper is SIGKILLed alone leaves a process that ignores SIGTERM; its guardian
+/// keeps the wrapper's kernel lock on LOCK through the grace, until that process is stopped.
+/// `status` meanwhile names the guardian as what keeps LOCK locked — not "another program
+/// (flock(1)?)", nor "a process this host cannot name" (before, /proc/locks named only the dead
+/// wrapper) — and a run goes once the leftover is gone.
+#[test]
+fn status_behind_a_dead_runs_guardian_names_the_guardian() {
+    let d = tmp();
+    let lock = d.path().join("job.lock");
+    let bg = d.path().join("bg");
+    let job = format!(
+        "trap '' TERM; sleep 300 & echo $! > '{b}.tmp'; mv '{b}.tmp' '{b}'; wait",
+        b = bg.display()
+    );
+    let mut w = Proc::spawn(
+        lh().args(["run", "--ttl", "120s", "--grace", "60s"])
+            .arg(&lock)
+            .args(["--", "sh", "-c", &job])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+        "the run to kill",
+    );
+    ensure_within("the leftover to start", Duration::from_secs(10), || {
+        bg.exists()
+    });
+    let left: i32 = std::fs::read_to_string(&bg)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let guardian = guardian_of(w.pid()).expect("the wrapper's guardian");
+    let wrapper = w.pid();
+    w.signal(nix::sys::signal::Signal::SIGKILL);
+    w.wait_timeout(Duration::from_secs(5));
+    let said =
+        format!("the guardian (pid {guardian}) of leasehold run pid {wrapper}, which is gone");
+    let out = lh_assert().arg("status").arg(&lock).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(text.contains(&said), "status names the guardian: {text}");
+    assert!(!text.contains("another program"), "{text}");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(left),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    ensure_within("the guardian to let go", Duration::from_secs(10), || {
+        !alive(guardian)
+    });
+    lh_run(&["-n"], &lock, &["--", "true"]).success();
 }

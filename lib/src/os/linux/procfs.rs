@@ -206,11 +206,52 @@ pub(crate) fn proc_locks_of(files: &[&File]) -> Option<Vec<Vec<ProcLock>>> {
 pub(crate) fn holds_exclusive_flock(file: &File) -> Option<bool> {
     use std::os::fd::AsRawFd;
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
-    Some(text.lines().any(|l| {
+    Some(lists_exclusive_flock(&text))
+}
+
+/// Whether an fdinfo text lists an exclusive flock held through its description.
+fn lists_exclusive_flock(fdinfo: &str) -> bool {
+    fdinfo.lines().any(|l| {
         let mut w = l.split_whitespace();
         w.next() == Some("lock:") && {
             let rest: Vec<&str> = w.collect();
             rest.get(1) == Some(&"FLOCK") && rest.get(3) == Some(&"WRITE")
         }
-    }))
+    })
+}
+
+/// The processes (other than this one) that hold, through a descriptor of theirs, the
+/// exclusive flock on `file`'s inode — whoever keeps a lock whose locker has exited (a process
+/// it passed the descriptor to, or a child that inherited it; /proc/locks names only the
+/// locker). Walks every readable `/proc/PID/fd`: only for naming someone in a message, never on
+/// a path that decides anything.
+pub(crate) fn exclusive_flock_keepers(file: &File) -> Vec<i32> {
+    let Ok(m) = file.metadata() else {
+        return Vec::new();
+    };
+    let me = std::process::id() as i32;
+    let pids = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| p != me);
+    let mut out = Vec::new();
+    for pid in pids {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let keeps = fds.flatten().any(|fd| {
+            fs::metadata(fd.path()).is_ok_and(|f| (f.dev(), f.ino()) == (m.dev(), m.ino()))
+                && fs::read_to_string(format!(
+                    "/proc/{pid}/fdinfo/{}",
+                    fd.file_name().to_string_lossy()
+                ))
+                .is_ok_and(|t| lists_exclusive_flock(&t))
+        });
+        if keeps {
+            out.push(pid);
+        }
+    }
+    out
 }
