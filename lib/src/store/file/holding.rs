@@ -160,9 +160,19 @@ impl FileHolding {
     }
 
     /// Errors with `Error::Lost` unless LOCK holds our lease, still held (or, with
-    /// `revoked_ok`, for a release, revoked: then who revoked it, if recorded).
-    fn ensure_ours(&self, mine: &Lease, revoked_ok: bool) -> Result<Option<String>> {
-        let why = match ours(&fsio::read_lock(&self.paths)?, &mine.lease_id) {
+    /// `revoked_ok`, for a release, revoked: then who revoked it, if recorded). `bytes`, when
+    /// known, are exactly what we last wrote (`mine`'s): found as they are, they need no parse.
+    fn ensure_ours(
+        &self,
+        mine: &Lease,
+        bytes: Option<&[u8]>,
+        revoked_ok: bool,
+    ) -> Result<Option<String>> {
+        let now = match bytes {
+            Some(b) => fsio::read_lock_known(&self.paths, mine, b)?,
+            None => fsio::read_lock(&self.paths)?,
+        };
+        let why = match ours(&now, &mine.lease_id) {
             Ours::Held => return Ok(None),
             // Revoked is still ours to release: a holder releases when its job is over, and a
             // released record frees the lock at once instead of after its processes are gone
@@ -208,7 +218,7 @@ impl FileHolding {
             None,
             Where::of(self.storage.network),
         )?;
-        if let Some(by) = self.ensure_ours(r.mine, true)?
+        if let Some(by) = self.ensure_ours(r.mine, Some(r.bytes), true)?
             && let Some(e) = released.ended.as_mut()
         {
             // Revoked by an operator: the released record keeps who ended the lease.
@@ -374,7 +384,7 @@ impl Holding for FileHolding {
 
     fn rewrite(&self, _: &MutexGuard, mine: &Lease, bytes: &[u8]) -> Result<()> {
         // Never over a revoked record: that would make a broken lease held again.
-        self.ensure_ours(mine, false)?;
+        self.ensure_ours(mine, None, false)?;
         // The new file carries our flock before it becomes LOCK; the old one keeps ours until
         // our release serves whoever blocked on it meanwhile (`handover::serve_old_waiters`).
         let w = if self.storage.network || self.origin.is_some() {
