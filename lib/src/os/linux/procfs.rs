@@ -147,6 +147,32 @@ pub(crate) fn proc_locks_read(file: &File) -> Option<Vec<ProcLock>> {
     proc_locks_of(&[file])?.pop()
 }
 
+/// A /proc text file, whole, in as few reads as it allows: from a 16 KiB buffer, where std's
+/// `read_to_string` starts at 32 bytes for a file whose size says 0 and grows it a system call
+/// at a time (six reads for a short /proc/locks, each a walk of the kernel's lock list).
+/// (Not `read_to_end` either: it first asks `statx` and `lseek` for a size /proc does not
+/// know.)
+fn read_whole(path: impl AsRef<std::path::Path>) -> io::Result<String> {
+    let f = File::open(path)?;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut n = 0;
+    loop {
+        match io::Read::read(&mut (&f), &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => {
+                n += k;
+                if n == buf.len() {
+                    buf.resize(n * 2, 0);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
+    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 /// [`proc_locks_read`] for each of `files`, from one read of /proc/locks.
 pub(crate) fn proc_locks_of(files: &[&File]) -> Option<Vec<Vec<ProcLock>>> {
     let ids = files
@@ -161,7 +187,7 @@ pub(crate) fn proc_locks_of(files: &[&File]) -> Option<Vec<Vec<ProcLock>>> {
             })
         })
         .collect::<Option<Vec<_>>>()?;
-    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    let text = read_whole("/proc/locks").ok()?;
     // Most lines are other files' locks: skip them before splitting (a release looks here).
     let needles: Vec<String> = ids.iter().map(|(_, _, ino)| format!(":{ino} ")).collect();
     let mut out: Vec<Vec<ProcLock>> = ids.iter().map(|_| Vec::new()).collect();
@@ -205,7 +231,7 @@ pub(crate) fn proc_locks_of(files: &[&File]) -> Option<Vec<Vec<ProcLock>>> {
 /// of /proc/locks). `None` when it cannot be read.
 pub(crate) fn holds_exclusive_flock(file: &File) -> Option<bool> {
     use std::os::fd::AsRawFd;
-    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    let text = read_whole(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
     Some(lists_exclusive_flock(&text))
 }
 
@@ -243,7 +269,7 @@ pub(crate) fn exclusive_flock_keepers(file: &File) -> Vec<i32> {
         };
         let keeps = fds.flatten().any(|fd| {
             fs::metadata(fd.path()).is_ok_and(|f| (f.dev(), f.ino()) == (m.dev(), m.ino()))
-                && fs::read_to_string(format!(
+                && read_whole(format!(
                     "/proc/{pid}/fdinfo/{}",
                     fd.file_name().to_string_lossy()
                 ))
