@@ -152,24 +152,21 @@ pub(crate) fn proc_locks_read(file: &File) -> Option<Vec<ProcLock>> {
 /// at a time (six reads for a short /proc/locks, each a walk of the kernel's lock list).
 /// (Not `read_to_end` either: it first asks `statx` and `lseek` for a size /proc does not
 /// know.)
+/// Read into the buffer's spare capacity, never zeroed first.
 fn read_whole(path: impl AsRef<std::path::Path>) -> io::Result<String> {
     let f = File::open(path)?;
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut n = 0;
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
-        match io::Read::read(&mut (&f), &mut buf[n..]) {
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity());
+        }
+        match rustix::io::read(&f, rustix::buffer::spare_capacity(&mut buf)) {
             Ok(0) => break,
-            Ok(k) => {
-                n += k;
-                if n == buf.len() {
-                    buf.resize(n * 2, 0);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    buf.truncate(n);
     String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
