@@ -322,7 +322,10 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
     local mode=$1 q="$E/.f.lock.leasehold-queue" i
     echo "-- (f) queue across hosts: a waiter frozen on hostb is skipped after a TTL, order kept"
     rm -rf "$E"/f.* "$q"
-    gx 60 hosta "$LH run -q --ttl 2s $G/f.lock -c 'echo held >$G/f.held; sleep 8'" &
+    # The holder holds until this test ends its job (4 s after hostb's waiter is frozen): a
+    # fixed hold ran out while freeze.sh let a waiter frozen inside the mutex run on and tried
+    # again, and the waiter, served meanwhile, was gone (CI, 2026-12-02).
+    gx 90 hosta "$LH run -q --ttl 2s $G/f.lock -c 'echo \$\$ >$G/f.held; exec sleep 80'" &
     local hp=$!
     if ! wait_file "$E/f.held" 30; then
         bad "[$mode] (f) holder did not start"; wait $hp; return
@@ -345,14 +348,18 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
     local frz
     if ! frz=$(gx 30 hostb "sh $G/freeze.sh \$(cat $G/f.w1pid) $G/.f.lock.leasehold-mutex"); then
         bad "[$mode] (f) could not freeze hostb's waiter outside the mutex: $frz"
-        gx 10 hostb "kill -CONT \$(cat $G/f.w1pid)"; wait $hp $w1; return
+        gx 10 hostb "kill -CONT \$(cat $G/f.w1pid)"
+        gx 10 hosta "kill \$(cat $G/f.held)"; wait $hp $w1; return
     fi
     echo "    hostb's waiter: $(echo $frz)"
+    # the holder's job ends 4 s from now, while hosta's waiter (below) queues behind the frozen one
+    gx 20 hosta "sleep 4; kill \$(cat $G/f.held)" &
+    local ender=$!
     # waiter 2 on hosta, queued behind the frozen one
     local t0; t0=$(now)
     gx 90 hosta "$LH run -q -w 60s --ttl 2s $G/f.lock -c 'echo a >>$G/f.order'"
     local rc2=$? t2; t2=$(sub "$(now)" "$t0")
-    wait $hp
+    wait $ender $hp
     gx 10 hostb "kill -CONT \$(cat $G/f.w1pid)"
     wait $w1; local rc1=$?
     local order; order=$(tr -d '\n' <"$E/f.order" 2>/dev/null)
@@ -363,7 +370,7 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
     else
         bad "[$mode] (f) frozen waiter across hosts: order '$order', exit codes hostb=$rc1 hosta=$rc2, hosta waited $t2 s"
     fi
-    fig "[$mode] (f) frozen foreign waiter skipped: hosta's waiter acquired $t2 s after queueing (holder held ~8 s, TTL 2 s)"
+    fig "[$mode] (f) frozen foreign waiter skipped: hosta's waiter acquired $t2 s after queueing (the holder's job ended 4 s after the freeze, TTL 2 s)"
 }
 
 sc_foreign_holder() {  # (b) + (c): live holder on hosta never broken; status from hostb; crash
