@@ -32,7 +32,7 @@ use crate::record::{Draft, Lease, LeaseState};
 use crate::store::StuckPolicy;
 use crate::store::file::FileStore;
 use crate::store::resolved::Resolved;
-use crate::store::{Joiner, Store};
+use crate::store::{Joiner, Store, Took};
 use crate::takeover;
 use crate::timing::Timing;
 use crate::verdict::{State, Verdict};
@@ -81,7 +81,14 @@ enum Attempt<S: Store> {
     Taken(Box<Start<S::Holding>>),
     /// Not ours yet: what we saw, and the contender ahead of us in line we wait behind.
     Busy(Box<Verdict>, Option<S::Ahead>),
+    /// Another contender changed the lease between our read and our take ([`Took::Raced`]):
+    /// look again at once.
+    Again,
 }
+
+/// How many lost races in a row a one-shot caller looks again after before it gives up as
+/// if the lock were held: each lost race is another contender's write landing first.
+const RACES: u32 = 100;
 
 /// What one acquisition works with, resolved from the settings and the lock's store.
 struct Ctx<'a, S> {
@@ -166,17 +173,7 @@ impl Acquirer {
         }
         let store = self.store()?;
         let ctx = ctx(&self.settings, store)?;
-        let deadline = Instant::now() + ctx.timing.one_shot_mutex_wait();
-        // A stale NFS handle anywhere in an attempt (a file another host just replaced) is a
-        // race: the whole attempt is made again with fresh lookups (bounded), never an error.
-        let kept = &mut self.kept;
-        match crate::fsio::again_if_stale(|| one_shot(&ctx, kept, deadline))? {
-            Attempt::Taken(start) => LeaseGuard::start(*start),
-            Attempt::Busy(v, _) => Err(Error::WouldBlock {
-                path: ctx.store.binding().lock().to_path_buf(),
-                verdict: v,
-            }),
-        }
+        try_once(&ctx, &mut self.kept)
     }
 
     /// Waits as long as it takes.
@@ -197,7 +194,57 @@ impl Acquirer {
         let ctx = ctx(&self.settings, store)?;
         blocking(&ctx, &mut self.kept, deadline).and_then(LeaseGuard::start)
     }
+}
 
+/// Takes the lease on a lock kept in `store` (a store other than a lock file: its
+/// `Store` implementation, driven by the same loop as a file's): at once or not at all
+/// (`one_shot`), or waiting until `deadline` (for ever with `None`).
+#[cfg_attr(not(feature = "s3"), allow(dead_code))]
+pub(crate) fn through<S: Store>(
+    s: &LeaseBuilder,
+    store: S,
+    deadline: Option<Instant>,
+    one_shot: bool,
+) -> Result<LeaseGuard> {
+    let ctx = ctx(s, store)?;
+    let mut kept = S::Kept::default();
+    if one_shot {
+        try_once(&ctx, &mut kept)
+    } else {
+        blocking(&ctx, &mut kept, deadline).and_then(LeaseGuard::start)
+    }
+}
+
+/// The one-shot acquisition: one attempt (looked at again after a lost race), never queued.
+fn try_once<S: Store>(ctx: &Ctx<'_, S>, kept: &mut S::Kept) -> Result<LeaseGuard> {
+    let deadline = Instant::now() + ctx.timing.one_shot_mutex_wait();
+    let mut races = 0;
+    loop {
+        // A stale NFS handle anywhere in an attempt (a file another host just replaced) is a
+        // race: the whole attempt is made again with fresh lookups (bounded), never an error.
+        match crate::fsio::again_if_stale(|| one_shot(ctx, kept, deadline))? {
+            Attempt::Taken(start) => return LeaseGuard::start(*start),
+            Attempt::Again if races < RACES => races += 1,
+            Attempt::Again => {
+                let mut v = peek(ctx, &mut Memory::default());
+                v.reason = format!("{}; lost {RACES} races for it in a row", v.reason);
+                v.state = State::Held;
+                return Err(Error::WouldBlock {
+                    path: ctx.store.binding().lock().to_path_buf(),
+                    verdict: Box::new(v),
+                });
+            }
+            Attempt::Busy(v, _) => {
+                return Err(Error::WouldBlock {
+                    path: ctx.store.binding().lock().to_path_buf(),
+                    verdict: v,
+                });
+            }
+        }
+    }
+}
+
+impl Acquirer {
     /// LOCK's store, reusing what earlier attempts resolved unless LOCK's directory path now
     /// leads elsewhere (unmounted, replaced). Refuses storage that cannot make the lock safe,
     /// and a sticky directory where another user's files could never be taken over.
@@ -286,6 +333,16 @@ fn blocking<S: Store>(
         let (mut v, ahead) = match attempt {
             Ok(Attempt::Taken(start)) => return Ok(*start),
             Ok(Attempt::Busy(v, ahead)) => (v, ahead),
+            Ok(Attempt::Again) => continue,
+            // A networked store none of whose endpoints can serve us now (down, frozen,
+            // without a quorum): asked again after a wait, until the deadline, saying so.
+            Err(e @ Error::Unavailable { .. }) => {
+                // Nothing could be read about the lease: the line names only what we wait for.
+                let mut v = judge(ctx).judge(&LockContent::Missing, &mut Memory::default());
+                v.reason.clear();
+                v.behind = Some(format!("the lock's store, which cannot serve us ({e})"));
+                (Box::new(v), None)
+            }
             // The deadline ran out while another process was inside the mutex: that is a
             // timeout like any other, explained by who sits on the mutex.
             Err(Error::MutexStuck { holder, .. })
@@ -353,6 +410,9 @@ fn one_shot<S: Store>(
     let (ahead, waiting_ahead) = ctx.store.ahead(&section, None, ctx.timing.ttl)?;
     let mut place = S::Place::default();
     let content = ctx.store.current(&section, &mut place)?;
+    if let Some(took) = ctx.store.landed(&section, &content) {
+        return Ok(taken(ctx, took, None));
+    }
     if let Some((left, ttl)) = ctx.store.settling(&section) {
         let mut v = judge(ctx).judge(&content, &mut Memory::default());
         v.settling(left, ttl);
@@ -419,6 +479,9 @@ fn queued<S: Store>(
         .store
         .ahead(&section, Some(&mut q.place), ctx.timing.ttl)?;
     let content = ctx.store.current(&section, &mut q.place)?;
+    if let Some(took) = ctx.store.landed(&section, &content) {
+        return Ok(taken(ctx, took, None));
+    }
     if let Some((left, ttl)) = ctx.store.settling(&section) {
         // LOCK's disk came back as a new device in this boot: nothing is granted before the
         // grace is over (PROTOCOL.md §8, *Durable per mount epoch*).
@@ -710,8 +773,17 @@ fn take_with<S: Store>(
             }
         }
     };
-    let (lease, bytes, started, holding) = store.take(section, place, prev, &mut make)?;
-    Ok(Attempt::Taken(Box::new(Start {
+    let took = store.take(section, place, prev, &mut make)?;
+    Ok(taken(ctx, took, broke))
+}
+
+/// The attempt a take came out as: the guard's start once the lease is ours.
+fn taken<S: Store>(ctx: &Ctx<'_, S>, took: Took<S::Holding>, broke: Option<Verdict>) -> Attempt<S> {
+    let Took::Ours(lease, bytes, started, holding) = took else {
+        return Attempt::Again;
+    };
+    let s = ctx.s;
+    Attempt::Taken(Box::new(Start {
         path: ctx.store.binding().lock().to_path_buf(),
         timing: ctx.timing,
         clock: std::sync::Arc::clone(&s.clock),
@@ -722,7 +794,7 @@ fn take_with<S: Store>(
         on_serve: s.on_serve.clone(),
         broke,
         holding,
-    })))
+    }))
 }
 
 /// A released lease is free to anyone, wherever its holder lives, once nobody is queued ahead:

@@ -142,7 +142,7 @@ impl Judge<'_> {
             queue: Vec::new(),
             behind: None,
             holders: Vec::new(),
-            etcd_ttl: None,
+            server_lease: None,
         };
         let (lease, bytes) = match content {
             LockContent::Missing => {

@@ -108,7 +108,7 @@ pub use timing::{
     MARGIN_FLOOR, MAX_TTL, Timing, grace_rule, heartbeat_rule, margin_rule,
 };
 pub use verdict::Waiting;
-pub use verdict::{EtcdTtl, State, Verdict};
+pub use verdict::{ServerLease, State, Verdict};
 
 /// Whether LOCK names a lock kept by a store rather than a file (`etcd://…`, `s3://…`): such a
 /// lock has no directory, mutex or files beside it, and its jobs are bound to it by their

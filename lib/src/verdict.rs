@@ -97,15 +97,18 @@ pub struct Verdict {
     /// For a shared or counted lock (`--shared`, `--slots N`): the verdict of each holder that
     /// holds one of its holder files (LOCK's own exclusive lease, if any, is this verdict).
     pub holders: Vec<Verdict>,
-    /// For an etcd lock's owner (`status`): its etcd lease's TTL as the cluster tells it
-    /// (`LeaseTimeToLive`), in place of a heartbeat observed from this host.
-    pub etcd_ttl: Option<EtcdTtl>,
+    /// For a holder whose store expires it by itself (`status` of an etcd lock's owner): that
+    /// lease's time to live as the store tells it (etcd's `LeaseTimeToLive`), in place of a
+    /// heartbeat observed from this host. `None` for a store whose leases only their holders
+    /// and contenders end (files, S3).
+    pub server_lease: Option<ServerLease>,
 }
 
-/// An etcd lease's time to live, as the cluster answered `LeaseTimeToLive`.
+/// A lease the store itself expires, and its time to live as the store answered (an etcd
+/// lease, `LeaseTimeToLive`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EtcdTtl {
-    /// The etcd lease's id.
+pub struct ServerLease {
+    /// The store's id of the lease (etcd's lease id).
     pub lease: i64,
     /// Seconds left before the cluster expires it without another keepalive.
     pub remaining_s: i64,

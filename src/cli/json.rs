@@ -50,7 +50,7 @@ pub fn verdict(v: &Verdict) -> Value {
         "heartbeat_age_ms": v.heartbeat_age.map(|a| a.as_millis() as u64),
         "ttl_ms": l.map(|l| l.ttl_ms),
         // An etcd lock's owner: its etcd lease as the cluster tells it (LeaseTimeToLive).
-        "etcd_lease": v.etcd_ttl.map(|t| json!({
+        "etcd_lease": v.server_lease.map(|t| json!({
             "id": format!("{:x}", t.lease), "ttl_remaining_s": t.remaining_s,
             "ttl_granted_s": t.granted_s,
         })),

@@ -655,10 +655,10 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
     }
     field(s, "token", &l.token.to_string());
     field(s, "lease id", &escape(&l.lease_id));
-    if let Some(t) = &v.etcd_ttl {
+    if let Some(t) = &v.server_lease {
         // An etcd lock: the cluster's own word on the owner's etcd lease stands in for a
         // heartbeat watched from this host.
-        field(s, "heartbeat", &etcd_ttl_text(t));
+        field(s, "heartbeat", &server_lease_text(t));
     }
     if h.pid == 0 {
         field(s, "reason", &v.reason);
@@ -669,7 +669,7 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
         .map(|d| format!(" (held {})", human_duration(d)))
         .unwrap_or_default();
     field(s, "acquired", &format!("{}{held}", escape(&l.acquired_at)));
-    if v.etcd_ttl.is_some() {
+    if v.server_lease.is_some() {
         field(s, "reason", &v.reason);
         return;
     }
@@ -693,7 +693,7 @@ fn held_fields(s: &mut String, v: &Verdict, l: &Lease) {
 
 /// What the cluster says of an etcd lock owner's etcd lease: `etcd lease 694d7d1f expires in
 /// 4s without a keepalive (granted TTL 5s)`.
-fn etcd_ttl_text(t: &leasehold::EtcdTtl) -> String {
+fn server_lease_text(t: &leasehold::ServerLease) -> String {
     if t.remaining_s < 0 {
         return format!(
             "etcd lease {:x} has expired or been revoked (granted TTL {}s)",

@@ -18,7 +18,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Binding, Holding, Joiner, Ours, Release, Renewal, Store, StuckPolicy, ours};
+use super::{Binding, Holding, Joiner, Ours, Release, Renewal, Store, StuckPolicy, Took, ours};
 use crate::boottime::BootInstant;
 use crate::clock::format_rfc3339;
 use crate::error::{Error, Result};
@@ -353,7 +353,7 @@ impl Store for FileStore {
         place: Place,
         prev_token: u64,
         lease: &mut dyn FnMut(u64) -> (Lease, Vec<u8>),
-    ) -> Result<(Lease, Vec<u8>, BootInstant, FileHolding)> {
+    ) -> Result<Took<FileHolding>> {
         let Place {
             seen: replaced,
             mut ticket,
@@ -428,7 +428,7 @@ impl Store for FileStore {
         let mut holding = FileHolding::new(self, witness, written, replaced, mark);
         holding.sync = sync;
         holding.rests_on = Mutex::new(vouched);
-        Ok((lease, bytes, started, holding))
+        Ok(Took::Ours(lease, bytes, started, holding))
     }
 
     fn marked(&self, section: &MutexGuard, from: u64) -> bool {

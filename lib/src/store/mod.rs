@@ -4,10 +4,11 @@
 //! and the dispatchers that reach a networked store; the [`Store`] and [`Holding`] traits — the
 //! contract every store must keep for the protocol's safety argument (PROTOCOL.md §8) to hold —
 //! and the answer to "is this still our lease?" ([`Ours`]). The lock file
-//! ([`file::FileStore`]) implements [`Store`] and is driven by the shared acquisition loop
-//! (`acquire.rs`); the etcd store (`etcd/`) and the S3 store (`s3/`) each have an acquisition
-//! loop of their own (their waits are not an exclusive section) and implement [`Holding`], so
-//! the guard, the keeper and `leasehold run` are the same for all three. `any` dispatches a held
+//! ([`file::FileStore`]) and the S3 object (`s3::acquire::S3Store`, whose section is a
+//! compare-and-swap) implement [`Store`] and are driven by the one acquisition loop
+//! (`acquire.rs`); the etcd store (`etcd/`) keeps etcd's lock recipe, in which nobody replaces
+//! a record (a contender's own key waits for the keys ahead of it to go), and implements
+//! [`Holding`], so the guard, the keeper and `leasehold run` are the same for all three. `any` dispatches a held
 //! lease to its store, `binding` says how a store's jobs are bound to its lock, `resolved` keeps
 //! what a builder resolved between acquisitions.
 //! Must never: hold policy. Which lease may be taken, when a holder is dead, what a break does
@@ -156,7 +157,10 @@ pub(crate) enum StuckPolicy {
 ///   release in place, happens inside one — so what [`Store::current`] read there is still what
 ///   the store holds when [`Store::take`] or [`Store::replace`] writes: **compare-and-replace is
 ///   atomic against every other contender.** A section is never held while a job runs, and
-///   `enter` never waits past its deadline.
+///   `enter` never waits past its deadline. A store with no exclusion but a compare-and-swap
+///   (S3's conditional writes) keeps the same guarantee the other way round: its `take` and
+///   `replace` write only if the store still holds exactly what `current` read, and otherwise
+///   write nothing ([`Took::Raced`]; the loop reads again).
 /// - **Reads are fresh.** [`Store::read`] and [`Store::current`] return what the store holds now
 ///   (never a cached answer older than the last change another host could have made and been
 ///   acknowledged for), and never a torn record: a damaged one is marked so.
@@ -184,7 +188,7 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// What wakes a waiting contender (kept across waits: setting it up may cost).
     type Waker: Send;
     /// A held lease's link to the store.
-    type Holding: Holding;
+    type Holding: Holding + Into<any::AnyHolding>;
 
     /// How this lock's jobs are bound to it (see [`Binding`]).
     fn binding(&self) -> &dyn Binding;
@@ -269,13 +273,27 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// for the record with it, and replaces the current lease with it — atomically against
     /// every other contender, and durably before returning. `prev_token` is the token of the
     /// lease replaced; `place` is the taker's place in line, given up as it takes the lease.
+    /// [`Took::Raced`] (a store whose section is a compare-and-swap) when another contender
+    /// changed the lease since [`Store::current`] read it: nothing was written, look again.
     fn take(
         &self,
         section: Self::Section,
         place: Self::Place,
         prev_token: u64,
         lease: &mut dyn FnMut(u64) -> (Lease, Vec<u8>),
-    ) -> Result<(Lease, Vec<u8>, BootInstant, Self::Holding)>;
+    ) -> Result<Took<Self::Holding>>;
+
+    /// Inside the section, before what [`Store::current`] read is judged: our own lease, if
+    /// it is there because a take of ours whose answer was lost landed after all (a networked
+    /// store; otherwise we would judge our own lease held and wait behind ourselves). Default:
+    /// never (a store whose takes always answer).
+    fn landed(
+        &self,
+        _section: &Self::Section,
+        _content: &LockContent,
+    ) -> Option<Took<Self::Holding>> {
+        None
+    }
 
     /// Inside the section: replaces the current lease with `lease` (a break: released or
     /// revoked, its token kept), durably.
@@ -408,6 +426,18 @@ pub(crate) trait Holding: Send + Sync + 'static {
     /// Releases our lease (see [`Release`]). Called once, with our record locked, so that no
     /// renewal runs; calls `release.stop` (which ends the guard's renewals) as soon as it can.
     fn release(&self, release: Release<'_>) -> Result<()>;
+}
+
+/// How a [`Store::take`] came out.
+// Made once per take and consumed at once: the size of `Ours` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Took<H> {
+    /// The lease is ours: its record, the record's bytes, when the write that made it visible
+    /// began (the renew deadline counts from there), and its link to the store.
+    Ours(Lease, Vec<u8>, BootInstant, H),
+    /// Another contender changed the lease first; nothing of ours was written.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
+    Raced,
 }
 
 /// Who joins the line, as its place says (shown by `status`; never trusted to name who waits).

@@ -26,7 +26,7 @@ use crate::process::{self, Liveness};
 use crate::record::{Ending, Holder, Lease, LeaseState, Parsed};
 use crate::status::outcome::{BreakMode, Broken, Frees};
 use crate::takeover;
-use crate::verdict::{EtcdTtl, State, Verdict, Waiting};
+use crate::verdict::{ServerLease, State, Verdict, Waiting};
 
 /// Options to get the owner: the first key by create revision under the prefix.
 pub(crate) fn first() -> GetOptions {
@@ -137,7 +137,7 @@ fn free(lock: &EtcdLock, clock: &dyn Clock) -> Verdict {
         queue: Vec::new(),
         behind: None,
         holders: Vec::new(),
-        etcd_ttl: None,
+        server_lease: None,
     }
 }
 
@@ -285,7 +285,7 @@ pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Ve
         let t = conn.run("read the owner's lease", |mut c| async move {
             c.lease_time_to_live(id, None).await
         })?;
-        v.etcd_ttl = Some(EtcdTtl {
+        v.server_lease = Some(ServerLease {
             lease: kv.lease(),
             remaining_s: t.ttl(),
             granted_s: t.granted_ttl(),

@@ -22,7 +22,7 @@ use crate::identity::Identity;
 use crate::record::{Ending, LeaseState, Mode};
 use crate::slots::Want;
 use crate::status::outcome::{BreakMode, Broken};
-use crate::verdict::{EtcdTtl, State, Verdict};
+use crate::verdict::{ServerLease, State, Verdict};
 
 /// The name of the key of the contender holding etcd lease `id` that asks for `want`: etcd's
 /// recipe's `<prefix><id in hex>` for an exclusive one (so that `etcdctl lock NAME` and
@@ -225,7 +225,7 @@ pub(crate) fn status(
         let t = conn.run("read a holder's lease", |mut c| async move {
             c.lease_time_to_live(id, None).await
         })?;
-        hv.etcd_ttl = Some(EtcdTtl {
+        hv.server_lease = Some(ServerLease {
             lease: id,
             remaining_s: t.ttl(),
             granted_s: t.granted_ttl(),
