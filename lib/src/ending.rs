@@ -353,14 +353,8 @@ pub fn ack(path: impl AsRef<Path>) -> Result<Acked> {
     let path = path.as_ref();
     let me = Identity::current();
     let by = format!("{}@{} pid {}", me.user, me.host, std::process::id());
-    match crate::store::Kind::of(path) {
-        crate::store::Kind::File => {}
-        #[cfg(feature = "etcd")]
-        crate::store::Kind::Etcd => return crate::store::etcd::ending::ack(path, &by),
-        #[cfg(feature = "s3")]
-        crate::store::Kind::S3 => return crate::store::s3::ending::ack(path, &by),
-        #[allow(unreachable_patterns)]
-        k => return Err(crate::store::refused(k, path)),
+    if let Some(r) = crate::store::ack_elsewhere(path, &by) {
+        return r;
     }
     crate::status::ack_under_mutex(path, &mut |lease: &Lease| ack_record(path, lease, &by))
 }

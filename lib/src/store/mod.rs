@@ -1,21 +1,19 @@
 //! The seam between the lease protocol and where leases are kept.
 //!
-//! Owns: [`Kind::of`], the one place a LOCK is parsed into a store (a file, `etcd://`, `s3://`),
-//! and the dispatchers that reach a networked store; the [`Store`] and [`Holding`] traits — the
-//! contract every store must keep for the protocol's safety argument (PROTOCOL.md §8) to hold —
-//! and the answer to "is this still our lease?" ([`Ours`]). The lock file
-//! ([`file::FileStore`]) and the S3 object (`s3::acquire::S3Store`, whose section is a
-//! compare-and-swap) implement [`Store`] and are driven by the one acquisition loop
-//! (`acquire.rs`); the etcd store (`etcd/`) keeps etcd's lock recipe, in which nobody replaces
-//! a record (a contender's own key waits for the keys ahead of it to go), and implements
-//! [`Holding`], so the guard, the keeper and `leasehold run` are the same for all three. `any` dispatches a held
-//! lease to its store, `binding` says how a store's jobs are bound to its lock, `resolved` keeps
-//! what a builder resolved between acquisitions.
+//! Owns: the [`Store`] and [`Holding`] traits — the contract every store must keep for the
+//! protocol's safety argument (PROTOCOL.md §8) to hold — and the answer to "is this still our
+//! lease?" ([`Ours`]). The lock file ([`file::FileStore`]) and the S3 object
+//! (`s3::acquire::S3Store`, whose section is a compare-and-swap) implement [`Store`] and are
+//! driven by the one acquisition loop (`acquire.rs`); the etcd store (`etcd/`) keeps etcd's
+//! lock recipe, in which nobody replaces a record (a contender's own key waits for the keys
+//! ahead of it to go), and implements [`Holding`], so the guard, the keeper and `leasehold run`
+//! are the same for all three. `kind` parses LOCK into a store ([`Kind::of`]) and reaches the
+//! networked ones; `any` dispatches a held lease to its store, `binding` says how a store's
+//! jobs are bound to its lock, `resolved` keeps what a builder resolved between acquisitions.
 //! Must never: hold policy. Which lease may be taken, when a holder is dead, what a break does
 //! are decided by `judge.rs`, `acquire.rs`, `takeover.rs` and `status.rs`; a store only reads,
 //! compares-and-replaces, renews, releases, hands out tokens and waits.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::boottime::BootInstant;
@@ -31,111 +29,13 @@ pub(crate) mod binding;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod file;
+mod kind;
 pub(crate) mod resolved;
 #[cfg(feature = "s3")]
 pub(crate) mod s3;
 
 pub(crate) use binding::Binding;
-
-/// Which store a LOCK names. [`Kind::of`] is the one place a LOCK is parsed into a store;
-/// the dispatchers below ([`acquire_elsewhere`], [`status_elsewhere`], [`break_elsewhere`])
-/// are the one place each networked store is reached (and, in a build without its feature,
-/// refused saying how to build it). A new store is a folder plus a line in each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A lock file (anything that is not a store URL).
-    File,
-    /// `etcd://HOSTS/NAME` (feature `etcd`).
-    Etcd,
-    /// `s3://BUCKET/KEY` (feature `s3`).
-    S3,
-}
-
-impl Kind {
-    /// The store LOCK names.
-    pub(crate) fn of(lock: &Path) -> Kind {
-        let b = lock.as_os_str().as_encoded_bytes();
-        if b.starts_with(b"etcd://") {
-            Kind::Etcd
-        } else if b.starts_with(b"s3://") {
-            Kind::S3
-        } else {
-            Kind::File
-        }
-    }
-}
-
-/// Why a lock of a store this build lacks cannot be used.
-#[allow(dead_code)]
-fn not_built(lock: &Path, feature: &str) -> crate::error::Error {
-    crate::error::Error::Settings(format!(
-        "{}: this leasehold was built without {feature} support; install it with \
-         `cargo install leasehold --features {feature}`",
-        lock.display()
-    ))
-}
-
-/// Takes the lease on a lock kept outside the file system (`None`: LOCK is a file).
-pub(crate) fn acquire_elsewhere(
-    s: &crate::builder::LeaseBuilder,
-    deadline: Option<Instant>,
-    one_shot: bool,
-) -> Option<Result<crate::guard::LeaseGuard>> {
-    let _ = (deadline, one_shot);
-    Some(match Kind::of(&s.path) {
-        Kind::File => return None,
-        #[cfg(feature = "etcd")]
-        Kind::Etcd => etcd::acquire::acquire(s, deadline, one_shot),
-        #[cfg(feature = "s3")]
-        Kind::S3 => s3::acquire::acquire(s, deadline, one_shot),
-        #[allow(unreachable_patterns)]
-        k => Err(refused(k, &s.path)),
-    })
-}
-
-/// `status` of a lock kept outside the file system (`None`: LOCK is a file).
-pub(crate) fn status_elsewhere(
-    lock: &Path,
-    me: &crate::identity::Identity,
-    clock: &dyn crate::clock::Clock,
-) -> Option<Result<Verdict>> {
-    let _ = (me, clock);
-    Some(match Kind::of(lock) {
-        Kind::File => return None,
-        #[cfg(feature = "etcd")]
-        Kind::Etcd => etcd::look::status(lock, me, clock),
-        #[cfg(feature = "s3")]
-        Kind::S3 => s3::look::status(lock, me, clock),
-        #[allow(unreachable_patterns)]
-        k => Err(refused(k, lock)),
-    })
-}
-
-/// `break` of a lock kept outside the file system (`None`: LOCK is a file).
-pub(crate) fn break_elsewhere(
-    lock: &Path,
-    mode: &crate::status::outcome::BreakMode,
-) -> Option<Result<crate::status::outcome::Broken>> {
-    let _ = mode;
-    Some(match Kind::of(lock) {
-        Kind::File => return None,
-        #[cfg(feature = "etcd")]
-        Kind::Etcd => etcd::look::break_lease(lock, mode.clone()),
-        #[cfg(feature = "s3")]
-        Kind::S3 => s3::look::break_lease(lock, mode.clone()),
-        #[allow(unreachable_patterns)]
-        k => Err(refused(k, lock)),
-    })
-}
-
-/// A store this build lacks.
-#[allow(dead_code)]
-pub(crate) fn refused(k: Kind, lock: &Path) -> crate::error::Error {
-    match k {
-        Kind::Etcd => not_built(lock, "etcd"),
-        _ => not_built(lock, "s3"),
-    }
-}
+pub(crate) use kind::{Kind, ack_elsewhere, acquire_elsewhere, break_elsewhere, status_elsewhere};
 
 /// What a store does about a contender that has sat in the exclusive section for longer than a
 /// TTL (the file store: a process holding the mutex's flock).
