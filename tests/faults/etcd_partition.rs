@@ -25,6 +25,14 @@ use crate::support::{self, Proc, code, ensure_within, wait_until};
 const TTL: Duration = Duration::from_secs(3);
 const LEASE: [&str; 4] = ["--ttl", "3", "--heartbeat", "500ms"];
 
+/// The holder's timing where it must keep its lease through a partition that leaves it a
+/// quorum: TTL 6 s (it fences 4.2 s after its last renewal began). While the majority side
+/// elects a new leader no member can renew anything; with six labs' clusters electing at once
+/// on two CPUs that took more than the 2.1 s a 3 s TTL leaves (CI, 2026-12-03: fenced 2.19 s
+/// after the cut). A TTL shorter than an election cannot be kept through one, by anybody.
+const KEEP_TTL: Duration = Duration::from_secs(6);
+const KEEP_LEASE: [&str; 4] = ["--ttl", "6", "--heartbeat", "500ms"];
+
 /// Each lab's namespaces get a name of their own (several tests run at once).
 static LABS: AtomicUsize = AtomicUsize::new(0);
 
@@ -287,9 +295,21 @@ impl Lab {
     /// `leasehold run LEASE FLAGS URL -- sh -c SCRIPT` in `host`'s namespace, in a process
     /// group of its own, stderr piped.
     fn run_in(&self, host: &str, flags: &[&str], url: &str, script: &str) -> Proc {
+        self.run_timed(host, &LEASE, flags, url, script)
+    }
+
+    /// [`Lab::run_in`] with the lease's timing `lease`.
+    fn run_timed(
+        &self,
+        host: &str,
+        lease: &[&str],
+        flags: &[&str],
+        url: &str,
+        script: &str,
+    ) -> Proc {
         let mut c = self.exec_in(host, support::bin());
         c.arg("run")
-            .args(LEASE)
+            .args(lease)
             .args(flags)
             .args([url, "--", "sh", "-c", script])
             .stdout(Stdio::null())
@@ -484,8 +504,8 @@ impl Isolated {
 
 /// Cases 2 and 3: member `which` is cut off from the other two (and from the contender); the
 /// holder's client talks to it (first in its URL) when the cut comes, and, if `reach`, can still
-/// reach it afterwards (else it is cut from the holder too). The holder keeps its lease through
-/// three TTLs: its job ticks on, a contender on the majority side waits, and after the holder's
+/// reach it afterwards (else it is cut from the holder too). The holder ([`KEEP_TTL`]) keeps
+/// its lease through two TTLs: its job ticks on, a contender on the majority side waits, and after the holder's
 /// command is let go it exits 0 and only then does the contender's command start.
 fn holder_keeps_its_lease(which: Isolated, reach: bool) {
     let Some(lab) = Lab::start() else { return };
@@ -497,7 +517,13 @@ fn holder_keeps_its_lease(which: Isolated, reach: bool) {
     };
     let others: Vec<&str> = MEMBERS.iter().copied().filter(|m| *m != lone).collect();
     let url = lab.url(&[lone, others[0], others[1]], "part");
-    let mut h = lab.run_in(HOLDER, &[], &url, &ticking_job(&dir, "h", true));
+    let mut h = lab.run_timed(
+        HOLDER,
+        &KEEP_LEASE,
+        &[],
+        &url,
+        &ticking_job(&dir, "h", true),
+    );
     ensure_within("the holder's job to start", Duration::from_secs(20), || {
         dir.join("h-in").exists()
     });
@@ -522,12 +548,13 @@ fn holder_keeps_its_lease(which: Isolated, reach: bool) {
     });
     let elected = cut.elapsed();
     assert!(led, "the two members left did not agree on a leader");
-    // Three TTLs from the cut: the holder is never fenced, the contender never starts.
-    let hold = TTL * 3;
+    // Two of its TTLs from the cut: the holder is never fenced, the contender never starts.
+    let hold = KEEP_TTL * 2;
     while cut.elapsed() < hold {
         if let Some(st) = h.wait_within(Duration::from_millis(100)) {
             panic!(
-                "the holder ended ({}) {:?} after the cut: {}",
+                "the holder ended ({}) {:?} after the cut (the majority side had a leader \
+                 {elected:?} after it): {}",
                 code(st),
                 cut.elapsed(),
                 h.stderr()
