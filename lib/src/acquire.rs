@@ -222,7 +222,13 @@ fn try_once<S: Store>(ctx: &Ctx<'_, S>, kept: &mut S::Kept) -> Result<LeaseGuard
     loop {
         // A stale NFS handle anywhere in an attempt (a file another host just replaced) is a
         // race: the whole attempt is made again with fresh lookups (bounded), never an error.
-        match crate::fsio::again_if_stale(|| one_shot(ctx, kept, deadline))? {
+        let attempt = match crate::fsio::again_if_stale(|| one_shot(ctx, kept, deadline)) {
+            // A write inside the section lost a race (`Store::replace` on a compare-and-swap
+            // store): as a lost take.
+            Err(Error::Raced { .. }) => Attempt::Again,
+            other => other?,
+        };
+        match attempt {
             Attempt::Taken(start) => return LeaseGuard::start(*start),
             Attempt::Again if races < RACES => races += 1,
             Attempt::Again => {
@@ -333,7 +339,7 @@ fn blocking<S: Store>(
         let (mut v, ahead) = match attempt {
             Ok(Attempt::Taken(start)) => return Ok(*start),
             Ok(Attempt::Busy(v, ahead)) => (v, ahead),
-            Ok(Attempt::Again) => continue,
+            Ok(Attempt::Again) | Err(Error::Raced { .. }) => continue,
             // A networked store none of whose endpoints can serve us now (down, frozen,
             // without a quorum): asked again after a wait, until the deadline, saying so.
             Err(e @ Error::Unavailable { .. }) => {

@@ -197,6 +197,15 @@ pub enum Error {
         /// Each endpoint tried and why it failed, e.g. `http://h:2379: connection refused`.
         why: String,
     },
+    /// Another process changed the lock between our read of it and a write of ours (a store
+    /// whose writes are compare-and-swaps: S3), which was therefore not made. An acquisition
+    /// looks again by itself; from anything else (`break` of several holders, `ack`), look
+    /// again: writes made before it stand.
+    #[error("{path}: another process changed the lock between our read and our write: look again")]
+    Raced {
+        /// The lock's URL.
+        path: PathBuf,
+    },
     /// Our own lease was no longer ours when we came to change it.
     #[error("{path}: lease {lease_id} is no longer ours: {why}")]
     Lost {

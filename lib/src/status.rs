@@ -25,7 +25,7 @@ use crate::store::{Binding, Store, StuckPolicy};
 use crate::takeover;
 use crate::verdict::{State, Verdict};
 
-mod holders;
+pub(crate) mod holders;
 pub(crate) mod outcome;
 
 pub use outcome::{AtTerminal, BreakMode, Broken, Frees};

@@ -62,7 +62,7 @@ pub fn exit_code(e: &Error) -> i32 {
         Error::Untrusted { .. } => NOPERM,
         Error::WouldBlock { .. } | Error::Timeout { .. } | Error::MutexStuck { .. } => TEMPFAIL,
         Error::Cancelled { .. } => TEMPFAIL,
-        Error::Refused { .. } => TEMPFAIL,
+        Error::Refused { .. } | Error::Raced { .. } => TEMPFAIL,
         Error::UnsafeFileSystem { .. } => CONFIG,
         Error::Settings(_) | Error::Timing(_) | Error::NameTooLong { .. } => USAGE,
         Error::ReservedName { .. } => USAGE,

@@ -18,6 +18,9 @@ use crate::support::s3::{Gateway, gateway};
 /// The lock's memory of how holdings end, on S3 (`s3::endings::`).
 #[path = "s3_endings.rs"]
 mod endings;
+/// `--shared` and `--slots N` on S3 (`s3::shared::`).
+#[path = "s3_shared.rs"]
+mod shared;
 use crate::support::{Cs, Proc, bin, code, ensure_within, lh};
 use std::os::unix::process::CommandExt;
 

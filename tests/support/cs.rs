@@ -584,3 +584,39 @@ pub fn overlaps(v: &[Interval]) -> Vec<String> {
     }
     out
 }
+
+/// The command of a `--slots 2` contender: takes one of two slot files with O_EXCL (`set -C`),
+/// or records a violation when both are taken (a third inside); records `two` when it took
+/// the second while the first was held (two inside together); holds a moment; gives it back.
+pub fn slot_script(dir: &Path, id: &str) -> String {
+    format!(
+        "cd {d}; \
+         if (set -C; : > slot-0) 2>/dev/null; then s=0; \
+         elif (set -C; : > slot-1) 2>/dev/null; then s=1; echo {id} >> two; \
+         else echo {id} >> violation; exit 0; fi; \
+         echo \"$LEASEHOLD_TOKEN\" >> tokens; sleep 0.05; rm -f slot-$s",
+        d = dir.display()
+    )
+}
+
+/// The command of a readers-writer contender: an exclusive one takes the directory `w` (mkdir,
+/// atomic) and must find no reader in `r/`; a shared one creates `r/ID` and must find no `w`.
+/// Whichever of two overlapping sections entered second sees the other, so every overlap of an
+/// exclusive section with another is recorded in `violation`; a shared one that finds another
+/// reader beside it records `together`. Each holds a moment, then leaves.
+pub fn rw_script(dir: &Path, id: &str, exclusive: bool) -> String {
+    let d = dir.display();
+    if exclusive {
+        format!(
+            "cd {d}; mkdir w 2>/dev/null || echo \"{id}: w taken\" >> violation; \
+             [ -z \"$(ls r)\" ] || echo \"{id}: readers $(ls r)\" >> violation; \
+             echo \"x $LEASEHOLD_TOKEN\" >> tokens; sleep 0.03; rmdir w"
+        )
+    } else {
+        format!(
+            "cd {d}; : > r/{id}; [ -d w ] && echo \"{id}: beside a writer\" >> violation; \
+             [ \"$(ls r | wc -l)\" -gt 1 ] && echo {id} >> together; \
+             echo \"s $LEASEHOLD_TOKEN\" >> tokens; sleep 0.05; rm r/{id}"
+        )
+    }
+}

@@ -14,7 +14,7 @@ use crate::slots::{Holders, Look};
 
 /// For `status`: lists the holders of the lock whose LOCK records `mode` in `v` (LOCK's own
 /// verdict), and makes `v`'s state say whether any of them holds it.
-pub(super) fn look(store: &FileStore, mode: Mode, v: &mut Verdict, look: Look<'_>) -> Result<()> {
+pub(crate) fn look<S: Store>(store: &S, mode: Mode, v: &mut Verdict, look: Look<'_>) -> Result<()> {
     let holders = Holders::read(store, Some(mode), look, &mut Vec::new())?;
     v.holders = holders.verdicts();
     if v.state == State::Free && !v.holders.is_empty() {
@@ -39,9 +39,9 @@ pub(crate) fn summary(mode: Mode, n: usize) -> String {
 /// `break` on a shared lock, inside the section: LOCK's own lease (judged `v`) if it is not
 /// free, and the holder files, as `mode` says. The first break is returned, the others in its
 /// `more`.
-pub(super) fn brk(
-    store: &FileStore,
-    section: &<FileStore as Store>::Section,
+pub(crate) fn brk<S: Store>(
+    store: &S,
+    section: &S::Section,
     lock_mode: Mode,
     content: &LockContent,
     v: &Verdict,
@@ -55,7 +55,7 @@ pub(super) fn brk(
         look.me.host,
         std::process::id()
     );
-    let mut targets: Vec<(&FileStore, &Lease, &Verdict)> = Vec::new();
+    let mut targets: Vec<(&S, &Lease, &Verdict)> = Vec::new();
     if let (LockContent::Lease(l, _), false) = (content, v.state == State::Free) {
         targets.push((store, l, v));
     }
@@ -76,7 +76,7 @@ pub(super) fn brk(
         BreakMode::Force => targets,
     };
     let refuse = |why: String| Error::Refused {
-        path: store.paths().lock.clone(),
+        path: store.binding().lock().to_path_buf(),
         why,
     };
     if chosen.is_empty() {

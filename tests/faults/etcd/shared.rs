@@ -248,20 +248,6 @@ fn etcd_an_etcdctl_lock_holder_keeps_shared_contenders_out() {
     );
 }
 
-/// The command of a `--slots 2` contender: takes one of two slot files with O_EXCL (`set -C`),
-/// or records a violation when both are taken (a third inside); records `two` when it took
-/// the second while the first was held (two inside together); holds a moment; gives it back.
-fn slot_script(dir: &Path, id: &str) -> String {
-    format!(
-        "cd {d}; \
-         if (set -C; : > slot-0) 2>/dev/null; then s=0; \
-         elif (set -C; : > slot-1) 2>/dev/null; then s=1; echo {id} >> two; \
-         else echo {id} >> violation; exit 0; fi; \
-         echo \"$LEASEHOLD_TOKEN\" >> tokens; sleep 0.05; rm -f slot-$s",
-        d = dir.display()
-    )
-}
-
 #[test]
 fn etcd_slots_2_under_contention_never_admits_a_third_and_does_admit_two() {
     let Some(cl) = Cluster::start() else { return };
@@ -295,7 +281,7 @@ fn etcd_slots_2_under_contention_never_admits_a_third_and_does_admit_two() {
                     let id = format!("w{w}.{r}");
                     let mut c = lh();
                     c.args(["run", "--slots", "2", "-w", "120", url, "--", "sh", "-c"])
-                        .arg(slot_script(dir, &id));
+                        .arg(support::slot_script(dir, &id));
                     let st = Proc::spawn(c, "leasehold run --slots 2")
                         .wait_timeout(Duration::from_secs(150));
                     assert!(st.success(), "{id}: {st}");
@@ -400,28 +386,6 @@ fn etcd_break_of_a_shared_lock_takes_exactly_the_holders_its_mode_names() {
     assert_eq!(rc, 0, "free once every holder fenced: {err}");
 }
 
-/// The command of a readers-writer contender: an exclusive one takes the directory `w` (mkdir,
-/// atomic) and must find no reader in `r/`; a shared one creates `r/ID` and must find no `w`.
-/// Whichever of two overlapping sections entered second sees the other, so every overlap of an
-/// exclusive section with another is recorded in `violation`; a shared one that finds another
-/// reader beside it records `together`. Each holds a moment, then leaves.
-fn rw_script(dir: &Path, id: &str, exclusive: bool) -> String {
-    let d = dir.display();
-    if exclusive {
-        format!(
-            "cd {d}; mkdir w 2>/dev/null || echo \"{id}: w taken\" >> violation; \
-             [ -z \"$(ls r)\" ] || echo \"{id}: readers $(ls r)\" >> violation; \
-             echo \"x $LEASEHOLD_TOKEN\" >> tokens; sleep 0.03; rmdir w"
-        )
-    } else {
-        format!(
-            "cd {d}; : > r/{id}; [ -d w ] && echo \"{id}: beside a writer\" >> violation; \
-             [ \"$(ls r | wc -l)\" -gt 1 ] && echo {id} >> together; \
-             echo \"s $LEASEHOLD_TOKEN\" >> tokens; sleep 0.05; rm r/{id}"
-        )
-    }
-}
-
 #[test]
 fn etcd_shared_and_exclusive_contenders_under_contention_never_overlap_a_writer() {
     let Some(cl) = Cluster::start() else { return };
@@ -444,7 +408,7 @@ fn etcd_shared_and_exclusive_contenders_under_contention_never_overlap_a_writer(
                         c.arg("--shared");
                     }
                     c.args(["-w", "120", url, "--", "sh", "-c"])
-                        .arg(rw_script(dir, &id, exclusive));
+                        .arg(support::rw_script(dir, &id, exclusive));
                     let st = Proc::spawn(c, "leasehold run (readers-writer)")
                         .wait_timeout(Duration::from_secs(150));
                     assert!(st.success(), "{id}: {st}");

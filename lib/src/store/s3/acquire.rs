@@ -11,7 +11,13 @@
 //! where our lease, held, means it landed ([`Store::landed`]); the wait between looks (every
 //! heartbeat, at most 1 s; cancellable). Judging, taking over (a same-host holder by its
 //! processes, any other by this process's own observation of its heartbeat on
-//! CLOCK_BOOTTIME), endings and the wait lines are the loop's, as for files.
+//! CLOCK_BOOTTIME), endings and the wait lines are the loop's, as for files. For `--shared` and
+//! `--slots N` the object also holds every holder's record ([`super::Object`]), and
+//! [`Store::holder`] is a view of holder K's entry: the section keeps the object as it read it
+//! (`current`), and every write in the section — a stale holder freed, LOCK's shared record,
+//! a holder's take — replaces one entry of that object on its ETag, so that all the section's
+//! decisions rest on one version of the lock or none of its writes lands
+//! ([`Error::Raced`]: the loop reads again).
 //! Must never: write without a condition; retry a write before reading; trust the server's
 //! clock; loop on a server that refuses `If-Match` with the ETag it reports.
 
@@ -21,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::holding::S3Holding;
-use super::{CALL_TIMEOUT, Client, Cond, Put, encode};
+use super::{CALL_TIMEOUT, Client, Object, Put};
 use crate::boottime::BootInstant;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
@@ -40,20 +46,25 @@ pub(crate) struct S3Store {
     /// Whether the server was seen to honour conditional writes.
     probed: AtomicBool,
     /// The last lease we wrote whose answer we did not get: its record, exact bytes and when
-    /// the write began.
-    tried: Mutex<Option<(Lease, Vec<u8>, BootInstant)>>,
+    /// the write began (shared with the holders' views: a take may be a holder's).
+    tried: Arc<Mutex<Option<Tried>>>,
     /// Takes in a row refused on the ETag the object still had (a server that cannot compare
     /// ETags).
     stuck: AtomicU32,
-    /// Not a lock's object at all: the place a holder of a shared lock would have, which S3
-    /// locks do not have (`--shared` and `--slots` are refused on them); reads as missing.
-    slot: bool,
+    /// Which record of the object this store reads and writes: 0, LOCK's; K + 1, holder K's
+    /// of a shared or counted lock.
+    entry: usize,
 }
 
-/// A section on S3: what the last read found, for the take's condition.
+/// A take whose answer we did not get: the lease, its exact bytes, when the write began.
+type Tried = (Lease, Vec<u8>, BootInstant);
+
+/// A section on S3: the object as the section read it, for the writes' conditions.
 pub(crate) struct S3Section {
-    /// The object's ETag as [`Store::current`] read it (`None`: no object).
-    etag: RefCell<Option<String>>,
+    /// The object as [`Store::current`] read it, then as the section's own writes left it.
+    snap: RefCell<Object>,
+    /// Whether [`Store::current`] has read it yet.
+    read: std::cell::Cell<bool>,
     /// How long one request may take: [`CALL_TIMEOUT`], no longer than the caller's deadline
     /// leaves (at least 2 s: a one-shot caller's deadline is short, a slow gateway is not gone).
     limit: Duration,
@@ -70,14 +81,26 @@ impl S3Store {
             client: Arc::new(client),
             heartbeat,
             probed: AtomicBool::new(false),
-            tried: Mutex::new(None),
+            tried: Arc::new(Mutex::new(None)),
             stuck: AtomicU32::new(0),
-            slot: false,
+            entry: 0,
         }
     }
 
-    fn holding(&self, etag: String) -> S3Holding {
-        S3Holding::new(Arc::clone(&self.client), etag, self.heartbeat)
+    /// Our lease in entry `entry` of `object` (as we wrote it).
+    fn holding(&self, entry: usize, object: Object) -> S3Holding {
+        S3Holding::new(Arc::clone(&self.client), entry, object, self.heartbeat)
+    }
+
+    /// The lock's client.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn raced(&self) -> Error {
+        Error::Raced {
+            path: self.client.lock.url.clone(),
+        }
     }
 
     fn poll(&self) -> Duration {
@@ -130,14 +153,14 @@ impl Store for S3Store {
         &self.client.lock
     }
 
-    fn holder(&self, _k: u32) -> Self {
+    fn holder(&self, k: u32) -> Self {
         S3Store {
             client: Arc::clone(&self.client),
             heartbeat: self.heartbeat,
             probed: AtomicBool::new(true),
-            tried: Mutex::new(None),
+            tried: Arc::clone(&self.tried),
             stuck: AtomicU32::new(0),
-            slot: true,
+            entry: k as usize + 1,
         }
     }
 
@@ -157,10 +180,9 @@ impl Store for S3Store {
     }
 
     fn read(&self) -> Result<LockContent> {
-        if self.slot {
-            return Ok(LockContent::Missing);
-        }
-        Ok(self.client.read(CALL_TIMEOUT)?.0)
+        self.client
+            .object(CALL_TIMEOUT)?
+            .content(&self.client.lock.url, self.entry)
     }
 
     fn enter(
@@ -178,7 +200,8 @@ impl Store for S3Store {
             self.probed.store(true, Relaxed);
         }
         Ok(S3Section {
-            etag: RefCell::new(None),
+            snap: RefCell::new(Object::default()),
+            read: std::cell::Cell::new(false),
             limit,
         })
     }
@@ -186,21 +209,36 @@ impl Store for S3Store {
     fn leave(&self, _section: S3Section, _kept: &mut ()) {}
 
     fn current(&self, section: &S3Section, _place: &mut ()) -> Result<LockContent> {
-        if self.slot {
-            return Ok(LockContent::Missing);
+        let object = self.client.object(section.limit)?;
+        let content = object.content(&self.client.lock.url, self.entry)?;
+        // The section's writes are conditioned on the object its decisions were made on: the
+        // first read; a second look (`released_since`, before a takeover) replaces it only when
+        // it shows the lease released since, which is then what is taken.
+        let again = section.read.replace(true);
+        let released =
+            matches!(&content, LockContent::Lease(l, _) if l.state == LeaseState::Released);
+        if !again || released {
+            *section.snap.borrow_mut() = object;
         }
-        let (content, etag, _) = self.client.read(section.limit)?;
-        *section.etag.borrow_mut() = etag;
         Ok(content)
     }
 
-    fn landed(&self, section: &S3Section, content: &LockContent) -> Option<Took<S3Holding>> {
+    fn landed(&self, section: &S3Section, _content: &LockContent) -> Option<Took<S3Holding>> {
         let mut tried = lock(&self.tried);
-        let ours = matches!((content, tried.as_ref()), (LockContent::Lease(l, _), Some((t, _, _)))
-            if l.lease_id == t.lease_id && l.state == LeaseState::Held);
-        let etag = section.etag.borrow().clone().filter(|_| ours)?;
+        let id = tried.as_ref()?.0.lease_id.clone();
+        let snap = section.snap.borrow();
+        // Our lease, held, in whichever record we tried to take (LOCK's or a holder's).
+        let entry = (0..snap.entries.len()).find(|i| {
+            matches!(snap.content(&self.client.lock.url, *i),
+                Ok(LockContent::Lease(l, _)) if l.lease_id == id && l.state == LeaseState::Held)
+        })?;
         let (lease, bytes, sent) = tried.take()?;
-        Some(Took::Ours(lease, bytes, sent, self.holding(etag)))
+        Some(Took::Ours(
+            lease,
+            bytes,
+            sent,
+            self.holding(entry, snap.clone()),
+        ))
     }
 
     fn ahead(
@@ -242,23 +280,25 @@ impl Store for S3Store {
         lease: &mut dyn FnMut(u64) -> (Lease, Vec<u8>),
     ) -> Result<Took<S3Holding>> {
         let (lease, record) = lease(prev_token.saturating_add(1));
-        let (body, _) = encode(&record);
-        let etag = section.etag.into_inner();
-        let cond = match &etag {
-            None => Cond::Absent,
-            Some(e) => Cond::Match(e.clone()),
-        };
+        let mut snap = section.snap.into_inner();
+        let (body, nonce) = snap.with(self.entry, &record);
         // The renew deadline counts from before the write that makes the lease visible.
         let sent = BootInstant::now();
         *lock(&self.tried) = Some((lease.clone(), record.clone(), sent));
-        match self.client.put(&body, &cond, section.limit)? {
+        match self.client.put(&body, &snap.cond(), section.limit)? {
             Put::Done(e) => {
                 *lock(&self.tried) = None;
                 self.stuck.store(0, Relaxed);
-                Ok(Took::Ours(lease, record, sent, self.holding(e)))
+                snap.wrote(self.entry, &record, e, nonce);
+                Ok(Took::Ours(
+                    lease,
+                    record,
+                    sent,
+                    self.holding(self.entry, snap),
+                ))
             }
             Put::Failed => {
-                if let Some(e) = &etag {
+                if let Some(e) = &snap.etag {
                     self.refused_on_its_own_etag(e, section.limit)?;
                 }
                 Ok(Took::Raced)
@@ -269,17 +309,17 @@ impl Store for S3Store {
     }
 
     fn replace(&self, section: &S3Section, lease: &Lease) -> Result<()> {
-        let (body, _) = encode(&lease.to_bytes());
-        let cond = match section.etag.borrow().clone() {
-            None => Cond::Absent,
-            Some(e) => Cond::Match(e),
-        };
-        match self.client.put(&body, &cond, section.limit)? {
-            Put::Done(_) => Ok(()),
-            Put::Failed | Put::Unknown(_) => Err(Error::Refused {
-                path: self.client.lock.url.clone(),
-                why: "the lock's object changed while it was being replaced; try again".into(),
-            }),
+        let record = lease.to_bytes();
+        let mut snap = section.snap.borrow_mut();
+        let (body, nonce) = snap.with(self.entry, &record);
+        match self.client.put(&body, &snap.cond(), section.limit)? {
+            Put::Done(e) => {
+                snap.wrote(self.entry, &record, e, nonce);
+                Ok(())
+            }
+            // Changed since the section read it, or perhaps written: read again either way (a
+            // write of ours that landed freed or marked what the section had judged so).
+            Put::Failed | Put::Unknown(_) => Err(self.raced()),
         }
     }
 
@@ -314,12 +354,6 @@ pub(crate) fn acquire(
     deadline: Option<Instant>,
     one_shot: bool,
 ) -> Result<crate::guard::LeaseGuard> {
-    if s.want != crate::slots::Want::Exclusive {
-        return Err(Error::Settings(format!(
-            "{}: --shared and --slots are not supported on S3 locks yet",
-            s.path.display()
-        )));
-    }
     let timing = s.timing()?;
     let client = Client::new(super::S3Lock::parse(&s.path)?);
     crate::acquire::through(

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use super::{CALL_TIMEOUT, Client, Cond, Put, S3Lock, encode};
+use super::{CALL_TIMEOUT, Client, Put, S3Lock};
 use crate::ending::{Acked, ack_record};
 use crate::error::{Error, Result};
 use crate::fsio::LockContent;
@@ -22,16 +22,18 @@ pub(crate) fn ack(path: &Path, by: &str) -> Result<Acked> {
         why,
     };
     for _ in 0..4 {
-        let (content, etag, _) = client.read(CALL_TIMEOUT)?;
-        let (LockContent::Lease(l, _), Some(etag)) = (&content, etag) else {
+        let object = client.object(CALL_TIMEOUT)?;
+        let content = object.content(&client.lock.url, 0)?;
+        let (LockContent::Lease(l, _), Some(_)) = (&content, &object.etag) else {
             return Err(refuse("no ending is recorded: no lease at this key".into()));
         };
         let (write, out) = ack_record(&client.lock.url, l, by)?;
         let Some(new) = write else {
             return Ok(out);
         };
-        let (body, nonce) = encode(&new.to_bytes());
-        match client.put(&body, &Cond::Match(etag), CALL_TIMEOUT)? {
+        // LOCK's record only: a shared lock's holders' records stay as they are.
+        let (body, nonce) = object.with(0, &new.to_bytes());
+        match client.put(&body, &object.cond(), CALL_TIMEOUT)? {
             Put::Done(_) => return Ok(out),
             // Changed since it was read (or we cannot tell): read again.
             Put::Failed => {}

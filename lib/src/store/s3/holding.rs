@@ -2,16 +2,19 @@
 //!
 //! Owns: the renewal (our record with its heartbeat moved, under a fresh nonce, PUT with
 //! `If-Match` on the ETag we last wrote), the record's rewrite (the same, for `set_child`) and
-//! the release (the same record marked released, PUT with `If-Match`; never a DELETE). A write
-//! whose outcome is unknown (5xx, 409, no answer) is settled by a read: our nonce there means
-//! it landed.
+//! the release (the same record marked released, PUT with `If-Match`; never a DELETE). Our
+//! record is one entry of the object (LOCK's, or a shared or counted holder's beside the other
+//! holders'): a write replaces that entry in the object as we last saw it, and a write refused
+//! because another holder wrote its own entry meanwhile is made again on the object as it is
+//! now, while our entry there is still our lease. A write whose outcome is unknown (5xx, 409,
+//! no answer) is settled by a read: our nonce there means it landed.
 //! Must never: write over an object that is not our lease as we last wrote it (a breaker's
 //! revoked mark, another contender's lease); count a renewal it cannot prove landed.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{CALL_TIMEOUT, Client, Cond, Put, encode};
+use super::{CALL_TIMEOUT, Client, Object, Put};
 use crate::clock::format_rfc3339;
 use crate::error::{Error, Result};
 use crate::loss::LossReason;
@@ -22,8 +25,10 @@ use crate::store::{Holding, Ours, Release, Renewal, ours};
 /// Our lease on the lock's object, while held.
 pub(crate) struct S3Holding {
     client: Arc<Client>,
-    /// The ETag of the object as we last wrote it.
-    etag: Mutex<String>,
+    /// Which entry of the object is our record (0: LOCK's; K + 1: holder K's).
+    entry: usize,
+    /// The object as we last wrote or read it (its ETag, the others' records).
+    object: Mutex<Object>,
     /// How long one renewal's request may take before it is retried.
     timeout: Duration,
     /// Who marked our record revoked (`break`), once a read showed it: recorded at release,
@@ -38,18 +43,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// How one conditional write of ours came out, settled.
 enum Wrote {
     Yes,
-    /// Not written; the object is still our lease, held (or revoked, when allowed), under the
-    /// ETag given (which the next try uses).
-    NotYet(String),
+    /// Not written; our entry is still our lease, held (or revoked, when allowed), in the
+    /// object as now read (which the next try writes over).
+    NotYet,
     /// Not written, and the object is not ours to write: what it is.
     No(Ours),
 }
 
 impl S3Holding {
-    pub(crate) fn new(client: Arc<Client>, etag: String, every: Duration) -> Self {
+    pub(crate) fn new(client: Arc<Client>, entry: usize, object: Object, every: Duration) -> Self {
         S3Holding {
             client,
-            etag: Mutex::new(etag),
+            entry,
+            object: Mutex::new(object),
             // Short: a renewal stuck on a frozen gateway holds up the release after a fence.
             timeout: (every / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             revoked_by: Mutex::new(None),
@@ -66,29 +72,27 @@ impl S3Holding {
         timeout: Duration,
         revoked_ok: bool,
     ) -> Result<Wrote> {
-        let (body, nonce) = encode(record);
-        let etag = lock(&self.etag).clone();
-        let r = self
-            .client
-            .put(&body, &Cond::Match(etag.clone()), timeout)?;
-        if let Put::Done(e) = r {
-            *lock(&self.etag) = e;
+        let object = lock(&self.object).clone();
+        let (body, nonce) = object.with(self.entry, record);
+        if let Put::Done(e) = self.client.put(&body, &object.cond(), timeout)? {
+            lock(&self.object).wrote(self.entry, record, e, nonce);
             return Ok(Wrote::Yes);
         }
         // Refused, or unknown: what is there now says which.
-        let (content, got_etag, got_nonce) = self.client.read(timeout)?;
-        if got_nonce == nonce
-            && let Some(e) = got_etag
-        {
-            *lock(&self.etag) = e;
+        let now = self.client.object(timeout)?;
+        if now.nonce == nonce && now.etag.is_some() {
+            *lock(&self.object) = now;
             return Ok(Wrote::Yes);
         }
+        let content = now.content(&self.client.lock.url, self.entry)?;
         let o = self.seen(ours(&content, lease_id));
-        match (&o, got_etag) {
-            (Ours::Held, Some(e)) => Ok(Wrote::NotYet(e)),
-            (Ours::Revoked(_), Some(e)) if revoked_ok => Ok(Wrote::NotYet(e)),
-            _ => Ok(Wrote::No(o)),
+        let again = now.etag.is_some()
+            && (o == Ours::Held || (revoked_ok && matches!(o, Ours::Revoked(_))));
+        if again {
+            *lock(&self.object) = now;
+            return Ok(Wrote::NotYet);
         }
+        Ok(Wrote::No(o))
     }
 }
 
@@ -119,27 +123,31 @@ impl Holding for S3Holding {
     type Section = ();
 
     fn still_ours(&self, lease_id: &str) -> Result<Ours> {
-        let (content, _, _) = self.client.read(self.timeout.max(CALL_TIMEOUT))?;
+        let object = self.client.object(self.timeout.max(CALL_TIMEOUT))?;
+        let content = object.content(&self.client.lock.url, self.entry)?;
         Ok(self.seen(ours(&content, lease_id)))
     }
 
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
-        match self.write(lease_id, bytes, self.timeout, false) {
-            Ok(Wrote::Yes) => Ok(()),
-            // Still ours, under an ETag we had not seen (a write of ours whose answer was lost
-            // landed after all): the next renewal writes over it.
-            Ok(Wrote::NotYet(e)) => {
-                *lock(&self.etag) = e;
-                Err(Renewal::Transient(Error::Settings(
-                    "the lock's object changed under our renewal; retrying".into(),
-                )))
+        // Still ours, in an object changed since we wrote it (another holder renewed its own
+        // entry, or a write of ours whose answer was lost landed after all): written again
+        // over the object as it is now, a few times, then left to the next try.
+        for _ in 0..3 {
+            match self.write(lease_id, bytes, self.timeout, false) {
+                Ok(Wrote::Yes) => return Ok(()),
+                Ok(Wrote::NotYet) => continue,
+                Ok(Wrote::No(o)) => return Err(Renewal::Lost(not_ours(o))),
+                Err(e @ Error::NotALease { .. }) => {
+                    return Err(Renewal::Lost(LossReason::Vanished {
+                        what: e.to_string(),
+                    }));
+                }
+                Err(e) => return Err(Renewal::Transient(e)),
             }
-            Ok(Wrote::No(o)) => Err(Renewal::Lost(not_ours(o))),
-            Err(e @ Error::NotALease { .. }) => Err(Renewal::Lost(LossReason::Vanished {
-                what: e.to_string(),
-            })),
-            Err(e) => Err(Renewal::Transient(e)),
         }
+        Err(Renewal::Transient(Error::Settings(
+            "the lock's object kept changing under our renewal; retrying".into(),
+        )))
     }
 
     fn enter(&self, _deadline: Instant, _stuck_after: Duration) -> Result<()> {
@@ -155,7 +163,7 @@ impl Holding for S3Holding {
         for _ in 0..3 {
             match self.write(&mine.lease_id, bytes, CALL_TIMEOUT, false)? {
                 Wrote::Yes => return Ok(()),
-                Wrote::NotYet(e) => *lock(&self.etag) = e,
+                Wrote::NotYet => {}
                 Wrote::No(o) => return Err(lost(o)),
             }
         }
@@ -173,20 +181,23 @@ impl Holding for S3Holding {
             // Fenced already: one quick try to free the lock for the next contender at once; a
             // gateway that does not answer (the likely cause of the loss) must not hold up our
             // exit — the record then goes stale by observation within its TTL.
-            let etag = lock(&self.etag).clone();
-            let (body, _) = encode(&self.released(&release));
+            let object = lock(&self.object).clone();
+            let record = self.released(&release);
+            let (body, _) = object.with(self.entry, &record);
             let quick = Duration::from_millis(300);
-            // Refused at once (the gateway answers): a break's revoked mark on our record,
-            // which we release over; anything else is not ours.
-            if let Ok(Put::Failed) = self.client.put(&body, &Cond::Match(etag), quick)
-                && let Ok((content, Some(e), _)) = self.client.read(quick)
+            // Refused at once (the gateway answers): a break's revoked mark on our record, or
+            // another holder's write, which we release over; anything else is not ours.
+            if let Ok(Put::Failed) = self.client.put(&body, &object.cond(), quick)
+                && let Ok(now) = self.client.object(quick)
+                && now.etag.is_some()
+                && let Ok(content) = now.content(&self.client.lock.url, self.entry)
                 && matches!(
                     self.seen(ours(&content, &lease_id)),
                     Ours::Held | Ours::Revoked(_)
                 )
             {
-                let (body, _) = encode(&self.released(&release));
-                let _ = self.client.put(&body, &Cond::Match(e), quick);
+                let (body, _) = now.with(self.entry, &self.released(&release));
+                let _ = self.client.put(&body, &now.cond(), quick);
             }
             return Ok(());
         }
@@ -196,8 +207,9 @@ impl Holding for S3Holding {
             let bytes = self.released(&release);
             match self.write(&lease_id, &bytes, timeout, true)? {
                 Wrote::Yes => return Ok(()),
-                // Revoked by a break, or our own late write: release over it.
-                Wrote::NotYet(e) => *lock(&self.etag) = e,
+                // Revoked by a break, another holder's write, or our own late write: release
+                // over it.
+                Wrote::NotYet => {}
                 // Not ours any more (taken, broken, replaced): nothing of ours to release.
                 Wrote::No(_) => return Ok(()),
             }

@@ -12,7 +12,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{CALL_TIMEOUT, Client, Cond, Put, S3Lock, encode};
+use super::acquire::S3Store;
+use super::{CALL_TIMEOUT, Client, Put, S3Lock};
 use crate::clock::{Clock, SystemClock, format_rfc3339};
 use crate::error::{Error, Result};
 use crate::fsio::LockContent;
@@ -20,7 +21,9 @@ use crate::identity::Identity;
 use crate::judge::Judge;
 use crate::observe::Memory;
 use crate::record::{Ending, LeaseState};
+use crate::slots::Look;
 use crate::status::outcome::{BreakMode, Broken, Frees};
+use crate::store::{Store, StuckPolicy};
 use crate::takeover;
 use crate::verdict::{State, Verdict};
 
@@ -39,11 +42,26 @@ fn judge(client: &Client, content: &LockContent, me: &Identity, clock: &dyn Cloc
     v
 }
 
-/// `leasehold status s3://BUCKET/KEY`.
+/// `leasehold status s3://BUCKET/KEY`: on a shared or counted lock, with every holder.
 pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
     let client = Client::new(S3Lock::parse(path)?);
     let (content, _, _) = client.read(CALL_TIMEOUT)?;
-    Ok(judge(&client, &content, me, clock))
+    let mut v = judge(&client, &content, me, clock);
+    if let Some(m) = crate::slots::lock_mode(&content) {
+        let store = S3Store::new(client, Duration::from_secs(1));
+        crate::status::holders::look(&store, m, &mut v, look(me, clock))?;
+    }
+    Ok(v)
+}
+
+/// How a look at the holders of a shared lock judges (observations in memory only).
+fn look<'a>(me: &'a Identity, clock: &'a dyn Clock) -> Look<'a> {
+    Look {
+        me,
+        clock,
+        wall_skew: None,
+        persist: false,
+    }
 }
 
 /// `leasehold break s3://BUCKET/KEY`.
@@ -51,14 +69,33 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     let client = Client::new(S3Lock::parse(path)?);
     let me = Identity::current();
     let clock = SystemClock;
-    let (content, etag, _) = client.read(CALL_TIMEOUT)?;
+    let object = client.object(CALL_TIMEOUT)?;
+    let content = object.content(&client.lock.url, 0)?;
+    if let Some(m) = crate::slots::lock_mode(&content) {
+        // A shared or counted lock: its holders are broken as a lock file's are, each record
+        // replaced on the object as this section read it (`S3Store`).
+        let store = S3Store::new(client, Duration::from_secs(1));
+        let section = store.enter(
+            &mut (),
+            None,
+            Duration::ZERO,
+            StuckPolicy::Report,
+            None,
+            None,
+        )?;
+        let content = store.current(&section, &mut ())?;
+        let m = crate::slots::lock_mode(&content).unwrap_or(m);
+        let v = judge(store.client(), &content, &me, &clock);
+        let look = look(&me, &clock);
+        return crate::status::holders::brk(&store, &section, m, &content, &v, &mode, look);
+    }
     let v = judge(&client, &content, &me, &clock);
     let refuse = |why: String| Error::Refused {
         path: client.lock.url.clone(),
         why,
     };
-    let (LockContent::Lease(lease, _), Some(etag), false) =
-        (&content, etag, v.state == State::Free)
+    let (LockContent::Lease(lease, _), Some(_), false) =
+        (&content, &object.etag, v.state == State::Free)
     else {
         return Err(refuse(format!("nothing to break: {v}")));
     };
@@ -106,8 +143,8 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
         how,
         by: Some(by),
     });
-    let (body, nonce) = encode(&rec.to_bytes());
-    match client.put(&body, &Cond::Match(etag), CALL_TIMEOUT)? {
+    let (body, nonce) = object.with(0, &rec.to_bytes());
+    match client.put(&body, &object.cond(), CALL_TIMEOUT)? {
         Put::Done(_) => Ok(out),
         Put::Failed => Err(refuse(
             "the lock's object changed while it was being broken; nothing broken: look again"

@@ -4,7 +4,8 @@
 //! Owns: the URL, the AWS-style settings (endpoint, region, credentials: environment, then the
 //! shared config and credentials files), the client (SigV4-signed GET and conditional PUT over
 //! ureq, path-style for a custom endpoint), the object's format (a nonce line, then a §2 lease
-//! record) and the probe that the server honours conditional writes. `acquire.rs` takes a
+//! record; version 2 with a shared or counted lock's holders' records after LOCK's: [`Object`])
+//! and the probe that the server honours conditional writes. `acquire.rs` takes a
 //! lease, `holding.rs` renews and releases it, `look.rs` is `status` and `break`, `ending.rs`
 //! is `ack` (the endings ride in the object's record, PROTOCOL.md §15 *Endings*).
 //! Must never: DELETE the object (several servers ignore `If-Match` on DELETE, and the token
@@ -453,13 +454,24 @@ impl Client {
         self.put_key(&self.lock.key.clone(), body, cond, timeout)
     }
 
-    /// What the lock's object holds now, with its ETag (`None` when missing).
+    /// What the lock's object holds now (LOCK's record), with its ETag (`None` when missing).
     pub(crate) fn read(&self, timeout: Duration) -> Result<(LockContent, Option<String>, String)> {
+        let o = self.object(timeout)?;
+        let content = o.content(&self.lock.url, 0)?;
+        Ok((content, o.etag, o.nonce))
+    }
+
+    /// The lock's object now, every record in it.
+    pub(crate) fn object(&self, timeout: Duration) -> Result<Object> {
         match self.get(timeout)? {
-            Got::Missing => Ok((LockContent::Missing, None, String::new())),
+            Got::Missing => Ok(Object::default()),
             Got::Object { body, etag } => {
-                let (content, nonce) = decode(&self.lock.url, &body)?;
-                Ok((content, Some(etag), nonce))
+                let (entries, nonce) = decode_entries(&self.lock.url, &body)?;
+                Ok(Object {
+                    entries,
+                    etag: Some(etag),
+                    nonce,
+                })
             }
         }
     }
@@ -525,18 +537,99 @@ fn transport(t: &ureq::Transport) -> String {
     s
 }
 
+/// The first line of an object that also holds the records of a shared or counted lock's
+/// holders (PROTOCOL.md §15, *Shared leases and slots*): a version an older leasehold refuses.
+const MAGIC_2: &str = "leasehold-s3 2 ";
+
+/// The line before holder K's record in a version-2 object (no line of a §2 record starts so).
+const SLOT_LINE: &str = "%leasehold-slot ";
+
+/// The lock's object as read: its records' bytes — entry 0 LOCK's, entry K+1 holder K's of a
+/// shared or counted lock (empty: none) —, its ETag (`None`: no object) and nonce.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Object {
+    pub entries: Vec<Vec<u8>>,
+    pub etag: Option<String>,
+    pub nonce: String,
+}
+
+impl Object {
+    /// What entry `i` holds (missing past the last).
+    pub(crate) fn content(&self, url: &Path, i: usize) -> Result<LockContent> {
+        match self.entries.get(i) {
+            // No object at all, or no record for this holder.
+            None => Ok(LockContent::Missing),
+            Some(b) if i > 0 && b.is_empty() => Ok(LockContent::Missing),
+            Some(b) => parse_record(url, b),
+        }
+    }
+
+    /// The object's bytes with entry `i` replaced by `record` (the others as read), and the
+    /// new body's nonce.
+    pub(crate) fn with(&self, i: usize, record: &[u8]) -> (Vec<u8>, String) {
+        let mut entries = self.entries.clone();
+        if entries.len() <= i {
+            entries.resize(i + 1, Vec::new());
+        }
+        entries[i] = record.to_vec();
+        encode_entries(&entries)
+    }
+
+    /// The condition that writes over exactly this object.
+    pub(crate) fn cond(&self) -> Cond {
+        match &self.etag {
+            None => Cond::Absent,
+            Some(e) => Cond::Match(e.clone()),
+        }
+    }
+
+    /// Replaces entry `i` with `record` here, as written under `etag`.
+    pub(crate) fn wrote(&mut self, i: usize, record: &[u8], etag: String, nonce: String) {
+        if self.entries.len() <= i {
+            self.entries.resize(i + 1, Vec::new());
+        }
+        self.entries[i] = record.to_vec();
+        self.etag = Some(etag);
+        self.nonce = nonce;
+    }
+}
+
 /// An object's bytes: `leasehold-s3 1 NONCE\n` then a §2 lease record; empty is free.
+#[cfg(test)]
 pub(crate) fn encode(record: &[u8]) -> (Vec<u8>, String) {
+    encode_entries(&[record.to_vec()])
+}
+
+/// An object's bytes for LOCK's record and the holders' (see [`Object`]): version 1 when
+/// there are no holders' records, else `leasehold-s3 2 NONCE\n`, LOCK's record, then for
+/// each holder K a line `%leasehold-slot K` and its record (nothing for none).
+pub(crate) fn encode_entries(entries: &[Vec<u8>]) -> (Vec<u8>, String) {
     let nonce = crate::builder::random_id();
-    let mut out = format!("{MAGIC}{nonce}\n").into_bytes();
-    out.extend_from_slice(record);
+    // Holders' records past the last one anybody wrote are dropped (LOCK's always stays).
+    let keep = entries
+        .iter()
+        .rposition(|e| !e.is_empty())
+        .map_or(1, |i| i + 1)
+        .min(entries.len());
+    let entries = &entries[..keep];
+    let magic = if entries.len() > 1 { MAGIC_2 } else { MAGIC };
+    let mut out = format!("{magic}{nonce}\n").into_bytes();
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            if out.last().is_some_and(|b| *b != b'\n') {
+                out.push(b'\n');
+            }
+            out.extend_from_slice(format!("{SLOT_LINE}{}\n", i - 1).as_bytes());
+        }
+        out.extend_from_slice(e);
+    }
     (out, nonce)
 }
 
-/// The content of an object's bytes, and its nonce.
-pub(crate) fn decode(url: &Path, body: &[u8]) -> Result<(LockContent, String)> {
+/// The records of an object's bytes (see [`Object`]), and its nonce.
+pub(crate) fn decode_entries(url: &Path, body: &[u8]) -> Result<(Vec<Vec<u8>>, String)> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok((LockContent::Empty, String::new()));
+        return Ok((vec![Vec::new()], String::new()));
     }
     let not = |what: String| Error::NotALease {
         path: url.to_path_buf(),
@@ -544,15 +637,54 @@ pub(crate) fn decode(url: &Path, body: &[u8]) -> Result<(LockContent, String)> {
     };
     let nl = body.iter().position(|b| *b == b'\n').unwrap_or(body.len());
     let first = String::from_utf8_lossy(&body[..nl]);
-    let Some(nonce) = first.strip_prefix(MAGIC) else {
+    let rest = body.get(nl + 1..).unwrap_or_default();
+    if let Some(nonce) = first.strip_prefix(MAGIC) {
+        return Ok((vec![rest.to_vec()], nonce.to_string()));
+    }
+    let Some(nonce) = first.strip_prefix(MAGIC_2) else {
         return Err(not(
             "an object that leasehold did not write (no `leasehold-s3 1` line)".into(),
         ));
     };
-    let record = body.get(nl + 1..).unwrap_or_default();
+    let mut entries = vec![Vec::new()];
+    for line in rest.split_inclusive(|b| *b == b'\n') {
+        if let Some(k) = line.strip_prefix(SLOT_LINE.as_bytes()) {
+            let k = std::str::from_utf8(k)
+                .ok()
+                .and_then(|k| k.trim().parse::<usize>().ok());
+            if k != Some(entries.len() - 1) || entries.len() > crate::record::MAX_WIDTH as usize {
+                return Err(not(
+                    "a holder's line out of order in the lock's object".into()
+                ));
+            }
+            entries.push(Vec::new());
+        } else if let Some(e) = entries.last_mut() {
+            e.extend_from_slice(line);
+        }
+    }
+    Ok((entries, nonce.to_string()))
+}
+
+/// The content of an object's bytes (LOCK's record), and its nonce.
+#[cfg(test)]
+pub(crate) fn decode(url: &Path, body: &[u8]) -> Result<(LockContent, String)> {
+    let (entries, nonce) = decode_entries(url, body)?;
+    let content = match entries.first() {
+        Some(e) => parse_record(url, e)?,
+        None => LockContent::Empty,
+    };
+    Ok((content, nonce))
+}
+
+/// One record of an object.
+fn parse_record(url: &Path, record: &[u8]) -> Result<LockContent> {
+    let not = |what: String| Error::NotALease {
+        path: url.to_path_buf(),
+        what,
+    };
     match Lease::parse(record) {
-        Parsed::Lease(l) => Ok((LockContent::Lease(l, record.to_vec()), nonce.to_string())),
-        Parsed::Empty => Ok((LockContent::Empty, nonce.to_string())),
+        Parsed::Lease(l) => Ok(LockContent::Lease(l, record.to_vec())),
+        Parsed::Empty => Ok(LockContent::Empty),
         Parsed::Torn => Err(not("a lease record whose checksum does not match".into())),
         Parsed::Newer(v) => Err(Error::NewerFormat {
             path: url.to_path_buf(),
@@ -604,6 +736,43 @@ mod tests {
             assert_eq!(host, "127.0.0.1:9");
             assert_eq!(path, "/locks/a%20b/c%2Bd");
         });
+    }
+
+    #[test]
+    fn holders_records_ride_after_locks_and_come_back_as_written() {
+        let url = Path::new("s3://b/k");
+        // A plain lock's object stays version 1, with or without trailing empty holders.
+        let (plain, _) = encode_entries(&[b"{\n}\n".to_vec(), Vec::new()]);
+        assert!(plain.starts_with(MAGIC.as_bytes()));
+        let (entries, _) = decode_entries(url, &plain).unwrap();
+        assert_eq!(entries, vec![b"{\n}\n".to_vec()]);
+        // Holders' records, one missing between two, the last without a final newline.
+        let written = vec![
+            b"{\n  \"lock\": 1\n}\n".to_vec(),
+            b"{\n  \"h\": 0\n}\n".to_vec(),
+            Vec::new(),
+            b"{\n  \"h\": 2\n}".to_vec(),
+        ];
+        let (body, nonce) = encode_entries(&written);
+        assert!(body.starts_with(MAGIC_2.as_bytes()));
+        let (entries, n) = decode_entries(url, &body).unwrap();
+        assert_eq!(n, nonce);
+        assert_eq!(entries, written);
+        let o = Object {
+            entries,
+            etag: Some("e".into()),
+            nonce: n,
+        };
+        assert!(matches!(o.content(url, 2).unwrap(), LockContent::Missing));
+        assert!(matches!(o.content(url, 9).unwrap(), LockContent::Missing));
+        // Replacing one record keeps the others.
+        let (body, _) = o.with(2, b"{\n  \"h\": 1\n}\n");
+        let (entries, _) = decode_entries(url, &body).unwrap();
+        assert_eq!(entries[1], written[1]);
+        assert_eq!(entries[2], b"{\n  \"h\": 1\n}\n".to_vec());
+        // Out-of-order holder lines are no object of ours.
+        let bad = format!("{MAGIC_2}n\n{{}}\n{SLOT_LINE}1\n{{}}\n");
+        assert!(decode_entries(url, bad.as_bytes()).is_err());
     }
 
     #[test]
