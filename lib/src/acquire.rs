@@ -81,9 +81,6 @@ enum Attempt<S: Store> {
     Taken(Box<Start<S::Holding>>),
     /// Not ours yet: what we saw, and the contender ahead of us in line we wait behind.
     Busy(Box<Verdict>, Option<S::Ahead>),
-    /// Another contender changed the lease between our read and our take ([`Took::Raced`]):
-    /// look again at once.
-    Again,
 }
 
 /// How many lost races in a row a one-shot caller looks again after before it gives up as
@@ -222,16 +219,12 @@ fn try_once<S: Store>(ctx: &Ctx<'_, S>, kept: &mut S::Kept) -> Result<LeaseGuard
     loop {
         // A stale NFS handle anywhere in an attempt (a file another host just replaced) is a
         // race: the whole attempt is made again with fresh lookups (bounded), never an error.
-        let attempt = match crate::fsio::again_if_stale(|| one_shot(ctx, kept, deadline)) {
-            // A write inside the section lost a race (`Store::replace` on a compare-and-swap
-            // store): as a lost take.
-            Err(Error::Raced { .. }) => Attempt::Again,
-            other => other?,
-        };
-        match attempt {
-            Attempt::Taken(start) => return LeaseGuard::start(*start),
-            Attempt::Again if races < RACES => races += 1,
-            Attempt::Again => {
+        match crate::fsio::again_if_stale(|| one_shot(ctx, kept, deadline)) {
+            Ok(Attempt::Taken(start)) => return LeaseGuard::start(*start),
+            // A write inside the section lost a race (a store whose section is a
+            // compare-and-swap): look again.
+            Err(Error::Raced { .. }) if races < RACES => races += 1,
+            Err(Error::Raced { .. }) => {
                 let mut v = peek(ctx, &mut Memory::default());
                 v.reason = format!("{}; lost {RACES} races for it in a row", v.reason);
                 v.state = State::Held;
@@ -240,12 +233,13 @@ fn try_once<S: Store>(ctx: &Ctx<'_, S>, kept: &mut S::Kept) -> Result<LeaseGuard
                     verdict: Box::new(v),
                 });
             }
-            Attempt::Busy(v, _) => {
+            Ok(Attempt::Busy(v, _)) => {
                 return Err(Error::WouldBlock {
                     path: ctx.store.binding().lock().to_path_buf(),
                     verdict: v,
                 });
             }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -339,7 +333,7 @@ fn blocking<S: Store>(
         let (mut v, ahead) = match attempt {
             Ok(Attempt::Taken(start)) => return Ok(*start),
             Ok(Attempt::Busy(v, ahead)) => (v, ahead),
-            Ok(Attempt::Again) | Err(Error::Raced { .. }) => continue,
+            Err(Error::Raced { .. }) => continue,
             // A networked store none of whose endpoints can serve us now (down, frozen,
             // without a quorum): asked again after a wait, until the deadline, saying so.
             Err(e @ Error::Unavailable { .. }) => {
@@ -785,9 +779,7 @@ fn take_with<S: Store>(
 
 /// The attempt a take came out as: the guard's start once the lease is ours.
 fn taken<S: Store>(ctx: &Ctx<'_, S>, took: Took<S::Holding>, broke: Option<Verdict>) -> Attempt<S> {
-    let Took::Ours(lease, bytes, started, holding) = took else {
-        return Attempt::Again;
-    };
+    let (lease, bytes, started, holding) = took;
     let s = ctx.s;
     Attempt::Taken(Box::new(Start {
         path: ctx.store.binding().lock().to_path_buf(),

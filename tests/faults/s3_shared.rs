@@ -6,13 +6,14 @@
 //! every shared holder.
 
 use std::fs;
+use std::process::Command;
 use std::time::Duration;
 
 use super::{held, let_go, out};
-use crate::support::s3::gateway;
-use crate::support::{self, Proc, code, rw_script, slot_script};
+use crate::support::s3::{Gateway, gateway};
+use crate::support::{self, Proc, code, rw_outcome, rw_script, slot_outcome, slot_script};
 
-fn status_json(gw: &crate::support::s3::Gateway, url: &str) -> serde_json::Value {
+fn status_json(gw: &Gateway, url: &str) -> serde_json::Value {
     let (rc, o, err) = out(gw, &["status", "--json", url]);
     assert!(rc == 0 || rc == 1, "status exited {rc}: {err}");
     serde_json::from_str(&o).unwrap_or_else(|e| panic!("status --json: {e}: {o}"))
@@ -42,43 +43,45 @@ fn s3_slots_2_admit_two_refuse_a_third_and_under_contention_never_three() {
     let (rc, _, err) = out(gw, &["run", "-n", &url, "--", "true"]);
     assert_eq!(rc, 0, "a plain run once the slots are free: {err}");
     // Under contention: 4 contenders, several rounds each.
+    let rounds = contend(gw, "s3-slots", |c, id, _| {
+        c.args(["--slots", "2", "-w", "120", &url, "--", "sh", "-c"])
+            .arg(slot_script(dir, id));
+    });
+    let two = slot_outcome(dir, 4 * rounds);
+    println!(
+        "s3 --slots 2: {} runs by 4 contenders, two inside together {two} times, never three",
+        4 * rounds
+    );
+}
+
+/// Runs 4 contenders, each `leasehold run` several rounds in a row, `args` adding each run's
+/// arguments after `run` (with the run's id and a generator seeded by `seed` and the
+/// contender); every run must succeed. Returns the rounds each contender made.
+fn contend(
+    gw: &Gateway,
+    seed: &str,
+    args: impl Fn(&mut Command, &str, &mut support::Rng) + Sync,
+) -> usize {
     let rounds = support::scaled(6).max(3);
     std::thread::scope(|s| {
         for w in 0..4 {
-            let url = &url;
+            let args = &args;
             s.spawn(move || {
+                let mut rng = support::Rng::new(&format!("{seed}-{w}"));
                 for r in 0..rounds {
                     let id = format!("w{w}.{r}");
                     let mut c = gw.cmd();
-                    c.args(["run", "--slots", "2", "-w", "120", url, "--", "sh", "-c"])
-                        .arg(slot_script(dir, &id));
-                    let mut p = Proc::spawn(c, "leasehold run --slots 2");
+                    c.arg("run");
+                    args(&mut c, &id, &mut rng);
+                    let shown = format!("{c:?}");
+                    let mut p = Proc::spawn(c, "leasehold run (contention)");
                     let st = p.wait_timeout(Duration::from_secs(150));
-                    assert!(st.success(), "{id}: {st}: {}", p.stderr());
+                    assert!(st.success(), "{id}: {st}: {}: {shown}", p.stderr());
                 }
             });
         }
     });
-    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
-    assert!(violations.is_empty(), "a third inside: {violations}");
-    let tokens: Vec<u64> = fs::read_to_string(dir.join("tokens"))
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().expect("a token"))
-        .collect();
-    assert_eq!(tokens.len(), 4 * rounds, "every run ran its command once");
-    let distinct: std::collections::HashSet<_> = tokens.iter().collect();
-    assert_eq!(
-        distinct.len(),
-        tokens.len(),
-        "tokens are unique: {tokens:?}"
-    );
-    let two = fs::read_to_string(dir.join("two")).unwrap_or_default();
-    println!(
-        "s3 --slots 2: {} runs by 4 contenders, two inside together {} times, never three",
-        tokens.len(),
-        two.lines().count()
-    );
+    rounds
 }
 
 #[test]
@@ -88,41 +91,20 @@ fn s3_shared_and_exclusive_contenders_under_contention_never_overlap_a_writer() 
     let dir = tmp.path();
     fs::create_dir(dir.join("r")).unwrap();
     let url = gw.url("rwc");
-    let rounds = support::scaled(6).max(3);
-    std::thread::scope(|s| {
-        for w in 0..4 {
-            let url = &url;
-            s.spawn(move || {
-                let mut rng = support::Rng::new(&format!("s3-rw-{w}"));
-                for r in 0..rounds {
-                    let id = format!("w{w}.{r}");
-                    // A quarter of the acquisitions exclusive.
-                    let exclusive = rng.chance(25);
-                    let mut c = gw.cmd();
-                    c.arg("run");
-                    if !exclusive {
-                        c.arg("--shared");
-                    }
-                    c.args(["-w", "120", url, "--", "sh", "-c"])
-                        .arg(rw_script(dir, &id, exclusive));
-                    let mut p = Proc::spawn(c, "leasehold run (readers-writer)");
-                    let st = p.wait_timeout(Duration::from_secs(150));
-                    assert!(st.success(), "{id}: {st}: {}", p.stderr());
-                }
-            });
+    let rounds = contend(gw, "s3-rw", |c, id, rng| {
+        // A quarter of the acquisitions exclusive.
+        let exclusive = rng.chance(25);
+        if !exclusive {
+            c.arg("--shared");
         }
+        c.args(["-w", "120", &url, "--", "sh", "-c"])
+            .arg(rw_script(dir, id, exclusive));
     });
-    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
-    assert!(violations.is_empty(), "a writer overlapped: {violations}");
-    let tokens = fs::read_to_string(dir.join("tokens")).unwrap();
-    let n = tokens.lines().count();
-    let writers = tokens.lines().filter(|l| l.starts_with("x ")).count();
-    assert_eq!(n, 4 * rounds, "every run ran its command once");
-    let together = fs::read_to_string(dir.join("together")).unwrap_or_default();
+    let n = 4 * rounds;
+    let (writers, together) = rw_outcome(dir, n);
     println!(
         "s3 readers-writer: {n} runs by 4 contenders ({writers} exclusive), readers together \
-         {} times, no writer beside anyone",
-        together.lines().count()
+         {together} times, no writer beside anyone"
     );
 }
 

@@ -620,3 +620,43 @@ pub fn rw_script(dir: &Path, id: &str, exclusive: bool) -> String {
         )
     }
 }
+
+/// What the `runs` jobs of [`slot_script`] left in `dir`, checked: none was a third inside, each
+/// ran its command once, every token unique. Returns how many times two were inside together.
+pub fn slot_outcome(dir: &Path, runs: usize) -> usize {
+    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
+    assert!(violations.is_empty(), "a third inside: {violations}");
+    let tokens: Vec<u64> = fs::read_to_string(dir.join("tokens"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().expect("a token"))
+        .collect();
+    assert_eq!(tokens.len(), runs, "every run ran its command once");
+    let distinct: std::collections::HashSet<_> = tokens.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        tokens.len(),
+        "tokens are unique: {tokens:?}"
+    );
+    fs::read_to_string(dir.join("two"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// What the `runs` jobs of [`rw_script`] left in `dir`, checked: no writer beside anyone, each
+/// ran its command once. Returns how many were exclusive, and how many times readers were
+/// inside together.
+pub fn rw_outcome(dir: &Path, runs: usize) -> (usize, usize) {
+    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
+    assert!(violations.is_empty(), "a writer overlapped: {violations}");
+    let tokens = fs::read_to_string(dir.join("tokens")).unwrap();
+    assert_eq!(
+        tokens.lines().count(),
+        runs,
+        "every run ran its command once"
+    );
+    let writers = tokens.lines().filter(|l| l.starts_with("x ")).count();
+    let together = fs::read_to_string(dir.join("together")).unwrap_or_default();
+    (writers, together.lines().count())
+}

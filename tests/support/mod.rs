@@ -33,7 +33,7 @@ pub mod wait;
 pub mod worker;
 
 pub use self::cli::*;
-pub use self::cs::{Cs, Interval, Section, rw_script, slot_script};
+pub use self::cs::{Cs, Interval, Section, rw_outcome, rw_script, slot_outcome, slot_script};
 pub use self::env::*;
 pub use self::faults::*;
 pub use self::library::*;

@@ -428,7 +428,7 @@ impl Store for FileStore {
         let mut holding = FileHolding::new(self, witness, written, replaced, mark);
         holding.sync = sync;
         holding.rests_on = Mutex::new(vouched);
-        Ok(Took::Ours(lease, bytes, started, holding))
+        Ok((lease, bytes, started, holding))
     }
 
     fn marked(&self, section: &MutexGuard, from: u64) -> bool {

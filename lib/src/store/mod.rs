@@ -60,7 +60,7 @@ pub(crate) enum StuckPolicy {
 ///   `enter` never waits past its deadline. A store with no exclusion but a compare-and-swap
 ///   (S3's conditional writes) keeps the same guarantee the other way round: its `take` and
 ///   `replace` write only if the store still holds exactly what `current` read, and otherwise
-///   write nothing ([`Took::Raced`]; the loop reads again).
+///   write nothing ([`Error::Raced`](crate::Error::Raced); the loop reads again).
 /// - **Reads are fresh.** [`Store::read`] and [`Store::current`] return what the store holds now
 ///   (never a cached answer older than the last change another host could have made and been
 ///   acknowledged for), and never a torn record: a damaged one is marked so.
@@ -173,8 +173,9 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
     /// for the record with it, and replaces the current lease with it — atomically against
     /// every other contender, and durably before returning. `prev_token` is the token of the
     /// lease replaced; `place` is the taker's place in line, given up as it takes the lease.
-    /// [`Took::Raced`] (a store whose section is a compare-and-swap) when another contender
-    /// changed the lease since [`Store::current`] read it: nothing was written, look again.
+    /// [`Error::Raced`](crate::Error::Raced) (a store whose section is a compare-and-swap) when
+    /// another contender changed the lease since [`Store::current`] read it: nothing was
+    /// written, look again.
     fn take(
         &self,
         section: Self::Section,
@@ -328,17 +329,9 @@ pub(crate) trait Holding: Send + Sync + 'static {
     fn release(&self, release: Release<'_>) -> Result<()>;
 }
 
-/// How a [`Store::take`] came out.
-// Made once per take and consumed at once: the size of `Ours` costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Took<H> {
-    /// The lease is ours: its record, the record's bytes, when the write that made it visible
-    /// began (the renew deadline counts from there), and its link to the store.
-    Ours(Lease, Vec<u8>, BootInstant, H),
-    /// Another contender changed the lease first; nothing of ours was written.
-    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
-    Raced,
-}
+/// A lease [`Store::take`] made ours: its record, the record's bytes, when the write that made
+/// it visible began (the renew deadline counts from there), and its link to the store.
+pub(crate) type Took<H> = (Lease, Vec<u8>, BootInstant, H);
 
 /// Who joins the line, as its place says (shown by `status`; never trusted to name who waits).
 pub(crate) struct Joiner<'a> {

@@ -289,26 +289,11 @@ fn etcd_slots_2_under_contention_never_admits_a_third_and_does_admit_two() {
             });
         }
     });
-    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
-    assert!(violations.is_empty(), "a third inside: {violations}");
-    let tokens: Vec<u64> = fs::read_to_string(dir.join("tokens"))
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().expect("a token"))
-        .collect();
-    assert_eq!(tokens.len(), 5 * rounds, "every run ran its command once");
-    let distinct: std::collections::HashSet<_> = tokens.iter().collect();
-    assert_eq!(distinct.len(), tokens.len(), "tokens are unique");
-    let two = fs::read_to_string(dir.join("two")).unwrap_or_default();
-    assert!(
-        two.lines().count() > 0,
-        "never two inside together in {} runs",
-        tokens.len()
-    );
+    let runs = 5 * rounds;
+    let two = support::slot_outcome(&dir, runs);
+    assert!(two > 0, "never two inside together in {runs} runs");
     println!(
-        "etcd --slots 2: {} runs by 5 contenders, two inside together {} times, never three",
-        tokens.len(),
-        two.lines().count()
+        "etcd --slots 2: {runs} runs by 5 contenders, two inside together {two} times, never three"
     );
     assert!(cl.keys("sem/").is_empty(), "every key left the line");
 }
@@ -416,22 +401,16 @@ fn etcd_shared_and_exclusive_contenders_under_contention_never_overlap_a_writer(
             });
         }
     });
-    let violations = fs::read_to_string(dir.join("violation")).unwrap_or_default();
-    assert!(violations.is_empty(), "a writer overlapped: {violations}");
-    let tokens = fs::read_to_string(dir.join("tokens")).unwrap();
-    let n = tokens.lines().count();
-    let writers = tokens.lines().filter(|l| l.starts_with("x ")).count();
-    assert_eq!(n, 5 * rounds, "every run ran its command once");
-    let together = fs::read_to_string(dir.join("together")).unwrap_or_default();
+    let n = 5 * rounds;
+    let (writers, together) = support::rw_outcome(&dir, n);
     assert!(writers > 0, "no exclusive run in {n}");
     assert!(
-        together.lines().count() > 0,
+        together > 0,
         "never two shared holders together in {n} runs"
     );
     println!(
         "etcd readers-writer: {n} runs by 5 contenders ({writers} exclusive), readers together \
-         {} times, no writer beside anyone",
-        together.lines().count()
+         {together} times, no writer beside anyone"
     );
     assert!(cl.keys("rwc/").is_empty(), "every key left the line");
 }

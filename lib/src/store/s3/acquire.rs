@@ -6,7 +6,7 @@
 //! than an exclusion: [`Store::current`] reads the object (record and ETag) and
 //! [`Store::take`] writes our lease with `If-None-Match: *` (no object) or `If-Match: ETAG` (the
 //! object read), the token one above the one read, so that a take lands only on exactly what
-//! was judged, and a refused write (412/404) is a lost race ([`Took::Raced`]: the loop reads
+//! was judged, and a refused write (412/404) is a lost race ([`Error::Raced`]: the loop reads
 //! again); a write with an unknown outcome (5xx, 409, no answer) is settled by the next read,
 //! where our lease, held, means it landed ([`Store::landed`]); the wait between looks (every
 //! heartbeat, at most 1 s; cancellable). Judging, taking over (a same-host holder by its
@@ -32,7 +32,6 @@ use crate::boottime::BootInstant;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::fsio::LockContent;
-use crate::judge::Judge;
 use crate::record::{Lease, LeaseState};
 use crate::store::{Binding, Joiner, Store, StuckPolicy, Took};
 use crate::verdict::{Verdict, Waiting};
@@ -48,6 +47,12 @@ pub(crate) struct S3Store {
     /// The last lease we wrote whose answer we did not get: its record, exact bytes and when
     /// the write began (shared with the holders' views: a take may be a holder's).
     tried: Arc<Mutex<Option<Tried>>>,
+    /// The object as the current section read it, shared with the holders' views: a holder's
+    /// record is read from it, so that what a section decides about the holders rests on the
+    /// very version of the object its writes are conditioned on (a fresh read of a holder
+    /// beside an older read of LOCK once made a contender see a slot held under a plain LOCK and
+    /// refuse its setting as a mismatch). `None`: no section yet; a holder is read afresh.
+    seen: Arc<Mutex<Option<Object>>>,
     /// Takes in a row refused on the ETag the object still had (a server that cannot compare
     /// ETags).
     stuck: AtomicU32,
@@ -82,6 +87,7 @@ impl S3Store {
             heartbeat,
             probed: AtomicBool::new(false),
             tried: Arc::new(Mutex::new(None)),
+            seen: Arc::new(Mutex::new(None)),
             stuck: AtomicU32::new(0),
             entry: 0,
         }
@@ -92,9 +98,15 @@ impl S3Store {
         S3Holding::new(Arc::clone(&self.client), entry, object, self.heartbeat)
     }
 
-    /// The lock's client.
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    /// A section on `object`, read already (by `status` or a break, before it knew the lock
+    /// was shared): its holders are read from it too.
+    pub(crate) fn section_on(&self, object: Object) -> S3Section {
+        *lock(&self.seen) = Some(object.clone());
+        S3Section {
+            snap: RefCell::new(object),
+            read: std::cell::Cell::new(true),
+            limit: CALL_TIMEOUT,
+        }
     }
 
     fn raced(&self) -> Error {
@@ -159,30 +171,20 @@ impl Store for S3Store {
             heartbeat: self.heartbeat,
             probed: AtomicBool::new(true),
             tried: Arc::clone(&self.tried),
+            seen: Arc::clone(&self.seen),
             stuck: AtomicU32::new(0),
             entry: k as usize + 1,
         }
     }
 
-    fn judge<'a>(
-        &'a self,
-        me: &'a crate::identity::Identity,
-        clock: &'a dyn crate::clock::Clock,
-    ) -> Judge<'a> {
-        Judge {
-            binding: self.binding(),
-            me,
-            clock,
-            wall_skew: None,
-            // Observations of a foreign heartbeat live in this process's memory.
-            persist: false,
-        }
-    }
-
     fn read(&self) -> Result<LockContent> {
-        self.client
-            .object(CALL_TIMEOUT)?
-            .content(&self.client.lock.url, self.entry)
+        let url = &self.client.lock.url;
+        if self.entry > 0
+            && let Some(o) = lock(&self.seen).as_ref()
+        {
+            return o.content(url, self.entry);
+        }
+        self.client.object(CALL_TIMEOUT)?.content(url, self.entry)
     }
 
     fn enter(
@@ -218,6 +220,7 @@ impl Store for S3Store {
         let released =
             matches!(&content, LockContent::Lease(l, _) if l.state == LeaseState::Released);
         if !again || released {
+            *lock(&self.seen) = Some(object.clone());
             *section.snap.borrow_mut() = object;
         }
         Ok(content)
@@ -233,12 +236,7 @@ impl Store for S3Store {
                 Ok(LockContent::Lease(l, _)) if l.lease_id == id && l.state == LeaseState::Held)
         })?;
         let (lease, bytes, sent) = tried.take()?;
-        Some(Took::Ours(
-            lease,
-            bytes,
-            sent,
-            self.holding(entry, snap.clone()),
-        ))
+        Some((lease, bytes, sent, self.holding(entry, snap.clone())))
     }
 
     fn ahead(
@@ -290,21 +288,16 @@ impl Store for S3Store {
                 *lock(&self.tried) = None;
                 self.stuck.store(0, Relaxed);
                 snap.wrote(self.entry, &record, e, nonce);
-                Ok(Took::Ours(
-                    lease,
-                    record,
-                    sent,
-                    self.holding(self.entry, snap),
-                ))
+                Ok((lease, record, sent, self.holding(self.entry, snap)))
             }
             Put::Failed => {
                 if let Some(e) = &snap.etag {
                     self.refused_on_its_own_etag(e, section.limit)?;
                 }
-                Ok(Took::Raced)
+                Err(self.raced())
             }
             // Perhaps written: the next read settles it (`landed`).
-            Put::Unknown(_) => Ok(Took::Raced),
+            Put::Unknown(_) => Err(self.raced()),
         }
     }
 

@@ -23,7 +23,6 @@ use crate::observe::Memory;
 use crate::record::{Ending, LeaseState};
 use crate::slots::Look;
 use crate::status::outcome::{BreakMode, Broken, Frees};
-use crate::store::{Store, StuckPolicy};
 use crate::takeover;
 use crate::verdict::{State, Verdict};
 
@@ -45,10 +44,13 @@ fn judge(client: &Client, content: &LockContent, me: &Identity, clock: &dyn Cloc
 /// `leasehold status s3://BUCKET/KEY`: on a shared or counted lock, with every holder.
 pub(crate) fn status(path: &Path, me: &Identity, clock: &dyn Clock) -> Result<Verdict> {
     let client = Client::new(S3Lock::parse(path)?);
-    let (content, _, _) = client.read(CALL_TIMEOUT)?;
+    let object = client.object(CALL_TIMEOUT)?;
+    let content = object.content(&client.lock.url, 0)?;
     let mut v = judge(&client, &content, me, clock);
     if let Some(m) = crate::slots::lock_mode(&content) {
+        // The holders as this one read of the object shows them.
         let store = S3Store::new(client, Duration::from_secs(1));
+        store.section_on(object);
         crate::status::holders::look(&store, m, &mut v, look(me, clock))?;
     }
     Ok(v)
@@ -71,25 +73,15 @@ pub(crate) fn break_lease(path: &Path, mode: BreakMode) -> Result<Broken> {
     let clock = SystemClock;
     let object = client.object(CALL_TIMEOUT)?;
     let content = object.content(&client.lock.url, 0)?;
+    let v = judge(&client, &content, &me, &clock);
     if let Some(m) = crate::slots::lock_mode(&content) {
         // A shared or counted lock: its holders are broken as a lock file's are, each record
-        // replaced on the object as this section read it (`S3Store`).
+        // replaced on the object as read here (`S3Store`'s section on it).
         let store = S3Store::new(client, Duration::from_secs(1));
-        let section = store.enter(
-            &mut (),
-            None,
-            Duration::ZERO,
-            StuckPolicy::Report,
-            None,
-            None,
-        )?;
-        let content = store.current(&section, &mut ())?;
-        let m = crate::slots::lock_mode(&content).unwrap_or(m);
-        let v = judge(store.client(), &content, &me, &clock);
+        let section = store.section_on(object);
         let look = look(&me, &clock);
         return crate::status::holders::brk(&store, &section, m, &content, &v, &mode, look);
     }
-    let v = judge(&client, &content, &me, &clock);
     let refuse = |why: String| Error::Refused {
         path: client.lock.url.clone(),
         why,
