@@ -276,10 +276,12 @@ sleep 0.2; "$LH" status "$1""#;
     // here one started elsewhere with the same variables) may unlock too.
     let body = r#"out=$("$LH" lock -n --ttl 60s "$1") || exit $?
 eval "$out"
-printf '%s' "$LEASEHOLD_LEASE_ID" > "$2"
+printf '%s' "$LEASEHOLD_LEASE_ID" > "$2.part" && mv "$2.part" "$2"
 while :; do sleep 0.05; done"#;
     let id_file = d.path().join("id");
     let mut s = spawn_script(script("sh", body, &[&lock, &id_file]), "script 2");
+    // Renamed into place once written: a file that merely exists may still be empty (CI
+    // once read it so and unlocked with an empty lease id, refused 77).
     ensure_within("the id", LONG, || id_file.exists());
     let id = fs::read_to_string(&id_file).unwrap();
     let abs = fs::canonicalize(&lock).unwrap();
