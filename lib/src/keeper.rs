@@ -3,15 +3,19 @@
 //! starts its own).
 //!
 //! Owns: the list of live guards; the renewer (renews each guard when it is due, one after
-//! another) and the watchdog (declares a guard lost when its deadline passes; it never does I/O,
-//! so a renewal stuck in I/O cannot hold it up, and it sleeps on a CLOCK_BOOTTIME timerfd set to
-//! the earliest deadline, which counted renewals move without waking it; a suspend counts, so
-//! the alarm fires on resume). What a renewal is, and when it counts, is the guard's business
+//! another, and reads the inotify watch on the guards' records: it sleeps on the watch, an
+//! eventfd that wakes it for a new guard, and the time of the next renewal or look; the
+//! close of its own renewal's descriptor is read back right after the renewal, so that an idle
+//! holder wakes once per heartbeat, not once more for its own write) and the watchdog
+//! (declares a guard lost when its deadline passes; it never does I/O, so a renewal stuck in
+//! I/O cannot hold it up, and it sleeps on a CLOCK_BOOTTIME timerfd set to the earliest
+//! deadline, which counted renewals move without waking it; a suspend counts, so the alarm
+//! fires on resume). What a renewal is, and when it counts, is the guard's business
 //! ([`Kept`]).
 //! Must never: keep a guard past its deadline (a stuck renewal may make others lost early, never
 //! late); set the alarm later than a live guard's deadline; wake a thread that need not wake.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard as StdGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard as StdGuard, PoisonError};
 use std::time::Duration;
 
 use nix::sys::timerfd::{
@@ -22,8 +26,10 @@ use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::poll::{PollFd, PollFlags, ppoll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use nix::sys::time::TimeSpec;
 
 use crate::boottime::BootInstant;
 
@@ -50,7 +56,10 @@ pub(crate) trait Kept: Send + Sync {
     fn check_turn(&self);
 }
 
-/// What the watchdog's inotify reports on a watched directory: the record renamed, removed,
+/// How long the renewer sleeps when it cannot sleep on its descriptors (`ppoll` failing).
+const LOOK_AGAIN: Duration = Duration::from_millis(10);
+
+/// What the renewer's inotify reports on a watched directory: the record renamed, removed,
 /// created, rewritten or its attributes changed, and the directory itself moved, removed or
 /// unmounted (`IN_IGNORED`, `IN_UNMOUNT` and `IN_Q_OVERFLOW` come unasked). Not `IN_MODIFY`,
 /// nor opens and reads: a look opens and reads the record, and must not cause another look.
@@ -89,7 +98,7 @@ pub(crate) fn keep(g: Arc<dyn Kept>, renew_at: BootInstant) -> std::io::Result<(
     let wake_renewer = st.renewer.later_than(renew_at);
     drop(st);
     if wake_renewer {
-        k.renew.notify_all();
+        k.wake_renewer();
     }
     Ok(())
 }
@@ -114,13 +123,15 @@ pub(crate) fn forget(g: &Arc<dyn Kept>) {
 /// The process-wide keeper: every live guard, and the two threads that serve them.
 struct Keeper {
     state: Mutex<KeeperState>,
-    renew: Condvar,
+    /// Wakes the renewer from its sleep (a new guard due before it would wake); readable until
+    /// the renewer reads it, so a wake-up sent before it sleeps is not lost.
+    wake: EventFd,
     /// The watchdog's alarm, always set (under the state lock) to the earliest deadline of a
     /// live guard: renewals move it without waking the watchdog, which therefore wakes only
     /// when a deadline is really reached.
     alarm: TimerFd,
-    /// Watches the guards' records' directories (see [`watch_mask`]); the watchdog reads it
-    /// and asks for looks, the renewer makes them. `None` if inotify cannot be had: the
+    /// Watches the guards' records' directories (see [`watch_mask`]); the renewer sleeps on it,
+    /// reads it, and makes the looks it asks for. `None` if inotify cannot be had: the
     /// renewals alone then notice a record that is gone.
     notify: Option<Inotify>,
 }
@@ -174,13 +185,17 @@ impl Keeper {
         }
     }
 
-    /// Reads what inotify reports and asks the guards concerned for a look. True if any was
-    /// asked (the renewer is then to be woken).
-    fn seen_changes(&self, st: &KeeperState) -> bool {
+    /// Reads what inotify reports and asks the guards concerned for a look. `renewed`: the
+    /// guard whose renewal has just closed the descriptor it wrote its record through, whose
+    /// one `IN_CLOSE_WRITE` (queued by that close, before it returned) is its own and asks for
+    /// nothing. Another writer's close of the same file at the same moment may be merged with
+    /// ours into one event (inotify merges identical events in a row): that change is then seen
+    /// at the next renewal, as without the watch.
+    fn seen_changes(&self, st: &KeeperState, renewed: Option<&Arc<dyn Kept>>) {
         let Some(notify) = &self.notify else {
-            return false;
+            return;
         };
-        let mut asked = false;
+        let mut own_close = renewed;
         while let Ok(events) = notify.read_events() {
             if events.is_empty() {
                 break;
@@ -197,14 +212,50 @@ impl Keeper {
                 for w in &st.watches {
                     let hit =
                         overflow || (w.wd == ev.wd && (all || ev.name.as_deref() == Some(&w.name)));
+                    if hit
+                        && !overflow
+                        && ev.mask == AddWatchFlags::IN_CLOSE_WRITE
+                        && own_close.is_some_and(|g| Arc::ptr_eq(g, &w.guard))
+                    {
+                        own_close = None;
+                        continue;
+                    }
                     if hit && !w.guard.done() {
                         w.guard.request_check();
-                        asked = true;
                     }
                 }
             }
         }
-        asked
+    }
+
+    /// Wakes the renewer (best effort: a failed write leaves it to wake at its own time, as
+    /// late as the next renewal it knew of).
+    fn wake_renewer(&self) {
+        let _ = self.wake.write(1);
+    }
+
+    /// The renewer's sleep, with the state unlocked: until `timeout` has passed (`None`:
+    /// forever), the renewer is woken, or inotify has something to report (read here, with the
+    /// state locked again, and turned into looks asked for). Returns the state, locked.
+    fn sleep(&self, timeout: Option<Duration>) -> StdGuard<'_, KeeperState> {
+        let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
+        if let Some(n) = &self.notify {
+            fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
+        }
+        match ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
+            // Interrupted: the loop computes the sleep anew.
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            // Never seen; without a sleep here the renewer would spin on it.
+            Err(_) => std::thread::sleep(timeout.unwrap_or(Duration::MAX).min(LOOK_AGAIN)),
+        }
+        let woken = fds[0].revents().is_some_and(|r| !r.is_empty());
+        drop(fds);
+        if woken {
+            let _ = self.wake.read();
+        }
+        let st = lock(&self.state);
+        self.seen_changes(&st, None);
+        st
     }
 
     /// Sets the alarm for the earliest deadline among the live guards of `st` (the state,
@@ -276,7 +327,7 @@ fn keeper() -> std::io::Result<&'static Keeper> {
             renewer: Sleep::Awake,
             armed: None,
         }),
-        renew: Condvar::new(),
+        wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?,
         alarm: TimerFd::new(TimerClock::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?,
         notify: Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok(),
     }));
@@ -309,15 +360,13 @@ fn renewer(k: &'static Keeper) {
                     Some(n) if n <= now => break,
                     Some(n) => {
                         st.renewer = Sleep::Until(n);
-                        st = k
-                            .renew
-                            .wait_timeout(st, n - now)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                        drop(st);
+                        st = k.sleep(Some(n - now));
                     }
                     None => {
                         st.renewer = Sleep::Forever;
-                        st = k.renew.wait(st).unwrap_or_else(PoisonError::into_inner);
+                        drop(st);
+                        st = k.sleep(None);
                     }
                 }
                 st.renewer = Sleep::Awake;
@@ -332,9 +381,12 @@ fn renewer(k: &'static Keeper) {
         for g in due {
             let now = BootInstant::now();
             if g.next_renew() <= now {
-                if g.renew_turn() {
-                    k.arm(&mut lock(&k.state), false);
+                let counted = g.renew_turn();
+                let mut st = lock(&k.state);
+                if counted {
+                    k.arm(&mut st, false);
                 }
+                k.seen_changes(&st, Some(&g));
             } else if g.check_at().is_some_and(|c| c <= now) {
                 k.watch(&mut lock(&k.state), &g);
                 g.check_turn();
@@ -350,35 +402,12 @@ fn due_at(g: &dyn Kept) -> BootInstant {
 }
 
 impl Keeper {
-    /// Sleeps until the alarm rings (true) or inotify reports a change (the guards concerned
-    /// are asked for a look and the renewer woken; false). Reading inotify is no I/O on the
-    /// storage: it cannot hang.
-    fn alarm_or_change(&self) -> bool {
-        let Some(notify) = &self.notify else {
-            return self.ring();
-        };
-        let mut fds = [
-            PollFd::new(self.alarm.as_fd(), PollFlags::POLLIN),
-            PollFd::new(notify.as_fd(), PollFlags::POLLIN),
-        ];
-        if poll(&mut fds, PollTimeout::NONE).is_err() {
-            return self.ring();
-        }
-        let changed = fds[1].revents().is_some_and(|r| !r.is_empty());
-        let rang = fds[0].revents().is_some_and(|r| !r.is_empty());
-        if changed && self.seen_changes(&lock(&self.state)) {
-            self.renew.notify_all();
-        }
-        rang && self.ring()
-    }
-
     /// Reads the alarm (blocking until it rings). If it cannot be read, waits 10 ms instead
     /// (the watchdog never stops watching).
-    fn ring(&self) -> bool {
+    fn ring(&self) {
         if self.alarm.wait().is_err() {
             std::thread::sleep(Duration::from_millis(10));
         }
-        true
     }
 }
 
@@ -386,9 +415,7 @@ impl Keeper {
 /// [`Keeper::alarm`]), and wakes only when the earliest deadline is reached.
 fn watchdog(k: &'static Keeper) {
     loop {
-        if !k.alarm_or_change() {
-            continue;
-        }
+        k.ring();
         let st = lock(&k.state);
         let now = BootInstant::now();
         let expired: Vec<Arc<dyn Kept>> = st
