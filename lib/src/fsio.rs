@@ -455,6 +455,11 @@ fn replace_inner(
         create_temp(paths).map_err(|e| Error::io(&paths.tmp, "create a temp file", e))?;
     let tmp = dir.join(&name);
     let result = (|| {
+        // Unsynced, the rename would otherwise write the blocks back on ext4 (an fsync
+        // allocates them anyway): see `fsinfo::preallocate`.
+        if !durable {
+            crate::fsinfo::preallocate(&f, bytes.len());
+        }
         f.write_all(bytes)
             .map_err(|e| Error::io(&tmp, "write the temp file", e))?;
         if durable {

@@ -4,7 +4,8 @@
 //! hosts never arrive and waiting must poll, and NFS mounts whose locks are host-local
 //! (`local_lock=all|flock`, `nolock` in /proc/self/mountinfo, read only when statfs names a
 //! network file system), where the mutex would not exclude other hosts. Must never: report a
-//! mount as safe when its locks are host-local.
+//! mount as safe when its locks are host-local. Also: [`preallocate`], the one call that gives a
+//! new record's blocks up front (ext4's writeback on a rename over a file, below).
 
 use std::path::Path;
 
@@ -61,6 +62,30 @@ const AFS_SUPER_MAGIC: i64 = 0x5346_414F;
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
+/// ext2, ext3 and ext4 share it; only ext4 has delayed allocation (and fallocate).
+const EXT4_MAGIC: i64 = 0xEF53;
+
+/// Gives a new file we are about to write `len` bytes into its blocks now (`fallocate(2)`
+/// with `FALLOC_FL_KEEP_SIZE`, 2.6.23: the size stays 0 until the write, so a crash between the
+/// two leaves an empty file, never one of zeros). Best effort: a file system without it, or a
+/// full one, is met by the write itself.
+///
+/// Why: ext4 (default `auto_da_alloc`) writes back a file's delayed-allocation blocks when it is
+/// renamed over an existing file — every lease and released record is — which made each
+/// unsynced write-and-rename over LOCK two to three times slower than with its blocks
+/// allocated up front (measured 2026-12-03 on a loop-mounted ext4: 103–128 µs against
+/// 52–55 µs; with `noauto_da_alloc` 37 µs). A write into blocks allocated this way is no
+/// delayed allocation, so the rename has nothing to write back.
+///
+/// Only on ext4 (`fstatfs`, about a microsecond): elsewhere it buys nothing, and on tmpfs it
+/// cost about 10 µs a file (the library's acquire+release loop 0.36 → 0.40 s per 2,000).
+pub(crate) fn preallocate(f: &std::fs::File, len: usize) {
+    let ext4 = nix::sys::statfs::fstatfs(f).is_ok_and(|st| st.filesystem_type().0 == EXT4_MAGIC);
+    let (true, Ok(len)) = (ext4, i64::try_from(len)) else {
+        return;
+    };
+    let _ = nix::fcntl::fallocate(f, nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len);
+}
 
 /// Inspects the file system of `dir` (a canonical directory path).
 pub fn inspect(dir: &Path) -> FsInfo {
