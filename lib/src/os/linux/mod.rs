@@ -7,7 +7,8 @@
 //! - `boottime.rs` — `CLOCK_BOOTTIME` (2.6.39; timers on it 3.15), the clock of every renew
 //!   deadline;
 //! - `fsinfo.rs` — `statfs(2)` magic numbers and `/proc/self/mountinfo`: which file system LOCK
-//!   is on, and whether its kernel locks reach other hosts;
+//!   is on, and whether its kernel locks reach other hosts; `fallocate(2)` (2.6.23) for a new
+//!   record's blocks on ext4;
 //! - `cancel.rs` — the `eventfd(2)` (2.6.22) behind [`Cancel`](crate::Cancel);
 //! - `procfs.rs` — parsing `/proc/PID/stat` (state, group, start time, owner) and `/proc/locks`
 //!   (who holds a kernel lock on an inode).
