@@ -458,7 +458,7 @@ fn replace_inner(
         // Unsynced, the rename would otherwise write the blocks back on ext4 (an fsync
         // allocates them anyway): see `fsinfo::preallocate`.
         if !durable {
-            crate::fsinfo::preallocate(&f, bytes.len());
+            dir.preallocate(&f, bytes.len());
         }
         f.write_all(bytes)
             .map_err(|e| Error::io(&tmp, "write the temp file", e))?;

@@ -258,7 +258,7 @@ impl Prepared {
         let (file, id) = q.create_new(&name, fsio::LEASE_MODE).ok()?;
         // Its blocks now, while we wait, so that the rename over LOCK at the take has nothing
         // to write back on ext4 (`fsinfo::preallocate`).
-        crate::fsinfo::preallocate(&file, bytes.len());
+        q.preallocate(&file, bytes.len());
         let made = file.write_all_at(bytes, 0).is_ok();
         // The very inode, read-only, through our own descriptor, with the holder's flock on it
         // already (`klock::hold_lock_file`): taken now, while nobody can know the file, so

@@ -238,18 +238,23 @@ impl Keeper {
     /// forever), the renewer is woken, or inotify has something to report (read here, with the
     /// state locked again, and turned into looks asked for). Returns the state, locked.
     fn sleep(&self, timeout: Option<Duration>) -> StdGuard<'_, KeeperState> {
-        let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
-        if let Some(n) = &self.notify {
-            fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
-        }
-        match ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
+        // The eventfd, then the watch (without one, the stand-in second entry is not polled).
+        let watch = self
+            .notify
+            .as_ref()
+            .map_or(self.wake.as_fd(), |n| n.as_fd());
+        let mut fds = [
+            PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(watch, PollFlags::POLLIN),
+        ];
+        let used = if self.notify.is_some() { 2 } else { 1 };
+        match ppoll(&mut fds[..used], timeout.map(TimeSpec::from_duration), None) {
             // Interrupted: the loop computes the sleep anew.
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             // Never seen; without a sleep here the renewer would spin on it.
             Err(_) => std::thread::sleep(timeout.unwrap_or(Duration::MAX).min(LOOK_AGAIN)),
         }
         let woken = fds[0].revents().is_some_and(|r| !r.is_empty());
-        drop(fds);
         if woken {
             let _ = self.wake.read();
         }

@@ -146,6 +146,9 @@ pub(crate) struct LockDir {
     pub meta: Meta,
     /// Our effective uid.
     euid: u32,
+    /// Whether the directory is on ext4, asked once (`fstatfs`) by the first
+    /// [`LockDir::preallocate`].
+    ext4: std::sync::OnceLock<bool>,
 }
 
 impl LockDir {
@@ -165,6 +168,7 @@ impl LockDir {
             path: path.to_path_buf(),
             meta,
             euid: rustix::process::geteuid().as_raw(),
+            ext4: std::sync::OnceLock::new(),
         })
     }
 
@@ -387,7 +391,17 @@ impl LockDir {
             path: self.path.join(name),
             meta,
             euid: self.euid,
+            ext4: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Gives `f`, a new file of ours in this directory about to have `len` bytes written,
+    /// its blocks up front when the directory is on ext4 (`fsinfo::preallocate`). Whether it
+    /// is, is asked of the directory once per `LockDir`, not of every file written.
+    pub(crate) fn preallocate(&self, f: &File, len: usize) {
+        if *self.ext4.get_or_init(|| crate::fsinfo::is_ext4(&self.fd)) {
+            crate::fsinfo::preallocate(f, len);
+        }
     }
 
     /// The names in the directory (without `.` and `..`).
