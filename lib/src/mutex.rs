@@ -766,6 +766,9 @@ pub(crate) fn marked_if_present(paths: &LockPaths) -> bool {
 /// few times) until it does; if it never does, yes — someone may wait (the caller then lets go
 /// and waits a moment for a taker, which is safe). /proc/locks unreadable: no.
 pub(crate) fn someone_blocked(file: &File) -> bool {
+    if klock::open_only_here(file) {
+        return false;
+    }
     let ours = crate::os::linux::procfs::holds_exclusive_flock(file).unwrap_or(false);
     blocked_reading(file, ours)
 }
@@ -773,6 +776,9 @@ pub(crate) fn someone_blocked(file: &File) -> bool {
 /// [`someone_blocked`] behind the exclusive flock `file` itself holds: `None` when it holds
 /// none (nobody can be blocked behind us), one look at its fdinfo and /proc/locks otherwise.
 pub(crate) fn blocked_behind_ours(file: &File) -> Option<bool> {
+    if klock::open_only_here(file) {
+        return Some(false);
+    }
     crate::os::linux::procfs::holds_exclusive_flock(file)
         .filter(|&held| held)
         .map(|_| blocked_reading(file, true))
@@ -803,15 +809,38 @@ fn blocked_reading(file: &File, ours: bool) -> bool {
 /// it), for the caller to ask [`someone_blocked`] or [`blocked_behind_ours`]. One read for all:
 /// a release looks at its own file and the one its lease replaced.
 pub(crate) fn nobody_blocked_at_a_glance(files: &[&File]) -> Vec<Option<bool>> {
-    let Some(all) = crate::os::linux::procfs::proc_locks_of(files) else {
-        return files.iter().map(|_| None).collect();
-    };
-    all.iter()
-        .map(|locks| {
-            let held = locks
+    // A file nobody else has open has nobody blocked on it (`klock::open_only_here`, a few
+    // microseconds): /proc/locks is read only for the others, and not at all when there are
+    // none (its first read in a while waits for an RCU grace period: milliseconds).
+    let alone: Vec<bool> = files.iter().map(|f| klock::open_only_here(f)).collect();
+    let rest: Vec<&File> = (files.iter().zip(&alone))
+        .filter(|(_, a)| !**a)
+        .map(|(f, _)| *f)
+        .collect();
+    let looked: Vec<Option<bool>> = match rest {
+        ref r if r.is_empty() => Vec::new(),
+        ref r => match crate::os::linux::procfs::proc_locks_of(r) {
+            None => r.iter().map(|_| None).collect(),
+            Some(all) => all
                 .iter()
-                .any(|l| l.kind == "flock" && l.exclusive && !l.blocked);
-            (held && !locks.iter().any(|l| l.blocked)).then_some(false)
+                .map(|locks| {
+                    let held = locks
+                        .iter()
+                        .any(|l| l.kind == "flock" && l.exclusive && !l.blocked);
+                    (held && !locks.iter().any(|l| l.blocked)).then_some(false)
+                })
+                .collect(),
+        },
+    };
+    let mut looked = looked.into_iter();
+    alone
+        .iter()
+        .map(|&a| {
+            if a {
+                Some(false)
+            } else {
+                looked.next().flatten()
+            }
         })
         .collect()
 }

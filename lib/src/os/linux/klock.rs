@@ -200,6 +200,37 @@ pub(crate) fn wait_exclusive(file: &File) -> io::Result<()> {
     }
 }
 
+/// Whether no other open file description has `file`'s inode open — and so nobody can be
+/// blocked on its locks (a lock request needs an open descriptor of the file; one opened
+/// without read or write access cannot lock). Asked as a write lease (`F_SETLEASE`,
+/// `F_WRLCK`), which the kernel grants only when the inode's counts of open readers and writers
+/// are this description's own, and let go of at once: microseconds, where a read of
+/// /proc/locks, the other way to know, waits for an RCU grace period when nobody read it in the
+/// last few milliseconds (8–16 ms here, docs/performance.md). `false` whenever it cannot say:
+/// another description has the file open (anyone's — a status look, a waiter, a second open of
+/// our own), the file is not ours (a lease needs its owner or CAP_LEASE), leases are off
+/// (`fs.leases-enable`) or the file system has none (NFS).
+///
+/// An open of the file racing the microseconds the lease is held waits in that open() until we
+/// let go, and the kernel tells the lease holder by a signal: SIGURG here (`F_SETSIG` on this
+/// description), whose default action is to ignore it — never the default SIGIO, which would
+/// end the process.
+pub(crate) fn open_only_here(file: &File) -> bool {
+    // <asm-generic/fcntl.h>, the same on every Linux architecture; the libc crate lacks it.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl(2) with integer arguments on a descriptor we own; a bad one is EBADF.
+    unsafe {
+        if libc::fcntl(fd, F_SETSIG, libc::SIGURG) != 0
+            || libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) != 0
+        {
+            return false;
+        }
+        libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
+    }
+    true
+}
+
 /// Lets go of [`hold_lock_file`]'s locks (the job is over), before the file is closed.
 pub(crate) fn let_go_lock_file(file: &File) -> io::Result<()> {
     let r = ofd_at(file, libc::F_UNLCK as libc::c_short, false, HOLDING_BYTE).map(drop);
@@ -532,6 +563,42 @@ mod tests {
             .write(write)
             .open(path)
             .unwrap()
+    }
+
+    #[test]
+    fn a_file_is_open_only_here_until_another_description_of_it_is_opened() {
+        if std::fs::read_to_string("/proc/sys/fs/leases-enable").is_ok_and(|v| v.trim() == "0") {
+            eprintln!("skipped: leases are disabled on this host (fs.leases-enable = 0)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        std::fs::write(&path, b"x").unwrap();
+        let ours = open(&path, false);
+        assert!(open_only_here(&ours), "nobody else has it open");
+        // A duplicate (or a forked child's copy) is the same description.
+        let dup = ours.try_clone().unwrap();
+        assert!(
+            open_only_here(&ours),
+            "a duplicate is the same open file description"
+        );
+        let other = open(&path, false);
+        assert!(
+            !open_only_here(&ours),
+            "another description has it open (read-only)"
+        );
+        drop(other);
+        let writer = open(&path, true);
+        assert!(
+            !open_only_here(&ours),
+            "another description has it open (read-write)"
+        );
+        drop(writer);
+        assert!(
+            open_only_here(&ours),
+            "alone again once the others are closed"
+        );
+        drop(dup);
     }
 
     /// An empty file in a new directory, and how a local read-only holder locks it.
