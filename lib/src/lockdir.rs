@@ -42,17 +42,42 @@ pub(crate) fn stale_nap(n: u32) {
 /// Runs a call that names a file in the directory, again (a bounded number of times) while an
 /// NFS client answers ESTALE: the name led to a file handle that another host (or the server's
 /// own path) has just replaced, and a new call looks the name up afresh. A race, not an error.
+///
+/// Also again, after a short nap, while an open answers EWOULDBLOCK: another process holds a
+/// lease on the file for the microseconds it takes to ask whether anyone else has it open
+/// (`klock::open_only_here`, a holder's release), and our opens never block (`O_NONBLOCK`, so
+/// that a FIFO planted at a name cannot hang us) — the kernel answers such an open at once
+/// instead of letting it wait for the lease to go. A race too. (A regular file's open answers
+/// it for nothing else.)
 fn fresh<T>(mut call: impl FnMut() -> rustix::io::Result<T>) -> rustix::io::Result<T> {
     let mut tries = 0;
+    let mut leased = 0;
     loop {
         match call() {
             Err(rustix::io::Errno::STALE) if tries < STALE_TRIES => {
                 tries += 1;
                 stale_nap(tries);
             }
+            Err(rustix::io::Errno::WOULDBLOCK) if leased < LEASED_TRIES => {
+                leased += 1;
+                leased_nap(leased);
+            }
             other => return other,
         }
     }
+}
+
+/// How many times an open answered EWOULDBLOCK is made again (see [`fresh`]): with
+/// [`leased_nap`], about two seconds in all — far beyond the microseconds a lease is held, yet
+/// bounded (a holder that died between taking and letting go of its lease, while another
+/// process shares its descriptor, leaves it until the kernel's lease-break-time, 45 s).
+const LEASED_TRIES: u32 = 420;
+
+/// The nap before try `n` (from 1) of an open answered EWOULDBLOCK: 20 µs doubling, at most
+/// 5 ms.
+fn leased_nap(n: u32) {
+    let us = (20u64 << n.min(8)).min(5_000);
+    std::thread::sleep(std::time::Duration::from_micros(us));
 }
 
 /// What `stat` says of a file, as far as leasehold needs it.

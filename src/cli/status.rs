@@ -29,16 +29,27 @@ fn holds_a_lease_record(file: &Path) -> bool {
     const START: &[u8] = b"{\n  \"leasehold\": ";
     let regular = std::fs::symlink_metadata(file).is_ok_and(|m| m.file_type().is_file());
     let mut head = [0u8; START.len()];
-    regular
-        && std::fs::OpenOptions::new()
+    let open = || {
+        std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(
                 nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits(),
             )
             .open(file)
-            .and_then(|mut f| f.read_exact(&mut head))
-            .is_ok()
-        && head == START
+    };
+    // EWOULDBLOCK: a holder's release holds a lease on the file for a few microseconds
+    // (PROTOCOL.md §4); never blocking, the open is answered at once. Asked again.
+    let mut opened = open();
+    for _ in 0..400 {
+        match &opened {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+                opened = open();
+            }
+            _ => break,
+        }
+    }
+    regular && opened.and_then(|mut f| f.read_exact(&mut head)).is_ok() && head == START
 }
 
 /// Runs `leasehold status` and returns the exit status.
