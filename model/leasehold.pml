@@ -594,16 +594,18 @@ release:
 #endif
     d_step { mkino[me] = 0; dmk[me] = 0 };      /* the command is dead: drop the marks, then release */
 #ifdef FLOCK1
-    /* blocked: flock(1) waits for our flock on LOCK's file (mutex::someone_blocked) */
+    /* blocked: flock(1) waits for our flock on LOCK's file (mutex::someone_blocked), looked at
+       only when no waiter hints: with a hint the release is in place whoever else waits, which
+       leaves flock(1) on LOCK's own file (FileHolding::release_here, `hinted`) */
     if
     :: OLD(me) -> skip
-    :: !OLD(me) && FOPEN && fcur && fxo[me] ->
+    :: !OLD(me) && FOPEN && fcur && fxo[me] && !LIVE_TICKET ->
 blocked:                                         /* handover::release_to_blocked */
        skip;
        d_step { ofl[me] = 0; fxo[me] = 0; sv = fn };    /* let go ... */
        (FR || fn != sv);                                /* ... until flock(1) holds it ... */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
-    :: !OLD(me) && !(FOPEN && fcur && fxo[me]) && LIVE_TICKET ->   /* handover::release_in_place */
+    :: !OLD(me) && LIVE_TICKET ->                /* handover::release_in_place */
        d_step { ofl[me] = 0; fxo[me] = 0 };      /* let go, then ... */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
     :: !OLD(me) && !(FOPEN && fcur && fxo[me]) && !LIVE_TICKET ->

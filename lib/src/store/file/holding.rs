@@ -434,14 +434,19 @@ impl FileHolding {
     fn release_here(&self, r: Release<'_>) -> Result<()> {
         // First, while our lease still keeps every contender out: programs blocked on files
         // that are no longer LOCK but whose flock we hold get them, one after the other.
-        // One read of /proc/locks says, in the usual case, that nobody waits on any of them,
-        // nor on LOCK's file (`glance`, last).
+        // One look says, in the usual case, that nobody waits on any of them, nor on LOCK's
+        // file (`glance`, last) — unless a waiter hints that it waits on LOCK's file: the
+        // release is then in place (below), which leaves a program blocked on that file's flock
+        // on the file every contender looks at, so LOCK's file needs no look (`hinted`).
         let mut glance = None;
+        let mut hinted = false;
         if !self.storage.network {
             let superseded: Vec<File> = lock(&self.superseded).drain(..).collect();
             let replaced = lock(&self.replaced);
             let written = lock(&self.written);
             let kept = written.as_ref().and_then(|w| w.kept.as_ref());
+            hinted = kept.is_some_and(|k| crate::klock::waiting_hinted(k).unwrap_or(false));
+            let kept = kept.filter(|_| !hinted);
             let old: Vec<&File> = superseded.iter().chain(replaced.iter()).collect();
             let files: Vec<&File> = old.iter().copied().chain(kept).collect();
             let mut seen = mutex::nobody_blocked_at_a_glance(&files);
@@ -478,6 +483,7 @@ impl FileHolding {
         // that lock on the file LOCK still names, so we release in place for it (PROTOCOL.md §10).
         let local = !self.storage.network;
         let blocked = local
+            && !hinted
             && glance != Some(Some(false))
             && (written.as_ref().and_then(|w| w.kept.as_ref())).is_some_and(mutex::someone_blocked);
         // On a local file system, with someone waiting: mark our file released in place (no
