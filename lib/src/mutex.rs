@@ -812,37 +812,35 @@ pub(crate) fn nobody_blocked_at_a_glance(files: &[&File]) -> Vec<Option<bool>> {
     // A file nobody else has open has nobody blocked on it (`klock::open_only_here`, a few
     // microseconds): /proc/locks is read only for the others, and not at all when there are
     // none (its first read in a while waits for an RCU grace period: milliseconds).
-    let alone: Vec<bool> = files.iter().map(|f| klock::open_only_here(f)).collect();
-    let rest: Vec<&File> = (files.iter().zip(&alone))
-        .filter(|(_, a)| !**a)
+    let mut out: Vec<Option<bool>> = (files.iter())
+        .map(|f| klock::open_only_here(f).then_some(false))
+        .collect();
+    let rest: Vec<&File> = (files.iter().zip(&out))
+        .filter(|(_, o)| o.is_none())
         .map(|(f, _)| *f)
         .collect();
-    let looked: Vec<Option<bool>> = match rest {
-        ref r if r.is_empty() => Vec::new(),
-        ref r => match crate::os::linux::procfs::proc_locks_of(r) {
-            None => r.iter().map(|_| None).collect(),
-            Some(all) => all
-                .iter()
-                .map(|locks| {
-                    let held = locks
-                        .iter()
-                        .any(|l| l.kind == "flock" && l.exclusive && !l.blocked);
-                    (held && !locks.iter().any(|l| l.blocked)).then_some(false)
-                })
-                .collect(),
-        },
-    };
-    let mut looked = looked.into_iter();
-    alone
-        .iter()
-        .map(|&a| {
-            if a {
-                Some(false)
-            } else {
-                looked.next().flatten()
-            }
-        })
-        .collect()
+    if rest.is_empty() {
+        return out;
+    }
+    let looked = crate::os::linux::procfs::proc_locks_of(&rest).map(|all| {
+        all.iter()
+            .map(|locks| {
+                let held = locks
+                    .iter()
+                    .any(|l| l.kind == "flock" && l.exclusive && !l.blocked);
+                (held && !locks.iter().any(|l| l.blocked)).then_some(false)
+            })
+            .collect::<Vec<_>>()
+    });
+    // Unread (no /proc/locks): those stay `None`.
+    for (o, l) in out
+        .iter_mut()
+        .filter(|o| o.is_none())
+        .zip(looked.unwrap_or_default())
+    {
+        *o = l;
+    }
+    out
 }
 
 /// Whether another open file description holds an exclusive lock on `file`'s inode now — a

@@ -37,6 +37,9 @@ fn holds_a_lease_record(file: &Path) -> bool {
             )
             .open(file)
     };
+    if !regular {
+        return false;
+    }
     // EWOULDBLOCK: a holder's release holds a lease on the file for a few microseconds
     // (PROTOCOL.md §4); never blocking, the open is answered at once. Asked again.
     let mut opened = open();
@@ -49,7 +52,7 @@ fn holds_a_lease_record(file: &Path) -> bool {
             _ => break,
         }
     }
-    regular && opened.and_then(|mut f| f.read_exact(&mut head)).is_ok() && head == START
+    opened.and_then(|mut f| f.read_exact(&mut head)).is_ok() && head == START
 }
 
 /// Runs `leasehold status` and returns the exit status.
