@@ -38,6 +38,8 @@
  *                             only tests it: the taker does not keep the flock through its rename
  *   -DBROKEN_NO_SERVE         (with -DFLOCK1) the holder closes the claimed old file at release
  *                             without serving a flock(1) blocked on it
+ *   -DBROKEN_NO_LOOK          (with -DFLOCK1) a release not in place renames its full released
+ *                             record over LOCK without looking for a flock(1) blocked on the file
  *
  * -DFLOCK1 (use with -DONE_HOST): util-linux flock(1) on LOCK, a program that does not know the
  * protocol, on host 0, run FRUNS times (default 1): (a) open LOCK (whatever inode it names now),
@@ -269,6 +271,11 @@ byte last_tok;                  /* token of the last command started */
 #define WT(i) (waiting[i] && !gone[i] && !paused[i])
 #define LT(i) (qno[i] && !gone[i])
 #define AH(i, me) (LT(i) && (qno[me] == 0 || qno[i] < qno[me]))
+#ifdef BROKEN_NO_LOOK
+#define BLOCKED_LOOK 0
+#else
+#define BLOCKED_LOOK 1
+#endif
 #if NC == 3
 #define ALLRDY (RDY(0) && RDY(1) && RDY(2))
 #define WAITERS (WT(0) || WT(1) || WT(2))
@@ -382,7 +389,7 @@ proctype contender(byte me) provided (!paused[me])
 {
   byte h = HOST(me), age, t;
   mtype v;
-  bool ok;
+  byte ok;                                      /* a bool, but for the release: 1 blocked, 2 in place */
 #ifdef FLOCK1
   byte sv;                                      /* flock(1)'s runs finished when we let go for it */
 #endif
@@ -595,8 +602,11 @@ release:
     d_step { mkino[me] = 0; dmk[me] = 0 };      /* the command is dead: drop the marks, then release */
 #ifdef FLOCK1
     /* blocked: flock(1) waits for our flock on LOCK's file (mutex::someone_blocked), looked at
-       only when no waiter hints: with a hint the release is in place whoever else waits, which
-       leaves flock(1) on LOCK's own file (FileHolding::release_here, `hinted`) */
+       only when the release is not in place: in place (a waiter hints, or after a clean end any
+       other open file description has LOCK's file open: FileHolding::release_here, `in_place`,
+       and write_released's `Wrote::Opened`) leaves flock(1) on LOCK's own file whoever else
+       waits. The model lets a release go in place at any moment, which covers every rule that
+       picks it. */
     if
     :: OLD(me) -> skip
     :: !OLD(me) && FOPEN && fcur && fxo[me] && !LIVE_TICKET ->
@@ -605,15 +615,20 @@ blocked:                                         /* handover::release_to_blocked
        d_step { ofl[me] = 0; fxo[me] = 0; sv = fn };    /* let go ... */
        (FR || fn != sv);                                /* ... until flock(1) holds it ... */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
-    :: !OLD(me) && LIVE_TICKET ->                /* handover::release_in_place */
+    :: !OLD(me) ->                               /* handover::release_in_place */
+inplace:                                         /* (a target of the release under the mutex) */
+       skip;
        d_step { ofl[me] = 0; fxo[me] = 0 };      /* let go, then ... */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
-    :: !OLD(me) && !(FOPEN && fcur && fxo[me]) && !LIVE_TICKET ->
+    :: !OLD(me) && !(BLOCKED_LOOK && FOPEN && fcur && fxo[me]) && !LIVE_TICKET ->
        lock_mutex();
        if
+       :: d_step {                              /* ensure_ours; opened elsewhere? in place */
+            if :: lk_owner == me && lk_state == HELD -> ok = 2 :: else fi
+          }
        :: d_step {                              /* ensure_ours; checked last: blocked? else rename */
             if
-            :: FOPEN && fcur && fxo[me] -> ok = 1
+            :: BLOCKED_LOOK && FOPEN && fcur && fxo[me] -> ok = 1
             :: else ->
                if
                :: lk_owner == me && (lk_state == HELD || lk_state == REVOKED) ->
@@ -627,7 +642,11 @@ blocked:                                         /* handover::release_to_blocked
        :: skip                                  /* ... or not even that */
        fi;
        unlock_mutex();
-       if :: ok -> ok = 0; goto blocked :: else fi
+       if
+       :: ok == 1 -> ok = 0; goto blocked
+       :: ok == 2 -> ok = 0; goto inplace
+       :: else
+       fi
     fi;
 #else
     if

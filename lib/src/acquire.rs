@@ -214,6 +214,7 @@ pub(crate) fn through<S: Store>(
 
 /// The one-shot acquisition: one attempt (looked at again after a lost race), never queued.
 fn try_once<S: Store>(ctx: &Ctx<'_, S>, kept: &mut S::Kept) -> Result<LeaseGuard> {
+    crate::grave::reap(); // as in `blocking`
     let deadline = Instant::now() + ctx.timing.one_shot_mutex_wait();
     let mut races = 0;
     loop {
@@ -303,6 +304,11 @@ fn blocking<S: Store>(
     kept: &mut S::Kept,
     deadline: Option<Instant>,
 ) -> Result<Start<S::Holding>> {
+    // Files an earlier holding of ours let go of are closed now, before we look at the lock:
+    // one of them may be the file the holder after us replaced and keeps, which it asks at
+    // its release whether anyone else has open (`klock::open_only_here`) before reading
+    // /proc/locks. The holder after us keeps it open too, so this close frees nothing.
+    crate::grave::reap();
     let start = Instant::now();
     let timeout = |verdict| Error::Timeout {
         path: ctx.store.binding().lock().to_path_buf(),
@@ -354,10 +360,17 @@ fn blocking<S: Store>(
             }
             Err(e) => return Err(e),
         };
-        if let Some(a) = &ahead {
+        let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
+        // The waiter ahead is named by the kernel's word (a file store reads /proc/locks, which
+        // holds up every lock operation on the host while the kernel lists them) only for
+        // someone who reads it: the caller's `on_wait`, or the timeout's error.
+        if let Some(a) = ahead
+            .as_ref()
+            .filter(|_| timed_out || ctx.s.on_wait.is_some())
+        {
             v.behind = Some(ctx.store.describe(a));
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if timed_out {
             return Err(timeout(v));
         }
         // Every look is reported (a display keeps its heartbeat age and "held" current from

@@ -282,6 +282,11 @@ pub(crate) struct Sig {
 }
 
 impl Sig {
+    /// The file's device and inode.
+    pub(crate) fn id(&self) -> (u64, u64) {
+        self.id
+    }
+
     fn of(m: &Meta) -> Sig {
         Sig {
             id: m.id(),
@@ -603,7 +608,8 @@ fn read_small_once(
     if !trust(&meta) {
         return Ok(None);
     }
-    let mut buf = Vec::new();
+    // Room for the whole file and one byte more: one read takes it, the next says the end.
+    let mut buf = Vec::with_capacity(usize::try_from(meta.size.min(cap)).unwrap_or(0) + 1);
     f.take(cap)
         .read_to_end(&mut buf)
         .map_err(|e| Error::io(&path, "read", e))?;

@@ -2,8 +2,10 @@
 //!
 //! Owns: a short per-process list of open descriptors nobody uses any more — read-only LOCK
 //! files a holder let go of at a hand-over (closing the last one of a replaced file frees its
-//! pages), pidfds of a finished wait — and closing them before a waiter sleeps, or at once when
-//! the list is full. A hand-over is measured from the release to the next holder's first step:
+//! pages), pidfds of a finished wait — and closing them before a waiter sleeps, when this
+//! process starts another acquisition (the holder after us asks at its release whether anyone
+//! else has the file its lease replaced open: ours would make it read /proc/locks), or at once
+//! when the list is full. A hand-over is measured from the release to the next holder's first step:
 //! closing these inside it delayed the next holder whenever the two shared a CPU.
 //! Must never: hold a descriptor open for writing (it would keep the file system from being
 //! remounted read-only) or one whose closing releases a lock someone waits for.

@@ -25,29 +25,33 @@ use crate::grave;
 use crate::lockdir::LockDir;
 use crate::paths::LockPaths;
 
-/// A waiter's hint to the holder that it waits: an OFD read lock on the LOCK file it judged
-/// (kept open between its looks, local file systems only; `klock::hint_waiting`). It goes when
-/// that file is closed. Only a hint: both answers a holder gets are safe. Not a flock, which
+/// A contender's hint to the holder that it looks at LOCK's file, and waits if it must: an OFD
+/// read lock on the LOCK file it read (placed as soon as it has read it, kept while it waits
+/// between its looks, local file systems only; `klock::hint_waiting`). It goes when that file
+/// is closed. Only a hint: both answers a holder gets are safe (a release in place, or a look
+/// for a program blocked on the file). Not a flock, which
 /// would meet the holder's own exclusive flock on that file (`klock::hold_lock_file`) and keep
 /// util-linux flock(1) waiting on a file this waiter is about to rename a new lease over.
 pub(crate) fn announce_waiting(seen: &Seen) {
     let _ = crate::klock::hint_waiting(&seen.file);
 }
 
-/// The release of a lease someone waits for. When LOCK is still the file we renamed into place
-/// (`w`), a waiter hints that it waits on it (see [`announce_waiting`]), and it holds exactly
-/// `bytes` (our lease as we last wrote it: held, intact): lets go of our flock on it (the job is
-/// over), then sets its released bit ([`fsio::RELEASED_BIT`]) through a read-only descriptor,
-/// and returns the file, still open. In that order, so that the head our mark wakes never finds
-/// our own flock on a released record; a flock(1) that takes the lock in between is found by
-/// the head, which waits for it. `Err(w)` otherwise, with `w` (and our flock) as they were:
-/// nobody waits (the caller writes the full released record), or LOCK is not simply ours, or
-/// we may not chmod it (the caller goes the long way, which reports what happened). Not made
-/// durable here (see [`settle`]).
+/// The release of a lease someone may wait for. When LOCK is still the file we renamed into
+/// place (`w`), a contender hints that it looks at it (see [`announce_waiting`]; `decided`: the
+/// caller found that hint, which is not asked again), and it holds exactly `bytes` (our lease
+/// as we last wrote it: held, intact): lets go of our flock on it (the job is over), then sets
+/// its released bit ([`fsio::RELEASED_BIT`]) through a read-only descriptor, and returns the
+/// file, still open. In that order, so that the head our mark wakes never finds our own flock
+/// on a released record; a flock(1) that takes the lock in between is found by the head, which
+/// waits for it. `Err(w)` otherwise, with `w` (and our flock) as they were: nobody hints (the
+/// caller writes the full released record), or LOCK is not simply ours, or we may not chmod it
+/// (the caller goes the long way, which reports what happened). Not made durable here (see
+/// [`settle`]).
 pub(crate) fn release_in_place(
     paths: &LockPaths,
     bytes: &[u8],
     w: Written,
+    decided: bool,
 ) -> std::result::Result<File, Written> {
     let Written { id, kept } = w;
     // The file we renamed into place, kept open since; if it is not LOCK any more, nobody
@@ -56,7 +60,7 @@ pub(crate) fn release_in_place(
         Some(f) => f,
         None => return Err(Written { id, kept: None }),
     };
-    if !crate::klock::waiting_hinted(&f).unwrap_or(false) {
+    if !decided && !crate::klock::waiting_hinted(&f).unwrap_or(false) {
         return Err(Written { id, kept: Some(f) });
     }
     let _ = crate::klock::let_go_lock_file(&f);
@@ -67,7 +71,7 @@ pub(crate) fn release_in_place(
 }
 
 /// Whether `f` holds exactly `bytes`: one byte more is read, to notice a file that grew.
-fn holds_exactly(f: &File, bytes: &[u8]) -> bool {
+pub(crate) fn holds_exactly(f: &File, bytes: &[u8]) -> bool {
     let mut now = vec![0u8; bytes.len() + 1];
     matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == bytes[..])
 }

@@ -174,6 +174,9 @@ pub(crate) struct LockDir {
     /// Whether the directory is on ext4, asked once (`fstatfs`) by the first
     /// [`LockDir::preallocate`].
     ext4: std::sync::OnceLock<bool>,
+    /// The `diskseq` of the directory's block device, read once by the first
+    /// [`LockDir::diskseq`]: the descriptor stays on the attachment it was opened on.
+    diskseq: std::sync::OnceLock<u64>,
 }
 
 impl LockDir {
@@ -194,6 +197,7 @@ impl LockDir {
             meta,
             euid: rustix::process::geteuid().as_raw(),
             ext4: std::sync::OnceLock::new(),
+            diskseq: std::sync::OnceLock::new(),
         })
     }
 
@@ -417,12 +421,20 @@ impl LockDir {
             meta,
             euid: self.euid,
             ext4: std::sync::OnceLock::new(),
+            diskseq: std::sync::OnceLock::new(),
         }))
     }
 
     /// Gives `f`, a new file of ours in this directory about to have `len` bytes written,
     /// its blocks up front when the directory is on ext4 (`fsinfo::preallocate`). Whether it
     /// is, is asked of the directory once per `LockDir`, not of every file written.
+    /// The `diskseq` of the directory's block device (`read` asks sysfs), asked once per
+    /// `LockDir`: a disk that drops off and comes back is another attachment, which this
+    /// descriptor never reaches (a new `LockDir` is opened on it, and reads it anew).
+    pub(crate) fn diskseq(&self, read: impl FnOnce(u64) -> u64) -> u64 {
+        *self.diskseq.get_or_init(|| read(self.meta.dev))
+    }
+
     pub(crate) fn preallocate(&self, f: &File, len: usize) {
         if *self.ext4.get_or_init(|| crate::fsinfo::is_ext4(&self.fd)) {
             crate::fsinfo::preallocate(f, len);

@@ -260,12 +260,21 @@ impl Store for FileStore {
     }
 
     fn current(&self, _: &MutexGuard, place: &mut Place) -> Result<LockContent> {
+        let before = place.seen.as_ref().map(|s| s.sig.id());
         let (content, seen) = fsio::read_lock_keep(&self.paths, place.seen.take())?;
         // Never keep LOCK open on a network file system: an NFS client that renames over a
         // file it has open keeps the old file alive on the server (a silly rename), and another
         // host whose cached name still leads to it would read the old lease instead of getting
         // ESTALE and looking the name up again (see `fsio::read_lock`).
         place.seen = seen.filter(|_| !self.storage.network);
+        // A file just opened (not the one kept from our last look, hinted then) gets our hint
+        // at once: the holder that releases while we judge it then releases in place, with no
+        // look at /proc/locks for a program blocked on its file (`handover::announce_waiting`).
+        if let Some(s) = &place.seen
+            && before != Some(s.sig.id())
+        {
+            handover::announce_waiting(s);
+        }
         Ok(content)
     }
 
@@ -497,5 +506,54 @@ impl Store for FileStore {
 
     fn waiting(&self) -> Vec<Waiting> {
         queue::snapshot(&self.paths)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A contender's read of LOCK under the mutex places its hint on the file at once (before
+    /// it queues, if it ever does), so that a holder releasing meanwhile finds it and releases in
+    /// place instead of reading /proc/locks; the hint goes with the contender's descriptor.
+    #[test]
+    fn a_contender_hints_on_the_lock_file_as_soon_as_it_has_read_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("job.lock");
+        let g = crate::LeaseBuilder::new(&lock).try_acquire().unwrap();
+        // The holder's own open file description of LOCK's file (a duplicate of it).
+        let held = File::from(
+            g.lock_file_descriptor()
+                .expect("a local holder keeps its file"),
+        );
+        assert!(
+            !crate::klock::waiting_hinted(&held).unwrap(),
+            "nobody looks yet"
+        );
+
+        let paths = LockPaths::new(&lock).unwrap();
+        let storage = crate::fsinfo::inspect(&paths.dir).storage();
+        if storage.network {
+            eprintln!("skipped: the temp directory is on a network file system (no hints there)");
+            return;
+        }
+        let store = FileStore::new(paths, storage, false);
+        let mut kept = None;
+        let policy = StuckPolicy::Report;
+        let m = (store.enter(&mut kept, None, Duration::from_secs(5), policy, None, None)).unwrap();
+        let mut place = Place::default();
+        let content = store.current(&m, &mut place).unwrap();
+        assert!(matches!(content, LockContent::Lease(..)), "{content:?}");
+        assert!(
+            crate::klock::waiting_hinted(&held).unwrap(),
+            "a contender that has read LOCK hints on its file"
+        );
+        store.leave(m, &mut kept);
+        drop(place);
+        assert!(
+            !crate::klock::waiting_hinted(&held).unwrap(),
+            "the hint goes with the contender's descriptor"
+        );
+        g.release().unwrap();
     }
 }

@@ -192,16 +192,20 @@ impl FileHolding {
     }
 
     /// The full released record (state `released`, how the job ended), written atomically
-    /// under the mutex, if LOCK still holds our lease (held or revoked).
-    /// `Ok(false)`, writing nothing, when someone waits blocked for our flock on `kept` (LOCK's
-    /// file as we put it in place) by then: util-linux flock(1), which must get the lock on the
-    /// file LOCK names, not on one renamed away (the caller releases in place instead).
+    /// under the mutex, if LOCK still holds our lease (held or revoked): [`Wrote::Full`].
+    /// Writing nothing, the caller releasing in place instead, when by then `kept` (LOCK's file
+    /// as we put it in place) is open through another open file description after a clean end
+    /// (`clean`: a record in place loses nothing then, and no look is needed),
+    /// [`Wrote::Opened`]; or when someone waits blocked for our flock on it, [`Wrote::Blocked`]:
+    /// util-linux flock(1), which must get the lock on the file LOCK names, not on one renamed
+    /// away.
     fn write_released(
         &self,
         r: &Release<'_>,
         witness: Option<MutexFile>,
         kept: Option<&File>,
-    ) -> Result<bool> {
+        clean: bool,
+    ) -> Result<Wrote> {
         let mut released = r.mine.clone();
         released.state = LeaseState::Released;
         released.ended = Some(Ending {
@@ -228,10 +232,17 @@ impl FileHolding {
         let bytes = released.to_bytes();
         // Checked last, just before the rename: one that blocks after it gets the file renamed
         // away when we let go (a window of microseconds, PROTOCOL.md §10).
-        if kept.is_some_and(mutex::someone_blocked) {
-            return Ok(false);
+        if let Some(k) = kept {
+            // Only a file that holds exactly our lease as we wrote it is marked in place (a
+            // revoked one says by whom in the full record).
+            if clean && !crate::klock::open_only_here(k) && handover::holds_exactly(k, r.bytes) {
+                return Ok(Wrote::Opened);
+            }
+            if mutex::someone_blocked(k) {
+                return Ok(Wrote::Blocked);
+            }
         }
-        fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| true)
+        fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| Wrote::Full)
     }
 
     /// When the full released record could not be written (`e`: a full disk, a mutex someone
@@ -406,6 +417,16 @@ impl Holding for FileHolding {
     }
 }
 
+/// What [`FileHolding::write_released`] did.
+enum Wrote {
+    /// The full released record is LOCK now.
+    Full,
+    /// Nothing: LOCK's file is open elsewhere after a clean end (release in place).
+    Opened,
+    /// Nothing: someone is blocked for our flock on LOCK's file (release for them).
+    Blocked,
+}
+
 /// Why a renewal that found `o` (anything but [`Ours::Held`]) lost the lease.
 pub(crate) fn not_ours(o: Ours) -> LossReason {
     match o {
@@ -435,18 +456,32 @@ impl FileHolding {
         // First, while our lease still keeps every contender out: programs blocked on files
         // that are no longer LOCK but whose flock we hold get them, one after the other.
         // One look says, in the usual case, that nobody waits on any of them, nor on LOCK's
-        // file (`glance`, last) — unless a waiter hints that it waits on LOCK's file: the
-        // release is then in place (below), which leaves a program blocked on that file's flock
-        // on the file every contender looks at, so LOCK's file needs no look (`hinted`).
+        // file (`glance`, last) — unless the release goes in place (below), which leaves a
+        // program blocked on that file's flock on the file every contender looks at, so LOCK's
+        // file needs no look (`in_place`): when a waiter hints that it waits on it, or, after a
+        // clean end (whose record in place loses nothing: `ending::clean_handover`), when any
+        // other open file description has it open — a contender that has just opened it to
+        // judge it (most releases under contention), util-linux flock(1), a reader. Decided
+        // once, here: a hint that goes while old files are served changes nothing.
         let mut glance = None;
-        let mut hinted = false;
+        let clean = crate::ending::clean_handover(r.how, r.mine);
+        let mut in_place = false;
         if !self.storage.network {
             let superseded: Vec<File> = lock(&self.superseded).drain(..).collect();
             let replaced = lock(&self.replaced);
             let written = lock(&self.written);
             let kept = written.as_ref().and_then(|w| w.kept.as_ref());
-            hinted = kept.is_some_and(|k| crate::klock::waiting_hinted(k).unwrap_or(false));
-            let kept = kept.filter(|_| !hinted);
+            if let Some(k) = kept.filter(|_| clean) {
+                if crate::klock::waiting_hinted(k).unwrap_or(false)
+                    || !crate::klock::open_only_here(k)
+                {
+                    in_place = true;
+                } else {
+                    // Nobody else has it open: nobody is blocked on it.
+                    glance = Some(Some(false));
+                }
+            }
+            let kept = kept.filter(|_| !in_place && glance.is_none());
             let old: Vec<&File> = superseded.iter().chain(replaced.iter()).collect();
             let files: Vec<&File> = old.iter().copied().chain(kept).collect();
             let mut seen = mutex::nobody_blocked_at_a_glance(&files);
@@ -483,7 +518,7 @@ impl FileHolding {
         // that lock on the file LOCK still names, so we release in place for it (PROTOCOL.md §10).
         let local = !self.storage.network;
         let blocked = local
-            && !hinted
+            && !in_place
             && glance != Some(Some(false))
             && (written.as_ref().and_then(|w| w.kept.as_ref())).is_some_and(mutex::someone_blocked);
         // On a local file system, with someone waiting: mark our file released in place (no
@@ -491,8 +526,8 @@ impl FileHolding {
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
         // Only after a clean end: a record released in place says nothing of how (`ending.rs`).
         let (handed, mut written) = match written {
-            Some(w) if local && !blocked && crate::ending::clean_handover(r.how, r.mine) => {
-                match handover::release_in_place(&self.paths, r.bytes, w) {
+            Some(w) if local && !blocked && clean => {
+                match handover::release_in_place(&self.paths, r.bytes, w, in_place) {
                     Ok(f) => (Some(f), None),
                     Err(w) => (None, Some(w)),
                 }
@@ -508,18 +543,34 @@ impl FileHolding {
         // `run` guardian's, `LeaseGuard::lock_file_descriptor`) may outlive ours for a moment.
         let kept = written.as_ref().and_then(|w| w.kept.as_ref());
         let outcome = if blocked {
-            Ok(false)
+            Ok(Wrote::Blocked)
         } else {
-            self.write_released(&r, witness, kept)
+            self.write_released(&r, witness, kept, local && clean)
         };
-        if !matches!(outcome, Ok(false))
+        if !matches!(outcome, Ok(Wrote::Blocked | Wrote::Opened))
             && let Some(k) = kept
         {
             let _ = crate::klock::let_go_lock_file(k);
         }
         match outcome {
-            Ok(true) | Err(Error::Lost { .. }) => Ok(()),
-            Ok(false) => {
+            Ok(Wrote::Full) | Err(Error::Lost { .. }) => Ok(()),
+            Ok(Wrote::Opened) => {
+                // Opened by someone else since our first look: released in place, as then.
+                match written.map(|w| handover::release_in_place(&self.paths, r.bytes, w, true)) {
+                    Some(Ok(f)) => handover::settle(&self.paths, f, self.sync, replaced, mark),
+                    Some(Err(_)) | None => self.release_in_header(
+                        &r,
+                        Error::Io {
+                            path: self.paths.lock.clone(),
+                            op: "mark the lease released in place",
+                            source: std::io::Error::other(
+                                "it no longer holds our lease as written",
+                            ),
+                        },
+                    ),
+                }
+            }
+            Ok(Wrote::Blocked) => {
                 // Somebody blocked for our flock: released in place, for them.
                 let kept = written.as_mut().and_then(|w| w.kept.take());
                 match kept.map(|f| handover::release_to_blocked(&self.paths, r.bytes, f)) {
