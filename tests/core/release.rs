@@ -150,3 +150,38 @@ fn the_released_bit_releases_a_record_and_its_holder_sees_it() {
     assert!(g.token() > token);
     g.release().unwrap();
 }
+
+/// The files a holding lets go of (the record its lease replaced, claimed for the holding; its
+/// own lease file once a released record replaced it) are closed, now or later (`grave.rs`): a
+/// program that takes and releases a lease many times keeps a handful of descriptors of the
+/// lock's directory open, not one more per round (a replaced file never closed: 100 more).
+#[test]
+fn a_long_loop_of_acquisitions_does_not_keep_old_files_open() {
+    let dir = support::tempdir();
+    let lock = dir.path().join("loop.lock");
+    let b = LeaseBuilder::new(&lock).ttl(Duration::from_secs(30));
+    // Descriptors of this process that lead into the lock's directory (a deleted file keeps
+    // its path, with " (deleted)"): other tests of this binary use other directories.
+    let open_here = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.starts_with(dir.path()))
+            .count()
+    };
+    for _ in 0..100 {
+        b.try_acquire().unwrap().release().unwrap();
+    }
+    let g = b.try_acquire().unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut n = open_here();
+    while n > 12 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+        n = open_here();
+    }
+    assert!(
+        n <= 12,
+        "{n} descriptors into the lock's directory after 100 rounds"
+    );
+    g.release().unwrap();
+}

@@ -193,10 +193,10 @@ impl FileHolding {
 
     /// The full released record (state `released`, how the job ended), written atomically
     /// under the mutex, if LOCK still holds our lease (held or revoked): [`Wrote::Full`].
-    /// Writing nothing, the caller releasing in place instead, when by then `kept` (LOCK's file
-    /// as we put it in place) is open through another open file description after a clean end
-    /// (`clean`: a record in place loses nothing then, and no look is needed),
-    /// [`Wrote::Opened`]; or when someone waits blocked for our flock on it, [`Wrote::Blocked`]:
+    /// Writing nothing, the caller releasing in place instead, when by then a contender hints
+    /// that it looks at `kept` (LOCK's file as we put it in place) after a clean end (`clean`:
+    /// a record in place loses nothing then, and no look is needed), [`Wrote::Hinted`]; or
+    /// when someone waits blocked for our flock on it, [`Wrote::Blocked`]:
     /// util-linux flock(1), which must get the lock on the file LOCK names, not on one renamed
     /// away.
     fn write_released(
@@ -235,8 +235,11 @@ impl FileHolding {
         if let Some(k) = kept {
             // Only a file that holds exactly our lease as we wrote it is marked in place (a
             // revoked one says by whom in the full record).
-            if clean && !crate::klock::open_only_here(k) && handover::holds_exactly(k, r.bytes) {
-                return Ok(Wrote::Opened);
+            if clean
+                && crate::klock::waiting_hinted(k).unwrap_or(false)
+                && handover::holds_exactly(k, r.bytes)
+            {
+                return Ok(Wrote::Hinted);
             }
             if mutex::someone_blocked(k) {
                 return Ok(Wrote::Blocked);
@@ -421,8 +424,9 @@ impl Holding for FileHolding {
 enum Wrote {
     /// The full released record is LOCK now.
     Full,
-    /// Nothing: LOCK's file is open elsewhere after a clean end (release in place).
-    Opened,
+    /// Nothing: a contender hints that it looks at LOCK's file, after a clean end (release in
+    /// place).
+    Hinted,
     /// Nothing: someone is blocked for our flock on LOCK's file (release for them).
     Blocked,
 }
@@ -456,12 +460,11 @@ impl FileHolding {
         // First, while our lease still keeps every contender out: programs blocked on files
         // that are no longer LOCK but whose flock we hold get them, one after the other.
         // One look says, in the usual case, that nobody waits on any of them, nor on LOCK's
-        // file (`glance`, last) — unless the release goes in place (below), which leaves a
-        // program blocked on that file's flock on the file every contender looks at, so LOCK's
-        // file needs no look (`in_place`): when a waiter hints that it waits on it, or, after a
-        // clean end (whose record in place loses nothing: `ending::clean_handover`), when any
-        // other open file description has it open — a contender that has just opened it to
-        // judge it (most releases under contention), util-linux flock(1), a reader. Decided
+        // file (`glance`, last) — unless, after a clean end (whose record in place loses
+        // nothing: `ending::clean_handover`), a contender hints that it looks at LOCK's file (a
+        // waiter, or one that has just read it to judge it: `FileStore::current`): the release
+        // is then in place (below), which leaves a program blocked on that file's flock on the
+        // file every contender looks at, so LOCK's file needs no look (`in_place`). Decided
         // once, here: a hint that goes while old files are served changes nothing.
         let mut glance = None;
         let clean = crate::ending::clean_handover(r.how, r.mine);
@@ -471,17 +474,9 @@ impl FileHolding {
             let replaced = lock(&self.replaced);
             let written = lock(&self.written);
             let kept = written.as_ref().and_then(|w| w.kept.as_ref());
-            if let Some(k) = kept.filter(|_| clean) {
-                if crate::klock::waiting_hinted(k).unwrap_or(false)
-                    || !crate::klock::open_only_here(k)
-                {
-                    in_place = true;
-                } else {
-                    // Nobody else has it open: nobody is blocked on it.
-                    glance = Some(Some(false));
-                }
-            }
-            let kept = kept.filter(|_| !in_place && glance.is_none());
+            in_place =
+                clean && kept.is_some_and(|k| crate::klock::waiting_hinted(k).unwrap_or(false));
+            let kept = kept.filter(|_| !in_place);
             let old: Vec<&File> = superseded.iter().chain(replaced.iter()).collect();
             let files: Vec<&File> = old.iter().copied().chain(kept).collect();
             let mut seen = mutex::nobody_blocked_at_a_glance(&files);
@@ -547,15 +542,15 @@ impl FileHolding {
         } else {
             self.write_released(&r, witness, kept, local && clean)
         };
-        if !matches!(outcome, Ok(Wrote::Blocked | Wrote::Opened))
+        if !matches!(outcome, Ok(Wrote::Blocked | Wrote::Hinted))
             && let Some(k) = kept
         {
             let _ = crate::klock::let_go_lock_file(k);
         }
         match outcome {
             Ok(Wrote::Full) | Err(Error::Lost { .. }) => Ok(()),
-            Ok(Wrote::Opened) => {
-                // Opened by someone else since our first look: released in place, as then.
+            Ok(Wrote::Hinted) => {
+                // A contender's hint since our first look: released in place, as then.
                 match written.map(|w| handover::release_in_place(&self.paths, r.bytes, w, true)) {
                     Some(Ok(f)) => handover::settle(&self.paths, f, self.sync, replaced, mark),
                     Some(Err(_)) | None => self.release_in_header(
