@@ -425,9 +425,6 @@ impl LockDir {
         }))
     }
 
-    /// Gives `f`, a new file of ours in this directory about to have `len` bytes written,
-    /// its blocks up front when the directory is on ext4 (`fsinfo::preallocate`). Whether it
-    /// is, is asked of the directory once per `LockDir`, not of every file written.
     /// The `diskseq` of the directory's block device (`read` asks sysfs), asked once per
     /// `LockDir`: a disk that drops off and comes back is another attachment, which this
     /// descriptor never reaches (a new `LockDir` is opened on it, and reads it anew).
@@ -435,6 +432,9 @@ impl LockDir {
         *self.diskseq.get_or_init(|| read(self.meta.dev))
     }
 
+    /// Gives `f`, a new file of ours in this directory about to have `len` bytes written,
+    /// its blocks up front when the directory is on ext4 (`fsinfo::preallocate`). Whether it
+    /// is, is asked of the directory once per `LockDir`, not of every file written.
     pub(crate) fn preallocate(&self, f: &File, len: usize) {
         if *self.ext4.get_or_init(|| crate::fsinfo::is_ext4(&self.fd)) {
             crate::fsinfo::preallocate(f, len);

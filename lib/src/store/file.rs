@@ -320,9 +320,7 @@ impl Store for FileStore {
         first: bool,
         who: Joiner<'_>,
     ) -> Result<()> {
-        if let Some(seen) = &place.seen {
-            handover::announce_waiting(seen);
-        }
+        // Our hint is on LOCK's file since we read it (`current`), and stays while we wait.
         if place.ticket.is_none() {
             // Without a ticket (e.g. a full or read-only directory) we still wait, unordered.
             let net = self.storage.network;

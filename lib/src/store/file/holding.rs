@@ -520,7 +520,7 @@ impl FileHolding {
         // mutex: the file is the one we renamed into place, which only we change in place, and
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
         // Only after a clean end: a record released in place says nothing of how (`ending.rs`).
-        let (handed, mut written) = match written {
+        let (handed, written) = match written {
             Some(w) if local && !blocked && clean => {
                 match handover::release_in_place(&self.paths, r.bytes, w, in_place) {
                     Ok(f) => (Some(f), None),
@@ -547,42 +547,27 @@ impl FileHolding {
         {
             let _ = crate::klock::let_go_lock_file(k);
         }
-        match outcome {
-            Ok(Wrote::Full) | Err(Error::Lost { .. }) => Ok(()),
+        let marked = match outcome {
+            Ok(Wrote::Full) | Err(Error::Lost { .. }) => return Ok(()),
+            Err(e) => return self.release_in_header(&r, e),
+            // A contender's hint since our first look: released in place, as then.
             Ok(Wrote::Hinted) => {
-                // A contender's hint since our first look: released in place, as then.
-                match written.map(|w| handover::release_in_place(&self.paths, r.bytes, w, true)) {
-                    Some(Ok(f)) => handover::settle(&self.paths, f, self.sync, replaced, mark),
-                    Some(Err(_)) | None => self.release_in_header(
-                        &r,
-                        Error::Io {
-                            path: self.paths.lock.clone(),
-                            op: "mark the lease released in place",
-                            source: std::io::Error::other(
-                                "it no longer holds our lease as written",
-                            ),
-                        },
-                    ),
-                }
+                written.and_then(|w| handover::release_in_place(&self.paths, r.bytes, w, true).ok())
             }
-            Ok(Wrote::Blocked) => {
-                // Somebody blocked for our flock: released in place, for them.
-                let kept = written.as_mut().and_then(|w| w.kept.take());
-                match kept.map(|f| handover::release_to_blocked(&self.paths, r.bytes, f)) {
-                    Some(Ok(f)) => handover::settle(&self.paths, f, self.sync, replaced, mark),
-                    Some(Err(_)) | None => self.release_in_header(
-                        &r,
-                        Error::Io {
-                            path: self.paths.lock.clone(),
-                            op: "mark the lease released in place",
-                            source: std::io::Error::other(
-                                "it no longer holds our lease as written",
-                            ),
-                        },
-                    ),
-                }
-            }
-            Err(e) => self.release_in_header(&r, e),
+            // Somebody blocked for our flock: released in place, for them.
+            Ok(Wrote::Blocked) => (written.and_then(|w| w.kept))
+                .and_then(|f| handover::release_to_blocked(&self.paths, r.bytes, f).ok()),
+        };
+        match marked {
+            Some(f) => handover::settle(&self.paths, f, self.sync, replaced, mark),
+            None => self.release_in_header(
+                &r,
+                Error::Io {
+                    path: self.paths.lock.clone(),
+                    op: "mark the lease released in place",
+                    source: std::io::Error::other("it no longer holds our lease as written"),
+                },
+            ),
         }
     }
 }
