@@ -3,9 +3,11 @@
 //! `kill -KILL -- -PGID`), where PDEATHSIG reaches only the command itself and the wrapper's own
 //! fence cannot run.
 //!
-//! Owns: starting the guardian before the command, in a session of its own (no signal to the
-//! wrapper's process group or terminal reaches it) — forked, or re-executed from /proc/self/exe
-//! when the wrapper has more than one thread —; arming it once the lease is taken (lease id,
+//! Owns: starting the guardian before the command, in a process group of its own (no signal to
+//! the wrapper's process group or terminal reaches it) — dormant (`dormant.rs`: a
+//! `clone(CLONE_VM)` that copies nothing and execs the guardian proper from /proc/self/exe only
+//! once the wrapper's end of the socket closes), or, where that cannot run, forked (and
+//! re-executed when the wrapper has more than one thread) —; arming it once the lease is taken (lease id,
 //! LOCK, uid, the command's start time, the grace, the wrapper's pid) through a socket whose
 //! other end only the wrapper holds, with a duplicate of the descriptor on which the wrapper
 //! holds its kernel lock on LOCK's file ([`LeaseGuard::lock_file_descriptor`], passed as
@@ -44,6 +46,9 @@ use leasehold::{LeaseGuard, Result};
 
 use super::io_error;
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod dormant;
+
 /// The hidden first argument of a re-executed guardian (`leasehold --leasehold-guardian`): its
 /// pipe's read end is descriptor 3.
 pub const ARG: &str = "--leasehold-guardian";
@@ -72,39 +77,17 @@ struct Exec {
 }
 
 impl Guardian {
-    /// Forks the guardian (re-executed when this process has other threads), in its own
-    /// session, holding only its pipe's read end and stderr. `lock` names the lock in messages.
+    /// Starts the guardian ([`begin`]), in its own process group, holding only its socket's
+    /// end and stderr. `lock` names the lock in messages.
     pub(super) fn start(lock: &Path) -> Result<Guardian> {
         let (rx, tx) =
             socket_pair().map_err(|e| io_error(lock, "create the guardian's socket", e))?;
-        let exec = if single_threaded() {
-            None
-        } else {
-            Some(Exec {
-                path: c"/proc/self/exe".to_owned(),
-                argv: [c"leasehold".to_owned(), c"--leasehold-guardian".to_owned()],
-            })
-        };
         let old_mask = SigSet::all()
             .thread_swap_mask(SigmaskHow::SIG_SETMASK)
             .map_err(|e| io_error(lock, "block signals", e.into()))?;
-        // SAFETY: with other threads, the child only makes async-signal-safe system calls on
-        // memory prepared before the fork, then execs; alone, it may run any code.
-        let forked = unsafe { fork() };
-        let pid = match forked {
-            Ok(ForkResult::Child) => {
-                // SAFETY: we are the freshly forked child.
-                unsafe { after_fork(rx.as_raw_fd(), exec.as_ref()) }
-            }
-            Ok(ForkResult::Parent { child }) => {
-                let _ = old_mask.thread_set_mask();
-                child
-            }
-            Err(e) => {
-                let _ = old_mask.thread_set_mask();
-                return Err(io_error(lock, "fork the guardian", e.into()));
-            }
-        };
+        let started = begin(&rx, &tx);
+        let _ = old_mask.thread_set_mask();
+        let pid = started.map_err(|e| io_error(lock, "start the guardian", e))?;
         drop(rx);
         // Both sides set the group (as for the command), so that it is out of ours, whichever
         // runs first, before `start` returns: no wait for the child to be scheduled.
@@ -288,28 +271,58 @@ fn receive_descriptor(sock: RawFd) -> Option<Option<OwnedFd>> {
     }
 }
 
-/// Whether this process has a single thread (then a forked child may run any code).
-fn single_threaded() -> bool {
-    std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.count() == 1)
+/// Starts the guardian, every signal blocked: dormant (`dormant.rs`: a `clone(CLONE_VM)`,
+/// exec'd only once the wrapper's end of the socket closes) on x86_64 and aarch64, else
+/// [`forked`].
+fn begin(rx: &OwnedFd, tx: &OwnedFd) -> std::io::Result<Pid> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if !under_valgrind() {
+        return dormant::clone(rx.as_raw_fd(), tx.as_raw_fd());
+    }
+    let _ = tx;
+    forked(rx)
 }
 
-/// The guardian between fork and its loop: its own session, default signal dispositions
-/// (SIGPIPE ignored: stderr may be a closed pipe), the pipe on descriptor 3, /dev/null on 0 and
-/// 1, nothing else open but stderr; then exec (with other threads in the wrapper) or serve.
-///
-/// # Safety
-/// Must be called only in the child of a `fork`, with `exec` built before the fork.
-unsafe fn after_fork(rx: RawFd, exec: Option<&Exec>) -> ! {
-    // SAFETY: raw system calls on values prepared before the fork.
+/// Whether this process runs under valgrind, which cannot run a `clone(CLONE_VM)` child that is
+/// not a thread (it stops the whole program): it preloads its `vgpreload_*.so` into every
+/// program it runs. `benches/compare/instructions.sh` counts a run's instructions under it.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn under_valgrind() -> bool {
+    std::env::var_os("LD_PRELOAD").is_some_and(|p| {
+        p.as_bytes()
+            .windows(b"/vgpreload_".len())
+            .any(|w| w == b"/vgpreload_")
+    })
+}
+
+/// The guardian forked, and re-executed from /proc/self/exe when this process has other
+/// threads: where `dormant.rs` cannot run (other architectures, valgrind).
+fn forked(rx: &OwnedFd) -> std::io::Result<Pid> {
+    let exec = (!single_threaded()).then(|| Exec {
+        path: c"/proc/self/exe".to_owned(),
+        argv: [c"leasehold".to_owned(), c"--leasehold-guardian".to_owned()],
+    });
+    // SAFETY: with other threads, the child only makes async-signal-safe system calls on
+    // memory prepared before the fork, then execs; alone, it may run any code.
+    match unsafe { fork() } {
+        // SAFETY: we are the freshly forked child.
+        Ok(ForkResult::Child) => unsafe { after_fork(rx.as_raw_fd(), exec.as_ref()) },
+        Ok(ForkResult::Parent { child }) => Ok(child),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The guardian's signals: default dispositions, but nothing from the terminal (the caller's
+/// session is ours; we are never in its foreground) nor a closed stderr ends it; then none
+/// blocked. Async-signal-safe.
+fn settle_signals() {
+    // SAFETY: setting dispositions to SIG_DFL or SIG_IGN installs no handler.
     unsafe {
-        libc::setpgid(0, 0);
         for sig in 1..32 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                 libc::signal(sig, libc::SIG_DFL);
             }
         }
-        // Nothing from the terminal (the caller's session is ours; we are never in its
-        // foreground) nor a closed stderr ends the guardian.
         for sig in [
             libc::SIGPIPE,
             libc::SIGHUP,
@@ -321,6 +334,28 @@ unsafe fn after_fork(rx: RawFd, exec: Option<&Exec>) -> ! {
         ] {
             libc::signal(sig, libc::SIG_IGN);
         }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+}
+
+/// Whether this process has a single thread (then a forked child may run any code).
+fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.count() == 1)
+}
+
+/// The guardian between fork and its loop: its own process group, its signals settled, the
+/// socket on descriptor 3, /dev/null on 0 and 1, nothing else open but stderr; then exec (with
+/// other threads in the wrapper) or serve.
+///
+/// # Safety
+/// Must be called only in the child of a `fork`, with `exec` built before the fork.
+unsafe fn after_fork(rx: RawFd, exec: Option<&Exec>) -> ! {
+    // SAFETY: raw system calls on values prepared before the fork.
+    unsafe {
+        libc::setpgid(0, 0);
+        settle_signals();
         if rx == PIPE_FD {
             libc::fcntl(PIPE_FD, libc::F_SETFD, 0);
         } else if libc::dup2(rx, PIPE_FD) < 0 {
@@ -339,9 +374,6 @@ unsafe fn after_fork(rx: RawFd, exec: Option<&Exec>) -> ! {
                 libc::close(null);
             }
         }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         if let Some(e) = exec {
             let argv = [e.argv[0].as_ptr(), e.argv[1].as_ptr(), std::ptr::null()];
             libc::execv(e.path.as_ptr(), argv.as_ptr());
@@ -351,8 +383,10 @@ unsafe fn after_fork(rx: RawFd, exec: Option<&Exec>) -> ! {
     }
 }
 
-/// A re-executed guardian (`leasehold --leasehold-guardian`): serves its pipe on descriptor 3.
+/// An exec'd guardian (`leasehold --leasehold-guardian`): settles its signals (blocked until
+/// now when it was dormant) and serves its socket on descriptor 3.
 pub fn main() -> i32 {
+    settle_signals();
     serve(PIPE_FD)
 }
 

@@ -325,6 +325,14 @@ fn status_behind_a_dead_runs_guardian_names_the_guardian() {
         Duration::from_secs(10),
         || !alive(command),
     );
+    // The guardian, dormant until the wrapper was gone, takes the wrapper's lock from its
+    // socket only then; until it has, the lock is kept by a descriptor in flight, which `status`
+    // cannot name.
+    ensure_within(
+        "the guardian to take the wrapper's descriptors",
+        Duration::from_secs(10),
+        || guardian_took_its_descriptors(guardian),
+    );
     let said =
         format!("the guardian (pid {guardian}) of leasehold run pid {wrapper}, which is gone");
     let out = lh_assert().arg("status").arg(&lock).assert().success();

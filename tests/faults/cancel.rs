@@ -153,6 +153,32 @@ fn tree_gone(tree: &[(i32, u64)], t0: Instant) {
     );
 }
 
+/// Once the command of `s`'s lock runs: its wrapper's pid and its guardian's (the wrapper's
+/// child named `lh-guardian`, which is not the command).
+#[track_caller]
+fn running_with_guardian(s: &Scene) -> (i32, i32) {
+    let (wrapper, child, _) = support::wait_for_child(&s.lock);
+    let mut guardian = None;
+    support::ensure_within("the guardian to be seen", Duration::from_secs(5), || {
+        guardian = support::guardian_of(wrapper).filter(|&g| g != child);
+        guardian.is_some()
+    });
+    (wrapper, guardian.unwrap())
+}
+
+/// The system call `pid` is blocked in (`/proc/PID/syscall`), once it is blocked in one.
+#[track_caller]
+fn blocked_in(pid: i32) -> i64 {
+    let mut n = None;
+    support::ensure_within("the guardian to wait", Duration::from_secs(5), || {
+        n = fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse().ok());
+        n.is_some()
+    });
+    n.unwrap()
+}
+
 /// SIGKILLs the group of `sh` (a caller whose job's tree has started), then checks that every
 /// process of the tree is gone within grace + 1 s and the guardian said so on the caller's
 /// stderr.
@@ -180,12 +206,44 @@ fn group_kill_of_the_caller_stops_the_whole_tree_within_the_grace() {
     group_kill_stops_the_tree(&s, sh);
 }
 
-/// The flock(1) drop-in's wrapper, SIGKILLed with its caller's group: the same (its guardian is
-/// re-executed, the drop-in's wrapper having its keeper's threads when it starts the command).
+/// The flock(1) drop-in's wrapper, SIGKILLed with its caller's group: the same (the drop-in's
+/// wrapper has its keeper's threads when it starts the command and its guardian).
 #[test]
 fn group_kill_of_a_drop_in_caller_stops_the_whole_tree_within_the_grace() {
     let s = Scene::new();
     let sh = flock_caller(&s, &s.old_job(true));
+    group_kill_stops_the_tree(&s, sh);
+}
+
+/// The same where the guardian cannot wait dormant (`clone(CLONE_VM)`): under valgrind, which
+/// leasehold knows by the `vgpreload_*.so` it preloads, the guardian is forked as on other
+/// architectures. A library of this process's own (libc) stands in for valgrind's preload.
+#[test]
+fn group_kill_of_a_caller_under_valgrinds_preload_stops_the_whole_tree_within_the_grace() {
+    let s = Scene::new();
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    let libc = maps
+        .split_whitespace()
+        .find(|w| w.starts_with('/') && w.contains("/libc.so"))
+        .expect("this test's libc in /proc/self/maps");
+    let preload = s.work.join("vgpreload_stand-in.so");
+    std::os::unix::fs::symlink(libc, &preload).unwrap();
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("\"$0\" run --grace 1s \"$1\" -c \"$2\"; echo after")
+        .arg(support::bin())
+        .arg(&s.lock)
+        .arg(s.old_job(false))
+        .env("LD_PRELOAD", &preload)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let sh = Proc::spawn(c, "caller");
+    // Forked, it is named only once it serves (the dormant child names itself once set up).
+    let (_, g) = running_with_guardian(&s);
+    // Forked, it reads its socket (armed, it waits for EOF); dormant, it would wait in ppoll.
+    assert_eq!(blocked_in(g), nix::libc::SYS_read);
     group_kill_stops_the_tree(&s, sh);
 }
 
@@ -265,13 +323,7 @@ fn a_clean_end_dismisses_the_guardian_and_keeps_what_was_left_outside_the_group(
             .stderr(Stdio::piped()),
         "wrapper",
     );
-    let (wrapper, child, _) = support::wait_for_child(&s.lock);
-    let mut guardian = None;
-    support::ensure_within("the guardian to be seen", Duration::from_secs(5), || {
-        guardian = support::guardian_of(wrapper);
-        guardian.is_some_and(|g| g != child)
-    });
-    let guardian = guardian.unwrap();
+    let (_, guardian) = running_with_guardian(&s);
     support::ensure_within("the daemon to start", Duration::from_secs(5), || {
         fs::read_to_string(&daemon).is_ok_and(|t| t.ends_with('\n'))
     });
@@ -295,6 +347,65 @@ fn a_clean_end_dismisses_the_guardian_and_keeps_what_was_left_outside_the_group(
     );
     let err = w.stderr();
     assert!(!err.contains("guardian"), "{err}");
+}
+
+/// While its wrapper lives, the guardian (found by its name, which it takes once set up) holds
+/// nothing of the wrapper's: /dev/null on 0 and 1 (never the caller's stdout, whose reader
+/// would wait for it), the wrapper's stderr on 2, its own end of the socket on 3 and nothing
+/// else — no lease file, no lock, no mutex, and not the wrapper's end of the socket, whose copy
+/// would hide the wrapper's death —, in a process group of its own.
+#[test]
+fn a_guardian_holds_only_its_socket_and_the_standard_descriptors() {
+    let s = Scene::new();
+    let release = s.work.join("release");
+    let script = format!(
+        "while [ ! -e {r} ]; do sleep 0.02; done",
+        r = release.display()
+    );
+    let mut w = Proc::spawn(
+        support::lh()
+            .arg("run")
+            .arg(&s.lock)
+            .arg("-c")
+            .arg(&script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        "wrapper",
+    );
+    let (wrapper, guardian) = running_with_guardian(&s);
+    // Dormant: it waits in ppoll for the wrapper's end of its socket to close.
+    assert_eq!(blocked_in(guardian), nix::libc::SYS_ppoll);
+    let links = |pid: i32| -> std::collections::BTreeMap<i32, String> {
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let n = e.file_name().to_str()?.parse().ok()?;
+                Some((n, fs::read_link(e.path()).ok()?.display().to_string()))
+            })
+            .collect()
+    };
+    let g = links(guardian);
+    let ours = links(wrapper);
+    assert_eq!(g.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3], "{g:?}");
+    assert_eq!(g[&0], "/dev/null", "{g:?}");
+    assert_eq!(g[&1], "/dev/null", "{g:?}");
+    assert_eq!(
+        g[&2], ours[&2],
+        "stderr: {g:?} against the wrapper's {ours:?}"
+    );
+    assert!(g[&3].starts_with("socket:"), "{g:?}");
+    assert!(
+        !ours.values().any(|l| *l == g[&3]),
+        "the guardian's socket end is also the wrapper's: {g:?}, {ours:?}"
+    );
+    assert_eq!(
+        nix::unistd::getpgid(Some(Pid::from_raw(guardian))),
+        Ok(Pid::from_raw(guardian))
+    );
+    fs::write(&release, "").unwrap();
+    let st = w.wait_timeout(Duration::from_secs(10));
+    assert_eq!(support::code(st), 0, "{}", w.stderr());
 }
 
 /// Script mode (`leasehold lock`): the keeper lives in a session of its own, so a group kill of

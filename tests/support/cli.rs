@@ -99,6 +99,13 @@ pub fn guardian_of(wrapper: i32) -> Option<i32> {
         })
 }
 
+/// Whether the guardian `guardian` of a wrapper that is gone has taken the descriptors the
+/// wrapper armed it with: it holds more than its standard three and its socket (it waits
+/// dormant, holding only those, until the wrapper is gone, then reads them from the socket).
+pub fn guardian_took_its_descriptors(guardian: i32) -> bool {
+    fs::read_dir(format!("/proc/{guardian}/fd")).is_ok_and(|d| d.count() > 4)
+}
+
 /// SIGKILLs the guardian of the wrapper `wrapper` and waits until it is dead: for tests of what
 /// a dead holder leaves behind when nothing stops it (its guardian gone too, as under the OOM
 /// killer).
