@@ -9,6 +9,9 @@
 #
 # Rows:
 # - `run L -- true`: the wrapper process only (not the command, not the guardian), tmpfs and disk;
+#   under valgrind the guardian is forked (valgrind cannot run the dormant `clone(CLONE_VM)`
+#   child that starts it elsewhere: src/supervise/guardian.rs), so this row counts a fork where
+#   a real run clones;
 # - acquire+release: the library's uncontended `try_acquire` + `release`, per round: the
 #   difference between 1 and 41 rounds of lib/examples/acquire_release.rs, divided by 40
 #   (start-up and exit cancel out), tmpfs and disk.
