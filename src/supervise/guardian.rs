@@ -6,7 +6,8 @@
 //! Owns: starting the guardian before the command, in a process group of its own (no signal to
 //! the wrapper's process group or terminal reaches it) — dormant (`dormant.rs`: a
 //! `clone(CLONE_VM)` that copies nothing and execs the guardian proper from /proc/self/exe only
-//! once the wrapper's end of the socket closes), or, where that cannot run, forked (and
+//! once the wrapper's end of the socket closes or a second has passed), or, where that cannot
+//! run, forked (and
 //! re-executed when the wrapper has more than one thread) —; arming it once the lease is taken (lease id,
 //! LOCK, uid, the command's start time, the grace, the wrapper's pid) through a socket whose
 //! other end only the wrapper holds, with a duplicate of the descriptor on which the wrapper
@@ -272,7 +273,8 @@ fn receive_descriptor(sock: RawFd) -> Option<Option<OwnedFd>> {
 }
 
 /// Starts the guardian, every signal blocked: dormant (`dormant.rs`: a `clone(CLONE_VM)`,
-/// exec'd only once the wrapper's end of the socket closes) on x86_64 and aarch64, else
+/// exec'd only once the wrapper's end of the socket closes or a second has passed) on x86_64
+/// and aarch64, else
 /// [`forked`].
 fn begin(rx: &OwnedFd, tx: &OwnedFd) -> std::io::Result<Pid> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -88,7 +88,9 @@ pub fn kill_wrapper(wrapper: &mut Proc, child: i32) {
     }
 }
 
-/// The guardian of the `leasehold run` wrapper `wrapper`: its child named `lh-guardian`.
+/// The guardian of the `leasehold run` wrapper `wrapper`: its child named `lh-guardian`, or
+/// running `leasehold --leasehold-guardian` (an exec'd guardian, which names itself only once
+/// it runs).
 pub fn guardian_of(wrapper: i32) -> Option<i32> {
     fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children"))
         .unwrap_or_default()
@@ -96,6 +98,8 @@ pub fn guardian_of(wrapper: i32) -> Option<i32> {
         .filter_map(|p| p.parse::<i32>().ok())
         .find(|p| {
             fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "lh-guardian")
+                || fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.ends_with(b"\0--leasehold-guardian\0"))
         })
 }
 

@@ -1,15 +1,19 @@
 //! The guardian's dormant first life (x86_64 and aarch64 Linux): a `clone(CLONE_VM)` child of
 //! the wrapper — no page tables copied, and no copy-on-write fault in the wrapper afterwards,
 //! which is what a `fork` per run cost `leasehold run L -- true` — that waits until the
-//! wrapper's end of its socket is closed, then execs the guardian proper
-//! (`/proc/self/exe --leasehold-guardian`), which reads what the arming left queued in the
-//! socket (the message and the lock's descriptors, kept open in flight meanwhile) and serves.
-//! A dismissed guardian dies in its wait, having run nothing but its setting up.
+//! wrapper's end of its socket is closed, or [`DORMANT_FOR`] has passed, then execs the
+//! guardian proper (`/proc/self/exe --leasehold-guardian`), which reads what the arming left
+//! (or will leave) in the socket — the message and the lock's descriptors, kept open in flight
+//! meanwhile — and serves. A dismissed guardian dies in its wait, having run nothing but its
+//! setting up. Why a time limit: a process sharing the wrapper's memory shares its fate under
+//! the OOM killer, which kills every process of a victim's memory; a guardian with its own
+//! must outlive an OOM-killed wrapper, so one that is still needed after a short run's length
+//! takes its own (one exec, off the wrapper's path).
 //!
 //! Owns: the clone, and the child's life until its exec: its own process group, the socket on
 //! descriptor 3, /dev/null on 0 and 1 (and on 2 where the wrapper had no stderr), nothing else
-//! open, then the name `lh-guardian`; the wait; the exec, with a copy of the wrapper's
-//! environment taken before the clone.
+//! open, then the name `lh-guardian`; the wait, bounded by [`DORMANT_FOR`]; the exec, with a
+//! copy of the wrapper's environment taken before the clone.
 //! Must never: in the child, run anything but raw system calls (`sys`) on memory prepared
 //! before the clone and never freed — the child shares the wrapper's memory and its thread
 //! pointer, so a libc call could write the wrapper's `errno` or take its allocator's lock —;
@@ -20,9 +24,14 @@ use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::ptr;
+use std::time::Duration;
 
 use nix::libc::{self, c_char, c_int, c_long, c_void};
 use nix::unistd::Pid;
+
+/// How long the guardian stays dormant at most: far beyond a short run (`run L -- true` takes a
+/// few ms), short beside a job worth an OOM kill.
+const DORMANT_FOR: Duration = Duration::from_secs(1);
 
 /// The child's stack: it makes a handful of system calls from two frames.
 const STACK: usize = 64 * 1024;
@@ -154,18 +163,29 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             ],
         );
         // POLLHUP is reported whatever the events asked: nothing but the wrapper's end closing
-        // (or an error on ours) wakes this.
+        // (or an error on ours) wakes this before the time is up. The kernel may write what is
+        // left of the time back (the child's own stack).
         let mut pfd = libc::pollfd {
             fd: super::PIPE_FD,
             events: 0,
             revents: 0,
         };
+        let mut left = libc::timespec {
+            tv_sec: DORMANT_FOR.as_secs() as _,
+            tv_nsec: DORMANT_FOR.subsec_nanos() as _,
+        };
         loop {
             let r = sys(
                 libc::SYS_ppoll,
-                [ptr::from_mut(&mut pfd) as c_long, 1, 0, 0, 0],
+                [
+                    ptr::from_mut(&mut pfd) as c_long,
+                    1,
+                    ptr::from_mut(&mut left) as c_long,
+                    0,
+                    0,
+                ],
             );
-            if r > 0 || (r < 0 && r != -(libc::EINTR as c_long)) {
+            if r != -(libc::EINTR as c_long) {
                 break;
             }
         }
