@@ -8,7 +8,7 @@
 //! signals nothing: what the command deliberately left running outside its group keeps running.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -447,6 +447,127 @@ fn a_guardian_past_its_dormant_second_execs_itself_and_still_stops_the_tree() {
     );
     assert_eq!(blocked_in(g), nix::libc::SYS_read);
     group_kill_stops_the_tree(&s, sh);
+}
+
+/// A memory cgroup (v1 `memory` controller, or v2 with `memory` enabled) of its own, with a
+/// limit; its processes killed and the group removed on drop.
+struct MemCgroup {
+    dir: PathBuf,
+    procs: PathBuf,
+}
+
+impl MemCgroup {
+    /// `None` when this host offers none to root (the caller skips).
+    fn new(limit: u64) -> Option<MemCgroup> {
+        let name = format!("leasehold-test-{}", std::process::id());
+        let v1 = PathBuf::from("/sys/fs/cgroup/memory");
+        let (dir, max) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(&name), "memory.limit_in_bytes")
+        } else if fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
+        {
+            (PathBuf::from("/sys/fs/cgroup").join(&name), "memory.max")
+        } else {
+            return None;
+        };
+        fs::create_dir(&dir).ok()?;
+        let cg = MemCgroup {
+            procs: dir.join("cgroup.procs"),
+            dir,
+        };
+        fs::write(cg.dir.join(max), limit.to_string()).ok()?;
+        Some(cg)
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            let pids = fs::read_to_string(&self.procs).unwrap_or_default();
+            for p in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            if fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The OOM killer, choosing the wrapper (its `oom_score_adj` raised to 1000) once its guardian's
+/// dormant second is over: the guardian, with memory of its own by then, outlives it and stops
+/// the whole tree within the grace, saying so. A real memory cgroup, filled from a tmpfs file
+/// by a process of its own; root only. (Within that second the guardian shares the wrapper's
+/// memory and the OOM killer takes both: PROTOCOL.md §7.)
+#[test]
+fn an_oom_killed_wrapper_past_the_dormant_second_has_its_tree_stopped_within_the_grace() {
+    if support::skip(!support::is_root(), "needs root for a memory cgroup") {
+        return;
+    }
+    let cg = MemCgroup::new(64 << 20);
+    if support::skip(cg.is_none(), "no memory cgroup controller on this host") {
+        return;
+    }
+    let cg = cg.unwrap();
+    let s = Scene::new();
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("echo $$ > \"$1\"; exec \"$0\" run --grace 1s \"$2\" -c \"$3\"")
+        .arg(support::bin())
+        .arg(&cg.procs)
+        .arg(&s.lock)
+        .arg(s.old_job(true))
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut w = Proc::spawn(c, "wrapper");
+    let tree = s.tree();
+    let (wrapper, g) = running_with_guardian(&s);
+    assert_eq!(wrapper, w.pid(), "the wrapper is the spawned shell, exec'd");
+    support::ensure_within(
+        "the guardian to exec itself after its dormant second",
+        DORMANT_FOR + Duration::from_secs(10),
+        || {
+            fs::read(format!("/proc/{g}/cmdline"))
+                .is_ok_and(|c| c == b"leasehold\0--leasehold-guardian\0")
+                && fd_links(g).len() > 4
+        },
+    );
+    fs::write(format!("/proc/{wrapper}/oom_score_adj"), "1000").unwrap();
+    // Page cache on tmpfs, charged to the cgroup and to no process's size: the filler stays
+    // small, so the OOM killer's choice is the wrapper. It stops once the wrapper is dead.
+    let fill = PathBuf::from(format!("/dev/shm/leasehold-oomfill-{}", std::process::id()));
+    let mut filler = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "echo $$ > \"$0\"
+             while [ -e /proc/$2 ] && [ \"$(cut -d' ' -f3 /proc/$2/stat)\" != Z ]; do
+               head -c 262144 /dev/zero >> \"$1\" || break
+             done",
+        )
+        .arg(&cg.procs)
+        .arg(&fill)
+        .arg(wrapper.to_string())
+        .spawn()
+        .unwrap();
+    let st = w.wait_timeout(Duration::from_secs(30));
+    let t0 = Instant::now();
+    let _ = filler.kill();
+    let _ = filler.wait();
+    let _ = fs::remove_file(&fill);
+    assert_eq!(
+        st.signal(),
+        Some(nix::libc::SIGKILL),
+        "the wrapper was not OOM-killed: {st:?}"
+    );
+    tree_gone(&tree, t0);
+    let said = w.wait_line(Duration::from_secs(5), |l| {
+        l.contains("its guardian stopped")
+    });
+    assert!(said.is_some(), "no guardian line:\n{}", w.stderr_so_far());
+    drop(cg);
 }
 
 /// Script mode (`leasehold lock`): the keeper lives in a session of its own, so a group kill of
