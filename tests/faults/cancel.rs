@@ -537,12 +537,14 @@ fn an_oom_killed_wrapper_past_the_dormant_second_has_its_tree_stopped_within_the
     );
     fs::write(format!("/proc/{wrapper}/oom_score_adj"), "1000").unwrap();
     // Page cache on tmpfs, charged to the cgroup and to no process's size: the filler stays
-    // small, so the OOM killer's choice is the wrapper. It stops once the wrapper is dead.
+    // small, so the OOM killer's first choice is the wrapper. It stops once the wrapper is
+    // dead; should its write still find no room (the wrapper freed little), the killer's next
+    // choice is the filler itself (1000 too), never the guardian or the tree (0).
     let fill = PathBuf::from(format!("/dev/shm/leasehold-oomfill-{}", std::process::id()));
     let mut filler = Command::new("sh")
         .arg("-c")
         .arg(
-            "echo $$ > \"$0\"
+            "echo $$ > \"$0\"; echo 1000 > /proc/$$/oom_score_adj
              while [ -e /proc/$2 ] && [ \"$(cut -d' ' -f3 /proc/$2/stat)\" != Z ]; do
                head -c 262144 /dev/zero >> \"$1\" || break
              done",
