@@ -7,8 +7,8 @@
 //! the wrapper's process group or terminal reaches it) — dormant (`dormant.rs`: a
 //! `clone(CLONE_VM)` that copies nothing and execs the guardian proper from /proc/self/exe only
 //! once the wrapper's end of the socket closes or a second has passed), or, where that cannot
-//! run, forked (and
-//! re-executed when the wrapper has more than one thread) —; arming it once the lease is taken (lease id,
+//! run, forked (and re-executed when the wrapper has more than one thread) —; arming it once
+//! the lease is taken (lease id,
 //! LOCK, uid, the command's start time, the grace, the wrapper's pid) through a socket whose
 //! other end only the wrapper holds, with a duplicate of the descriptor on which the wrapper
 //! holds its kernel lock on LOCK's file ([`LeaseGuard::lock_file_descriptor`], passed as
@@ -24,10 +24,11 @@
 //! (`leasehold::serve_blocked`) before the guardian exits and lets go of LOCK's, so it never
 //! runs beside the next holder (PROTOCOL.md §4).
 //! Must never: hold a descriptor but its socket, stderr and those duplicates (no lease file, no
-//! mutex, not the caller's stdout); lock or unlock anything itself but in that serving; signal a process not verified by
-//! `leasehold::process` (this lock's path and this lease id in its environment, the lease's
-//! uid, started no earlier than the command, re-read just before each signal); act before it is
-//! armed or on anything but EOF; survive a wrapper that ended its job itself.
+//! mutex, not the caller's stdout); lock or unlock anything itself but in that serving; signal
+//! a process not verified by `leasehold::process` (this lock's path and this lease id in its
+//! environment, the lease's uid, started no earlier than the command, re-read just before each
+//! signal); act before it is armed or on anything but EOF; survive a wrapper that ended its job
+//! itself.
 
 use std::ffi::CString;
 use std::io::Write as _;
@@ -50,11 +51,11 @@ use super::io_error;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod dormant;
 
-/// The hidden first argument of a re-executed guardian (`leasehold --leasehold-guardian`): its
-/// pipe's read end is descriptor 3.
+/// The hidden first argument of an exec'd guardian (`leasehold --leasehold-guardian`): its end
+/// of the socket is descriptor 3.
 pub const ARG: &str = "--leasehold-guardian";
 
-/// The descriptor the guardian reads its pipe on.
+/// The descriptor the guardian reads its socket on.
 const PIPE_FD: RawFd = 3;
 
 /// How long the guardian waits, at most, for SIGKILLed processes to be gone.
@@ -63,8 +64,8 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 /// How often the guardian looks whether the job is gone during the grace.
 const LOOK: Duration = Duration::from_millis(10);
 
-/// The wrapper's side: the guardian's pid (our child, unreaped while we hold this) and the
-/// write end of its pipe.
+/// The wrapper's side: the guardian's pid (our child, unreaped while we hold this) and our
+/// end of its socket.
 #[derive(Debug)]
 pub(super) struct Guardian {
     pid: Pid,
@@ -274,8 +275,7 @@ fn receive_descriptor(sock: RawFd) -> Option<Option<OwnedFd>> {
 
 /// Starts the guardian, every signal blocked: dormant (`dormant.rs`: a `clone(CLONE_VM)`,
 /// exec'd only once the wrapper's end of the socket closes or a second has passed) on x86_64
-/// and aarch64, else
-/// [`forked`].
+/// and aarch64, else [`forked`].
 fn begin(rx: &OwnedFd, tx: &OwnedFd) -> std::io::Result<Pid> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if !under_valgrind() {
