@@ -366,6 +366,21 @@ fn fd_links(pid: i32) -> std::collections::BTreeMap<i32, String> {
         .collect()
 }
 
+/// Waits until the guardian `g` has exec'd itself after its dormant second (it runs
+/// `leasehold --leasehold-guardian`) and taken the descriptors the arming sent.
+#[track_caller]
+fn wait_for_exec_past_the_dormant_second(g: i32) {
+    support::ensure_within(
+        "the guardian to exec itself after its dormant second",
+        DORMANT_FOR + Duration::from_secs(10),
+        || {
+            fs::read(format!("/proc/{g}/cmdline"))
+                .is_ok_and(|c| c == b"leasehold\0--leasehold-guardian\0")
+                && fd_links(g).len() > 4
+        },
+    );
+}
+
 /// While its wrapper lives, a dormant guardian (found by its name, which it takes once set up)
 /// holds nothing of the wrapper's: /dev/null on 0 and 1 (never the caller's stdout, whose
 /// reader would wait for it), the wrapper's stderr on 2, its own end of the socket on 3 and
@@ -436,15 +451,7 @@ fn a_guardian_past_its_dormant_second_execs_itself_and_still_stops_the_tree() {
     let s = Scene::new();
     let sh = caller(&s, &s.old_job(false));
     let (_, g) = running_with_guardian(&s);
-    support::ensure_within(
-        "the guardian to exec itself after its dormant second",
-        DORMANT_FOR + Duration::from_secs(10),
-        || {
-            fs::read(format!("/proc/{g}/cmdline"))
-                .is_ok_and(|c| c == b"leasehold\0--leasehold-guardian\0")
-                && fd_links(g).len() > 4
-        },
-    );
+    wait_for_exec_past_the_dormant_second(g);
     assert_eq!(blocked_in(g), nix::libc::SYS_read);
     group_kill_stops_the_tree(&s, sh);
 }
@@ -526,15 +533,7 @@ fn an_oom_killed_wrapper_past_the_dormant_second_has_its_tree_stopped_within_the
     let tree = s.tree();
     let (wrapper, g) = running_with_guardian(&s);
     assert_eq!(wrapper, w.pid(), "the wrapper is the spawned shell, exec'd");
-    support::ensure_within(
-        "the guardian to exec itself after its dormant second",
-        DORMANT_FOR + Duration::from_secs(10),
-        || {
-            fs::read(format!("/proc/{g}/cmdline"))
-                .is_ok_and(|c| c == b"leasehold\0--leasehold-guardian\0")
-                && fd_links(g).len() > 4
-        },
-    );
+    wait_for_exec_past_the_dormant_second(g);
     fs::write(format!("/proc/{wrapper}/oom_score_adj"), "1000").unwrap();
     // Page cache on tmpfs, charged to the cgroup and to no process's size: the filler stays
     // small, so the OOM killer's first choice is the wrapper. It stops once the wrapper is
