@@ -97,12 +97,26 @@ pub fn format_rfc3339(t: SystemTime) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let (y, m, dd) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{dd:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
+    // Digits into a fixed template rather than through a formatter: two of these are written
+    // on the path of every take and release.
+    let mut b = *b"0000-00-00T00:00:00.000000Z";
+    for (field, v) in [
+        (0..4, y.unsigned_abs()),
+        (5..7, u64::from(m)),
+        (8..10, u64::from(dd)),
+        (11..13, rem / 3600),
+        (14..16, (rem / 60) % 60),
+        (17..19, rem % 60),
+        (20..26, u64::from(micros)),
+    ] {
+        let mut v = v;
+        for d in b[field].iter_mut().rev() {
+            *d = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    }
+    // ASCII digits and separators: always UTF-8.
+    std::str::from_utf8(&b).map(str::to_owned).unwrap_or_default()
 }
 
 /// Parses the format written by [`format_rfc3339`] (and plain `...SSZ`). Returns `None` otherwise.
@@ -207,6 +221,43 @@ pub fn human_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_template_formatter_writes_what_the_format_macro_wrote() {
+        let reference = |t: SystemTime| {
+            let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+            let secs = d.as_secs().min(253_402_300_799);
+            let micros = d.subsec_micros();
+            let rem = secs % 86_400;
+            let (y, m, dd) = civil_from_days((secs / 86_400) as i64);
+            format!(
+                "{y:04}-{m:02}-{dd:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+                rem / 3600,
+                (rem / 60) % 60,
+                rem % 60
+            )
+        };
+        let mut t = 0u64;
+        let mut seen = 0;
+        // Every leap rule, month end and clamp: steps of a prime number of microseconds
+        // across the whole range, and the edges.
+        while t < 260_000_000_000_000_000 {
+            let at = UNIX_EPOCH + Duration::from_micros(t);
+            assert_eq!(format_rfc3339(at), reference(at), "{t}");
+            t += 1_000_003_000_007;
+            seen += 1;
+        }
+        assert!(seen > 200_000);
+        for at in [
+            UNIX_EPOCH,
+            UNIX_EPOCH - Duration::from_secs(1),
+            UNIX_EPOCH + Duration::from_micros(951_782_400_000_000), // 2000-02-29
+            UNIX_EPOCH + Duration::from_micros(253_402_300_799_999_999),
+            UNIX_EPOCH + Duration::from_secs(u64::MAX / 4),
+        ] {
+            assert_eq!(format_rfc3339(at), reference(at));
+        }
+    }
 
     #[test]
     fn roundtrip_many_instants() {

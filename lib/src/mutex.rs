@@ -532,10 +532,11 @@ impl MutexGuard {
         let boot = crate::identity::Identity::current().boot_id;
         let (at, text, sync) = if t > seen.ceiling {
             let ceiling = t.saturating_add(block.max(1) - 1);
-            let text = format!(
-                "{HWM_PREFIX}{ceiling:020}\n{}",
-                last_line(t, ceiling, &boot)
-            );
+            let mut text = String::with_capacity(HWM_LEN + LAST_LEN);
+            text.push_str(HWM_PREFIX);
+            push_020(&mut text, ceiling);
+            text.push('\n');
+            text.push_str(&last_line(t, ceiling, &boot));
             (0, text, durable)
         } else {
             (HWM_LEN as u64, last_line(t, seen.ceiling, &boot), false)
@@ -731,7 +732,34 @@ impl Tokens {
 fn last_line(last: u64, ceiling: u64, boot: &str) -> String {
     // A boot id that does not fit is recorded empty: such a line never vouches.
     let boot = if boot.len() <= BOOT_ROOM { boot } else { "" };
-    format!("{LAST_PREFIX}{last:020} of {ceiling:020} boot {boot:<BOOT_ROOM$}\n")
+    // Pushed rather than formatted: it is written at every take.
+    let mut s = String::with_capacity(LAST_LEN);
+    s.push_str(LAST_PREFIX);
+    push_020(&mut s, last);
+    s.push_str(" of ");
+    push_020(&mut s, ceiling);
+    s.push_str(" boot ");
+    s.push_str(boot);
+    s.extend(std::iter::repeat_n(
+        ' ',
+        BOOT_ROOM.saturating_sub(boot.chars().count()),
+    ));
+    s.push('\n');
+    s
+}
+
+/// Appends `v` as `format!("{v:020}")` would.
+fn push_020(s: &mut String, v: u64) {
+    let mut d = [b'0'; 20];
+    let mut v = v;
+    for c in d.iter_mut().rev() {
+        *c = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    // ASCII digits: always UTF-8.
+    if let Ok(t) = std::str::from_utf8(&d) {
+        s.push_str(t);
+    }
 }
 
 /// The last token a second line vouches for: well formed, naming `ceiling` and the non-empty
@@ -1030,6 +1058,27 @@ fn judge_stuck(file: &File, policy: StuckPolicy) {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+
+    #[test]
+    fn the_pushed_last_line_is_the_formatted_one() {
+        for (last, ceiling) in [(0, 0), (7, 63), (u64::MAX, u64::MAX), (1, 10_000_000_000)] {
+            for boot in [
+                "",
+                "b",
+                "0123456789abcdef0123456789abcdef0123",
+                "\u{e9}t\u{e9}",
+                &"x".repeat(37),
+            ] {
+                let b = if boot.len() <= BOOT_ROOM { boot } else { "" };
+                let want =
+                    format!("{LAST_PREFIX}{last:020} of {ceiling:020} boot {b:<BOOT_ROOM$}\n");
+                assert_eq!(last_line(last, ceiling, boot), want);
+            }
+            let mut s = String::new();
+            push_020(&mut s, ceiling);
+            assert_eq!(s, format!("{ceiling:020}"));
+        }
+    }
 
     /// Other locks on this host coming and going all the time (a busy host): threads that
     /// flock and let go of their own files until `stop`, enough of them that /proc/locks spans

@@ -219,25 +219,30 @@ pub struct Lease {
     pub damaged: bool,
 }
 
-#[derive(Serialize, Deserialize)]
-struct Body {
-    lease_id: String,
+/// The record's body as written: borrowed from the [`Lease`], so that writing a record copies
+/// no string (a record is written on the path of every take and release).
+#[derive(Serialize)]
+struct Body<'a> {
+    lease_id: &'a str,
     token: u64,
     ttl_ms: u64,
-    acquired_at: String,
-    holder: Holder,
-    #[serde(default)]
-    ended: Option<Ending>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acquired_at: &'a str,
+    holder: &'a Holder,
+    ended: &'a Option<Ending>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     mode: Option<Mode>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    deadline: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    last_start: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    last: Option<LastEnding>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    acked: Option<Ack>,
+    #[serde(skip_serializing_if = "is_none")]
+    deadline: &'a Option<String>,
+    #[serde(skip_serializing_if = "is_none")]
+    last_start: &'a Option<String>,
+    #[serde(skip_serializing_if = "is_none")]
+    last: &'a Option<LastEnding>,
+    #[serde(skip_serializing_if = "is_none")]
+    acked: &'a Option<Ack>,
+}
+
+fn is_none<T>(o: &&Option<T>) -> bool {
+    o.is_none()
 }
 
 /// The whole record as read. Flat rather than `#[serde(flatten)]` over [`Body`]: flattening
@@ -287,16 +292,24 @@ pub(crate) enum Parsed {
 /// A 64-bit checksum (FNV-1a, then a murmur3 finaliser) of the record with the checksum digits
 /// taken as zeros. It detects torn reads; it is not a defence against forgery.
 fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, &b) in bytes.iter().enumerate() {
-        let b = if (OFF_CHECKSUM..OFF_CHECKSUM + CHECKSUM_W).contains(&i) {
-            b'0'
-        } else {
-            b
-        };
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+    const PRIME: u64 = 0x0100_0000_01b3;
+    fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(PRIME);
+        }
+        h
     }
+    // FNV-1a over the bytes with the checksum's own field read as zeros, in three runs rather
+    // than a test per byte.
+    let lo = OFF_CHECKSUM.min(bytes.len());
+    let hi = (OFF_CHECKSUM + CHECKSUM_W).min(bytes.len());
+    let mut h = fnv(0xcbf2_9ce4_8422_2325, &bytes[..lo]);
+    for _ in lo..hi {
+        h ^= u64::from(b'0');
+        h = h.wrapping_mul(PRIME);
+    }
+    h = fnv(h, &bytes[hi..]);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
@@ -317,43 +330,56 @@ impl Lease {
     /// Serialises the record. The result always has the fixed header layout.
     pub fn to_bytes(&self) -> Vec<u8> {
         let body = Body {
-            lease_id: self.lease_id.clone(),
+            lease_id: &self.lease_id,
             token: self.token,
             ttl_ms: self.ttl_ms,
-            acquired_at: self.acquired_at.clone(),
-            holder: self.holder.clone(),
-            ended: self.ended.clone(),
+            acquired_at: &self.acquired_at,
+            holder: &self.holder,
+            ended: &self.ended,
             mode: self.mode,
-            deadline: self.history.deadline.clone(),
-            last_start: self.history.last_start.clone(),
-            last: self.history.last.clone(),
-            acked: self.history.acked.clone(),
+            deadline: &self.history.deadline,
+            last_start: &self.history.last_start,
+            last: &self.history.last,
+            acked: &self.history.acked,
         };
-        // Serialising plain structs of strings and integers cannot fail.
-        let mut body = serde_json::to_string_pretty(&body).unwrap_or_else(|_| "{\n}".into());
-        // The token right-aligned in 20 columns (JSON allows the spaces), so that a record
-        // prepared ahead of time can have its token filled in place (see [`Draft`]).
-        if let Some(start) = body.find(P_TOKEN).map(|i| i + P_TOKEN.len())
-            && let Some(len) = body[start..].find(',')
-        {
-            body.replace_range(start..start + len, &format!("{:>TOKEN_W$}", self.token));
+        // The fixed header (the checksum zeroed until `seal`), then the body serialised right
+        // after it: one buffer, no copy of the body.
+        let mut bytes = Vec::with_capacity(1024);
+        bytes.extend_from_slice(
+            match self.mode {
+                None => P_CHECKSUM,
+                Some(_) => P_CHECKSUM_2,
+            }
+            .as_bytes(),
+        );
+        bytes.extend_from_slice(&[b'0'; CHECKSUM_W]);
+        bytes.extend_from_slice(P_STATE.as_bytes());
+        bytes.extend_from_slice(self.state.field().as_bytes());
+        bytes.extend_from_slice(P_SEQ.as_bytes());
+        push_right_aligned(&mut bytes, self.heartbeat_seq, SEQ_W);
+        bytes.extend_from_slice(P_AT.as_bytes());
+        push_fixed_time(&mut bytes, &self.heartbeat_at);
+        bytes.extend_from_slice(P_END.as_bytes());
+        let at = bytes.len();
+        // Serialising plain structs of strings and integers into memory cannot fail.
+        if serde_json::to_writer_pretty(&mut bytes, &body).is_err() {
+            bytes.truncate(at);
+            bytes.extend_from_slice(b"{\n}");
         }
-        let mut out = String::with_capacity(OFF_BODY + body.len() + 1);
-        out.push_str(match self.mode {
-            None => P_CHECKSUM,
-            Some(_) => P_CHECKSUM_2,
-        });
-        out.push_str(&"0".repeat(CHECKSUM_W));
-        out.push_str(P_STATE);
-        out.push_str(self.state.field());
-        out.push_str(P_SEQ);
-        out.push_str(&format!("{:>SEQ_W$}", self.heartbeat_seq));
-        out.push_str(P_AT);
-        out.push_str(&fixed_time(&self.heartbeat_at));
-        out.push_str(P_END);
-        out.push_str(body.strip_prefix("{\n").unwrap_or(&body));
-        out.push('\n');
-        let mut bytes = out.into_bytes();
+        // The body's opening "{\n" is the header's: the header already opened the object.
+        bytes.drain(at..at + 2);
+        // The token right-aligned in 20 columns (JSON allows the spaces), so that a record
+        // prepared ahead of time can have its token filled in place (see [`Draft`]): the
+        // body's first top-level token field (a string value cannot hold a raw newline, so
+        // none matches inside one), written by serde as its plain digits.
+        if let Some(start) = find(&bytes[at..], P_TOKEN.as_bytes()).map(|i| at + i + P_TOKEN.len())
+            && let Some(len) = bytes[start..].iter().position(|&b| b == b',')
+        {
+            let mut token = Vec::with_capacity(TOKEN_W);
+            push_right_aligned(&mut token, self.token, TOKEN_W);
+            bytes.splice(start..start + len, token);
+        }
+        bytes.push(b'\n');
         seal(&mut bytes);
         bytes
     }
@@ -538,8 +564,53 @@ impl Draft {
 }
 
 fn seal(bytes: &mut [u8]) {
-    let sum = format!("{:016x}", checksum(bytes));
-    bytes[OFF_CHECKSUM..OFF_CHECKSUM + CHECKSUM_W].copy_from_slice(sum.as_bytes());
+    let sum = checksum(bytes);
+    for (i, b) in bytes[OFF_CHECKSUM..OFF_CHECKSUM + CHECKSUM_W]
+        .iter_mut()
+        .enumerate()
+    {
+        *b = b"0123456789abcdef"[((sum >> (4 * (CHECKSUM_W - 1 - i))) & 0xf) as usize];
+    }
+}
+
+/// Appends `n` right-aligned in `width` columns (as `format!("{n:>width$}")`), without a
+/// formatter's allocation.
+fn push_right_aligned(out: &mut Vec<u8>, n: u64, width: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let digits = &digits[i..];
+    out.extend(std::iter::repeat_n(
+        b' ',
+        width.saturating_sub(digits.len()),
+    ));
+    out.extend_from_slice(digits);
+}
+
+/// The first place `needle` occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Appends [`fixed_time`]`(s)` without building it.
+fn push_fixed_time(out: &mut Vec<u8>, s: &str) {
+    let start = out.len();
+    out.extend(
+        s.chars()
+            .filter(char::is_ascii_graphic)
+            .take(RFC3339_WIDTH)
+            .map(|c| c as u8),
+    );
+    let len = out.len() - start;
+    out.extend(std::iter::repeat_n(b'Z', RFC3339_WIDTH - len));
 }
 
 /// Pads or cuts a timestamp to the fixed width, so a strange value can never shift the header.

@@ -377,7 +377,7 @@ sc_foreign_holder() {  # (b) + (c): live holder on hosta never broken; status fr
     local mode=$1 out
     echo "-- (b)(c) live holder on hosta (ttl 2s), attempts from hostb, status, crash, takeover"
     rm -f "$E/b.token" "$E/b.taken"
-    gx 900 hosta "$LH run -q --poll --ttl 2s $G/b.lock -c 'echo \$LEASEHOLD_TOKEN >$G/b.token; exec sleep 600'" >"$E/b.holder.out" 2>&1 &
+    gx 900 hosta "$LH run --poll --ttl 2s $G/b.lock -c 'echo \$LEASEHOLD_TOKEN >$G/b.token; exec sleep 600'" >"$E/b.holder.out" 2>&1 &
     local hp=$!
     if ! wait_file "$E/b.token" 60; then bad "[$mode] (b) holder on hosta did not start"; return; fi
     local tok; tok=$(cat "$E/b.token")
@@ -419,7 +419,9 @@ print(age, "PROBLEM " + "; ".join(problems) if problems else "")
     if echo "$out" | grep -q 'other=0' && [ $still = yes ] && ! echo "$out" | grep -q BROKEN-IN; then
         ok "[$mode] (b) live holder on hosta not broken by hostb over 6 TTLs ($(echo "$out" | tail -1))"
     else
-        bad "[$mode] (b) live holder on hosta: hostb attempts: $(echo "$out" | tr '\n' ' '), holder still running: $still"
+        local hrc=running
+        [ $still = no ] && ! kill -0 $hp 2>/dev/null && { wait $hp; hrc=$?; }
+        bad "[$mode] (b) live holder on hosta: hostb attempts: $(echo "$out" | tr '\n' ' '), holder still running: $still, holder's exit: $hrc, its output: $(tr '\n' ' ' <"$E/b.holder.out" | cut -c1-600)"
     fi
 
     # crash hosta's VM; hostb takes over
