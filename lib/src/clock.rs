@@ -116,7 +116,9 @@ pub fn format_rfc3339(t: SystemTime) -> String {
         }
     }
     // ASCII digits and separators: always UTF-8.
-    std::str::from_utf8(&b).map(str::to_owned).unwrap_or_default()
+    std::str::from_utf8(&b)
+        .map(str::to_owned)
+        .unwrap_or_default()
 }
 
 /// Parses the format written by [`format_rfc3339`] (and plain `...SSZ`). Returns `None` otherwise.

@@ -61,9 +61,7 @@ impl Identity {
             .nodename()
             .to_string_lossy()
             .into_owned();
-        let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
+        let boot_id = boot_id().to_string();
         let pid_ns = fs::metadata("/proc/self/ns/pid")
             .map(|m| m.ino())
             .unwrap_or(0);
@@ -92,6 +90,18 @@ impl Identity {
             && self.boot_id == boot_id
             && self.pid_ns == pid_ns
     }
+}
+
+/// This boot's id (/proc/sys/kernel/random/boot_id; empty when it cannot be read), read once
+/// per process: it cannot change while the process lives, so callers that need only it (the
+/// mutex's token line, at every take) skip [`Identity::current`]'s checks and copies.
+pub(crate) fn boot_id() -> &'static str {
+    static BOOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BOOT.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    })
 }
 
 /// The name of user `uid`: from /etc/passwd when it lists the uid (an open and a read, where a

@@ -510,9 +510,9 @@ impl MutexGuard {
             .and_then(|s| s.strip_prefix(HWM_PREFIX))
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
-        let boot = crate::identity::Identity::current().boot_id;
+        let boot = crate::identity::boot_id();
         let last = (n == buf.len())
-            .then(|| parse_last(&buf[HWM_LEN..], ceiling, &boot))
+            .then(|| parse_last(&buf[HWM_LEN..], ceiling, boot))
             .flatten();
         Ok(Tokens { ceiling, last })
     }
@@ -529,17 +529,17 @@ impl MutexGuard {
         block: u64,
         durable: bool,
     ) -> Result<()> {
-        let boot = crate::identity::Identity::current().boot_id;
+        let boot = crate::identity::boot_id();
         let (at, text, sync) = if t > seen.ceiling {
             let ceiling = t.saturating_add(block.max(1) - 1);
             let mut text = String::with_capacity(HWM_LEN + LAST_LEN);
             text.push_str(HWM_PREFIX);
             push_020(&mut text, ceiling);
             text.push('\n');
-            text.push_str(&last_line(t, ceiling, &boot));
+            text.push_str(&last_line(t, ceiling, boot));
             (0, text, durable)
         } else {
-            (HWM_LEN as u64, last_line(t, seen.ceiling, &boot), false)
+            (HWM_LEN as u64, last_line(t, seen.ceiling, boot), false)
         };
         let opened = write_through(&self.file.file, self.file.at.writable, &self.path)?;
         let f = opened.as_ref().unwrap_or(&self.file.file);
