@@ -375,9 +375,14 @@ sc_frozen_waiter() {  # (f) a waiter frozen on hostb is skipped by hosta's waite
 
 sc_foreign_holder() {  # (b) + (c): live holder on hosta never broken; status from hostb; crash
     local mode=$1 out
-    echo "-- (b)(c) live holder on hosta (ttl 2s), attempts from hostb, status, crash, takeover"
+    # The holder's TTL: 4 s, not 2. A guest here is emulated (TCG, one vCPU); on a loaded host
+    # it can stall for a second or more, and a holder that misses its renewal deadline rightly
+    # fences itself — a stall, not the protocol, would fail the test (seen once in CI at 2 s, the
+    # holder gone 4-6 s in; scenario (g) showed such a fence under load).
+    local ttl=4
+    echo "-- (b)(c) live holder on hosta (ttl ${ttl}s), attempts from hostb, status, crash, takeover"
     rm -f "$E/b.token" "$E/b.taken"
-    gx 900 hosta "$LH run --poll --ttl 2s $G/b.lock -c 'echo \$LEASEHOLD_TOKEN >$G/b.token; exec sleep 600'" >"$E/b.holder.out" 2>&1 &
+    gx 900 hosta "$LH run --poll --ttl ${ttl}s $G/b.lock -c 'echo \$LEASEHOLD_TOKEN >$G/b.token; exec sleep 600'" >"$E/b.holder.out" 2>&1 &
     local hp=$!
     if ! wait_file "$E/b.token" 60; then bad "[$mode] (b) holder on hosta did not start"; return; fi
     local tok; tok=$(cat "$E/b.token")
@@ -402,16 +407,16 @@ print(age, "PROBLEM " + "; ".join(problems) if problems else "")
         case "$r" in *PROBLEM*) sbad="$sbad ${r#* }" ;; esac
         sleep 0.4
     done
-    [ -z "$sbad" ] && ok "[$mode] (c) status --json on hostb: held by host hosta, token $tok, heartbeat ages ${ages[*]} ms (ttl 2000)" ||
+    [ -z "$sbad" ] && ok "[$mode] (c) status --json on hostb: held by host hosta, token $tok, heartbeat ages ${ages[*]} ms (ttl $((ttl * 1000)))" ||
         bad "[$mode] (c) status --json on hostb:$sbad"
-    fig "[$mode] (c) heartbeat age seen from the other host (ttl 2s, heartbeat ttl/3): ${ages[*]} ms"
+    fig "[$mode] (c) heartbeat age seen from the other host (ttl ${ttl}s, heartbeat ttl/3): ${ages[*]} ms"
     out=$(gx 30 hosta "$LH status --json $G/b.lock")
     $PY -c 'import json,sys; s=json.loads(sys.stdin.read()); s=s[0] if isinstance(s,list) else s; sys.exit(0 if s.get("same_host") is True and s.get("state")=="held" else 1)' <<<"$out" &&
         ok "[$mode] (c) status on hosta itself: same_host true, held" ||
         bad "[$mode] (c) status on hosta itself: $(echo "$out" | tr -d '\n' | cut -c1-300)"
 
     # (b) hostb's run -n attempts over >= 5 TTLs never break the live holder
-    out=$(gx 60 hostb "sh $G/attempts.sh $LH $G/b.lock 12")
+    out=$(gx 90 hostb "sh $G/attempts.sh $LH $G/b.lock $((6 * ttl))")
     echo "$out" | sed 's/^/    /'
     local still=yes
     kill -0 $hp 2>/dev/null || still=no
@@ -432,15 +437,15 @@ print(age, "PROBLEM " + "; ".join(problems) if problems else "")
     if [ $? = 0 ] && [ -s "$E/b.taken" ]; then
         local ta ntok; read -r ta ntok <"$E/b.taken"
         local dt; dt=$(sub "$ta" "$tc")
-        # TTL 2 s + a poll + NFS attribute caching; measured 2.2-3.8 s
+        # the TTL + a poll + NFS attribute caching; measured 2.2-3.8 s at a TTL of 2 s
         if [ "$ntok" -le "$tok" ]; then
             bad "[$mode] (b) takeover token $ntok not greater than $tok"
-        elif awk -v t="$dt" 'BEGIN { exit !(t > 10) }'; then
-            bad "[$mode] (b) hostb took over only $dt s after hosta crashed (bound 10 s = TTL 2 s + 8 s)"
+        elif awk -v t="$dt" -v b=$((ttl + 8)) 'BEGIN { exit !(t > b) }'; then
+            bad "[$mode] (b) hostb took over only $dt s after hosta crashed (bound $((ttl + 8)) s = TTL ${ttl} s + 8 s)"
         else
-            ok "[$mode] (b) after hosta's VM was SIGKILLed, hostb took over in $dt s (bound 10 s) with token $ntok > $tok ($out)"
+            ok "[$mode] (b) after hosta's VM was SIGKILLed, hostb took over in $dt s (bound $((ttl + 8)) s) with token $ntok > $tok ($out)"
         fi
-        fig "[$mode] (b) takeover after host crash, holder outside the mutex (ttl 2s): $dt s"
+        fig "[$mode] (b) takeover after host crash, holder outside the mutex (ttl ${ttl}s): $dt s"
     else
         bad "[$mode] (b) hostb never took over after hosta crashed: $out"
     fi
