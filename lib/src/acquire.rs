@@ -601,7 +601,12 @@ fn line_up<S: Store>(
 /// start before it has (`Store::marked`).
 /// An exclusive contender also never enters while a shared or slotted holder holds its
 /// counted mark, whatever LOCK says (a directory writer can replace it, PROTOCOL.md §13).
+/// No mark of any kind (`Store::no_marks`, one look) answers both questions at once: the
+/// usual case at a hand-over, whose holder dropped its mark before its release.
 fn holder_unseen<S: Store>(ctx: &Ctx<'_, S>, section: &S::Section, content: &LockContent) -> bool {
+    if ctx.store.no_marks(section) {
+        return false;
+    }
     ctx.store.shared_holders(section, 1) > 0 || exclusive_unseen(ctx, section, content)
 }
 

@@ -484,6 +484,16 @@ impl MutexGuard {
         file.max(dir)
     }
 
+    /// Whether the kernel says that no other description holds a mark of any kind — token or
+    /// shared — on this mutex file nor, locally, in LOCK's directory (`klock::any_mark`: one
+    /// test per file). An error, or any mark, says `false`: then [`Self::holder_marked`] and
+    /// [`Self::shared_holders`] are asked as ever.
+    pub(crate) fn no_marks(&self) -> bool {
+        matches!(klock::any_mark(&self.file.file), Ok(false))
+            && (self.file.dir.as_ref())
+                .is_none_or(|d| matches!(self.file.region.any_mark(d), Ok(false)))
+    }
+
     /// Whether another holder's mark of token `from` or above is held on this mutex file
     /// (`klock::mark_held`), or in LOCK's directory; an error says no (the record decides, as
     /// before marks existed).

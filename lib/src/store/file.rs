@@ -473,6 +473,10 @@ impl Store for FileStore {
         section.shared_holders(cap)
     }
 
+    fn no_marks(&self, section: &MutexGuard) -> bool {
+        section.no_marks()
+    }
+
     fn replace(&self, _: &MutexGuard, lease: &Lease) -> Result<()> {
         fsio::replace(&self.paths, &self.paths.lock, &lease.to_bytes(), true)
     }

@@ -236,6 +236,14 @@ pub(crate) trait Store: Send + Sync + Sized + 'static {
         0
     }
 
+    /// Inside the section: whether the kernel says at once that no holder of this lock holds
+    /// a mark of any kind — no [`Store::marked`] from token 0 and no [`Store::shared_holders`]
+    /// — so that neither need be asked (one look instead of four). `false` when it cannot
+    /// say so (the two are then asked as ever). Default: `false`.
+    fn no_marks(&self, _section: &Self::Section) -> bool {
+        false
+    }
+
     /// What wakes this contender, set up lazily (see [`Store::wait`]).
     /// `cancel`, when given, ends any wait at once once it is cancelled.
     fn waker(

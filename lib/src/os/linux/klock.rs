@@ -455,6 +455,15 @@ pub(crate) fn shared_marks(file: &File, cap: usize) -> io::Result<usize> {
     count_held(file, SHARED, SHARED + SHARED_LEN, cap)
 }
 
+/// Whether another open file description holds any holder's mark on the mutex file: a token
+/// mark ([`mark_held`] from token 0) or a shared one ([`shared_marks`]) — their ranges are
+/// adjacent, so one test covers both. `Ok(false)` answers both at once; `Ok(true)` says to ask
+/// them apart.
+pub(crate) fn any_mark(file: &File) -> io::Result<bool> {
+    let first = mark_byte(0);
+    held_in(file, first, SHARED + SHARED_LEN - first)
+}
+
 /// Blocks until nobody else holds `file`'s lock (a queue ticket's owner left), through a
 /// descriptor open for writing; takes the lock for a moment and lets it go.
 pub(crate) fn wait_free(file: &File) -> io::Result<()> {
@@ -517,6 +526,13 @@ impl DirRegion {
     pub(crate) fn marked(self, dir: &File, from: u64) -> io::Result<bool> {
         let first = self.mark(from);
         held_in(dir, first, self.0 + REGION_SHARED - first)
+    }
+
+    /// As [`any_mark`], through `dir`: any token mark ([`DirRegion::marked`] from token 0) or
+    /// shared mark ([`DirRegion::shared_marks`]) of this region, in one test.
+    pub(crate) fn any_mark(self, dir: &File) -> io::Result<bool> {
+        let first = self.mark(0);
+        held_in(dir, first, self.0 + REGION - first)
     }
 }
 
@@ -744,6 +760,48 @@ mod tests {
     /// descriptor but the holder's own; they are apart from the token marks; a wide lock
     /// someone else holds counts every byte (more, never fewer), and a closed descriptor's
     /// mark frees its byte for the next holder.
+    /// One test for any mark says no only when neither a token mark (of any token) nor a
+    /// shared mark is held by another description, on the mutex file and in a directory
+    /// region; our own marks are not another's.
+    #[test]
+    fn any_mark_sees_every_token_and_shared_mark_of_others_and_none_of_ours() {
+        let (_d, p, _) = fixture();
+        let (holder, look) = (open(&p, false), open(&p, false));
+        assert!(!any_mark(&look).unwrap());
+        for t in [0, 1, 7, u64::MAX] {
+            hold_mark(&holder, t).unwrap();
+            assert!(any_mark(&look).unwrap(), "token {t}");
+            assert!(!any_mark(&holder).unwrap(), "our own mark of token {t}");
+            drop_mark(&holder).unwrap();
+            assert!(!any_mark(&look).unwrap());
+        }
+        assert!(hold_shared_mark(&holder).unwrap());
+        assert!(any_mark(&look).unwrap(), "a shared mark");
+        drop(holder);
+        assert!(!any_mark(&look).unwrap());
+
+        let dir = tempfile::tempdir().unwrap();
+        let d = || File::open(dir.path()).unwrap();
+        let region = DirRegion(3 * REGION);
+        let (a, look) = (d(), d());
+        // Another lock's region, and this one's announcement, are not marks.
+        assert!(DirRegion(2 * REGION).hold_shared_mark(&a).unwrap());
+        DirRegion(4 * REGION).hold_mark(&a, 1).unwrap();
+        assert!(announce(&a, region).unwrap());
+        assert!(!region.any_mark(&look).unwrap());
+        for t in [0, 1, u64::MAX] {
+            let m = d();
+            region.hold_mark(&m, t).unwrap();
+            assert!(region.any_mark(&look).unwrap(), "token {t}");
+            assert!(!region.any_mark(&m).unwrap(), "our own");
+        }
+        let m = d();
+        assert!(region.hold_shared_mark(&m).unwrap());
+        assert!(region.any_mark(&look).unwrap(), "a shared mark");
+        drop(m);
+        assert!(!region.any_mark(&look).unwrap());
+    }
+
     #[test]
     fn shared_holders_marks_are_counted_one_byte_each_apart_from_token_marks() {
         let dir = tempfile::tempdir().unwrap();
