@@ -153,7 +153,7 @@ def main(res_dir, out_md, out_svg):
         w("| command | " + " | ".join(f"{FS_LABEL[fs]} median | ×flock" for fs in FSS) + " |")
         w("|---|" + "---|---|" * len(FSS))
         med = {fs: {r["command"]: r["median"] * 1e6 for r in (hf[fs] or {}).get("results", [])} for fs in FSS}
-        names = ["leasehold", "flock", "dotlockfile", "lockfile-progs", "true", "sh -c true"]
+        names = ["leasehold", "leasehold (static)", "flock", "dotlockfile", "lockfile-progs", "true", "sh -c true"]
         for name in names:
             cells = []
             for fs in FSS:

@@ -50,6 +50,11 @@ export LEASEHOLD_BENCH_PYTHON=$PY
 
 log "build"
 cargo build --release
+# The statically linked build the README offers (glibc's crt-static; an explicit --target keeps
+# the proc-macros dynamic): its whole-process row stands beside the default build's.
+HOST=$(rustc -vV | sed -n 's/^host: //p')
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target "$HOST" --bin leasehold ||
+  echo "static build failed: its row will be missing" >&2
 cargo bench --no-run --bench ops --bench contention
 
 log "ops (criterion)"
@@ -70,6 +75,9 @@ LEASEHOLD_BENCH_IMPLS=flock-s,leasehold-shared LEASEHOLD_BENCH_ROUNDS=0 LEASEHOL
 log "whole process (hyperfine)"
 # cargo builds into $CARGO_TARGET_DIR when it is set.
 LH=${CARGO_TARGET_DIR:-$ROOT/target}/release/leasehold
+LHS=${CARGO_TARGET_DIR:-$ROOT/target}/$HOST/release/leasehold
+STATIC=()
+if [ -x "$LHS" ] && "$LHS" run "$TMPFS/probe.lock" -- true; then STATIC=(1); fi
 if [ "$QUICK" = 1 ]; then HF=(--warmup 3 --min-runs 20 --max-runs 40); else HF=(--warmup 20 --min-runs 300); fi
 if ! "$LH" run "$TMPFS/probe.lock" -- true; then
   echo "leasehold run does not work; skipping the whole-process comparison" >&2
@@ -79,6 +87,7 @@ elif command -v hyperfine >/dev/null; then
     hyperfine -N "${HF[@]}" --export-json "$OUT/hyperfine-$fs.json" \
       -n true "true" \
       -n leasehold "$LH run $d/lh.lock -- true" \
+      ${STATIC:+-n "leasehold (static)" "$LHS run $d/lhs.lock -- true"} \
       -n flock "flock $d/fl.lock true" \
       -n dotlockfile "dotlockfile -l $d/dot.lock true" \
       -n lockfile-progs "sh -c 'lockfile-create $d/lp && true && lockfile-remove $d/lp'" \
