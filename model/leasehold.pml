@@ -69,6 +69,22 @@
  * the record naming another attachment rewrites it and grants nothing for a TTL (the longest:
  * every lease here has the same TTL) on its clock.
  *
+ * -DHANDOFF (use with -DONE_HOST -DDRIFT=0; not with -DFLOCK1 or -DREMOUNT): the direct hand-off of
+ * issue 32, DESIGNED, NOT BUILT (docs/performance.md, "A hand-over"). A releasing holder with a
+ * live ticket queued may, instead of its released bit, take the mutex and install the head's
+ * prepared lease itself: the head's token (high-water mark), a rename over LOCK, the head's
+ * ticket unlinked — a lease the head has not confirmed yet (`unconf`, a state of the record).
+ * The head, woken, takes its marks and confirms: one lstat (LOCK is still its prepared file)
+ * and, only if its deadline has not passed, a header write that confirms the record; its
+ * deadline counts from its last look before it slept (before the install: conservative). Past
+ * it, it confirms under the mutex, renewing there, or finds the lease gone and waits again. A
+ * contender that judges an unconfirmed lease hung stops its job (none runs: a head starts its
+ * command only after confirming) and leaves the head alive, frozen, as the code leaves every
+ * hung holder (§7): here it is not killed, so that it may resume — the case confirming is for.
+ *   -DBROKEN_NO_CONFIRM       (with -DHANDOFF) the head runs once handed, without confirming
+ *   -DBROKEN_FRESH_DEADLINE   (with -DHANDOFF) the head confirms by lstat but counts its
+ *                             deadline from the confirmation, not from its last look
+ *
  * Assertions name their property (a constant false tag, or'ed in), so that pan's
  * "assertion violated" line says which one failed: check.sh matches it.
  */
@@ -234,6 +250,16 @@ bool frg_rev, frgm;             /* ... with this key, seen for a TTL already; fr
 /* ---------------------------------------------------------------- queue */
 byte qcnt;                      /* highest ticket number handed out */
 byte qno[NC];                   /* i's ticket number, 0 = none; live while i is not gone */
+#ifdef HANDOFF
+#if defined(FLOCK1) || defined(REMOUNT) || !defined(ONE_HOST)
+#error "-DHANDOFF is modelled on one host (a local file system), without -DFLOCK1 or -DREMOUNT"
+#endif
+byte handed[NC];                /* the token of the lease installed for i, not yet confirmed by i */
+bool unconf;                    /* LOCK's record is a handed lease its head has not confirmed */
+#define UNCONF_RENAMED unconf = 0
+#else
+#define UNCONF_RENAMED skip
+#endif
 
 /* ---------------------------------------------------------------- processes */
 bool gone[NC];                  /* the process is gone (crashed, killed, exited) */
@@ -281,11 +307,15 @@ byte last_tok;                  /* token of the last command started */
 #define WAITERS (WT(0) || WT(1) || WT(2))
 #define LIVE_TICKET (LT(0) || LT(1) || LT(2))
 #define AHEAD(me) (AH(0, me) || AH(1, me) || AH(2, me))
+#define FIRST(i) (LT(i) && !AH(0, i) && !AH(1, i) && !AH(2, i))
+#define HEAD (FIRST(0) -> 1 : (FIRST(1) -> 2 : (FIRST(2) -> 3 : 0)))
 #else
 #define ALLRDY (RDY(0) && RDY(1))
 #define WAITERS (WT(0) || WT(1))
 #define LIVE_TICKET (LT(0) || LT(1))
 #define AHEAD(me) (AH(0, me) || AH(1, me))
+#define FIRST(i) (LT(i) && !AH(0, i) && !AH(1, i))
+#define HEAD (FIRST(0) -> 1 : (FIRST(1) -> 2 : 0))
 #endif
 
 /* Every rename over LOCK: a new inode; descriptors on the old one now write where nobody reads. */
@@ -295,9 +325,9 @@ byte last_tok;                  /* token of the last command started */
 #define RENAMED opened[0] = 0; opened[1] = 0; mine[0] = 0; mine[1] = 0; MORE_RENAMED
 #endif
 #if NC == 3
-#define MORE_RENAMED opened[2] = 0; mine[2] = 0; FRN
+#define MORE_RENAMED opened[2] = 0; mine[2] = 0; FRN; UNCONF_RENAMED
 #else
-#define MORE_RENAMED FRN
+#define MORE_RENAMED FRN; UNCONF_RENAMED
 #endif
 
 /* The process dies: the kernel drops its locks (mutex, ticket, mark); PR_SET_PDEATHSIG takes
@@ -400,7 +430,19 @@ proctype contender(byte me) provided (!paused[me])
     skip;
 /* ------------------------------------------------ acquire (builder.rs attempt/take) */
 attempt:
+#ifdef HANDOFF
+    if
+    :: handed[me] -> goto confirm
+    :: else
+    fi;
+#endif
     lock_mutex();
+#ifdef HANDOFF
+    if                                          /* installed while we waited for the mutex */
+    :: handed[me] -> d_step { unlock_mutex() }; goto confirm
+    :: else
+    fi;
+#endif
     d_step {                                    /* read LOCK (torn reads are retried) and judge */
       judge(h, v, age);
 #ifndef BROKEN_NO_MARK
@@ -419,7 +461,13 @@ attempt:
       ok = !AHEAD(me) && v != V_HELD;
       /* age now names the same-host holder to stop, plus one (decided on what was read: a
          directory writer may change LOCK before the next step) */
-      age = (ok && (v == V_HUNG || v == V_STALE && HOST(lk_owner) == h && !gone[lk_owner]) -> lk_owner + 1 : 0)
+      age = (ok && (v == V_HUNG || v == V_STALE && HOST(lk_owner) == h && !gone[lk_owner]) -> lk_owner + 1 : 0);
+#ifdef HANDOFF
+      /* a handed lease never confirmed: its head started no command; it is left alive (not
+         killed, as the code leaves a hung holder), free to resume */
+      if :: unconf -> age = 0 :: else fi;
+#endif
+      skip
     };
     if
     :: ok ->
@@ -487,6 +535,9 @@ queue:                                          /* (a goto may not jump into a d
        d_step {
          v = 0; ok = 0;
          if :: qno[me] == 0 -> qcnt++; qno[me] = qcnt :: else fi;   /* join the queue */
+#ifdef HANDOFF
+         fl[me] = 1; rel[me] = 0;               /* our last look: a handed lease's deadline counts from it */
+#endif
          unlock_mutex()
        };
        ready[me] = 1;
@@ -494,6 +545,53 @@ endwait:
        ready[me] == 0;
        goto attempt
     fi;
+
+#ifdef HANDOFF
+/* ------------------------------------------------ the head, handed a lease (designed, not built) */
+confirm:                                        /* (a goto may not jump into a d_step) */
+    skip;
+    d_step { mkino[me] = myino[me] + 1; dmk[me] = (HOST(me) == 0) };  /* our marks first */
+    d_step {                                    /* lstat: LOCK is still our prepared file */
+      hold[me] = 1; counted();                  /* the deadline, from our last look */
+#ifdef BROKEN_NO_CONFIRM
+      dlc[me] = DL; due[me] = HB; ok = 1
+#else
+      ok = (mine[me] && lk_owner == me && (lk_state == HELD || lk_state == REVOKED));
+#ifdef BROKEN_FRESH_DEADLINE
+      if :: ok -> dlc[me] = DL; due[me] = HB :: else fi;
+#endif
+      skip
+#endif
+    };
+    if
+    :: ok && dlc[me] > 0 ->                     /* in time: the header write that confirms it */
+       d_step {
+         if :: mine[me] -> unconf = 0; moved[0] = 1; moved[1] = 1; frgm = 1 :: else fi;
+         fl[me] = 0; rel[me] = 0
+       }
+    :: else ->                                  /* late (or gone): under the mutex */
+       lock_mutex();
+       d_step {
+         if
+         :: mine[me] && lk_owner == me && lk_state == HELD ->
+            rel[me] = 0; unconf = 0; moved[0] = 1; moved[1] = 1; frgm = 1; counted(); ok = 1
+         :: else -> ok = 0
+         fi;
+         fl[me] = 0; rel[me] = 0;
+         unlock_mutex()
+       }
+    fi;
+    if
+    :: ok && dlc[me] > 0 ->
+       d_step { t = handed[me]; handed[me] = 0; qno[me] = 0; waiting[me] = 0; ok = 0 };
+       goto start
+    :: else ->                                  /* taken over meanwhile: wait again */
+       d_step {
+         handed[me] = 0; mkino[me] = 0; dmk[me] = 0; hold[me] = 0; dlc[me] = 0; due[me] = 0; ok = 0
+       };
+       goto attempt
+    fi;
+#endif
 
 /* ------------------------------------------------ run the command (supervise/, guard.rs) */
 start:
@@ -653,6 +751,26 @@ inplace:                                         /* (a target of the release und
     :: OLD(me) -> skip                          /* the old superblock: nothing can be written */
     :: !OLD(me) && LIVE_TICKET ->                           /* someone waits: released bit in place */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+#ifdef HANDOFF
+    :: !OLD(me) && LIVE_TICKET ->               /* ... or the head's prepared lease installed */
+       lock_mutex();
+       d_step {
+         ok = HEAD;                             /* 1 + the live ticket first in line, 0: none */
+         if
+         :: ok > 0 && mine[me] && lk_owner == me && lk_state == HELD ->
+            t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
+            hwm[myino[me]] = t;                 /* the head's token (reserved while it waited) */
+            RENAMED; mine[ok - 1] = 1;          /* its prepared lease renamed over LOCK */
+            lk_state = HELD; lk_owner = ok - 1; lk_tok = t; unconf = 1;
+            handed[ok - 1] = t; qno[ok - 1] = 0 /* its ticket unlinked: it is no longer queued */
+         :: ok > 0 && !(mine[me] && lk_owner == me && lk_state == HELD) -> skip
+         :: ok == 0 ->                          /* its ticket went: the released bit after all */
+            if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi
+         fi;
+         ok = 0; t = 0;
+         unlock_mutex()
+       }
+#endif
     :: !OLD(me) && !LIVE_TICKET ->              /* util-linux flock(1) blocked for the holder's
                                                    flock on LOCK's file (release_to_blocked):
                                                    released bit in place, nobody queued */
@@ -743,7 +861,13 @@ end:
 #ifdef BROKEN_BREAK_FREES
     RENAMED; lk_state = RELEASED; lvc = 0
 #else
+#ifdef HANDOFF
+    /* the revoked record keeps what it says of its holder: unconfirmed, if it was */
+    if :: unconf -> RENAMED; unconf = 1 :: else -> RENAMED fi;
+    lk_state = REVOKED; lvc = 0
+#else
     RENAMED; lk_state = REVOKED; lvc = 0        /* same lease id, holder and token */
+#endif
 #endif
   }
 }
