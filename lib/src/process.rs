@@ -462,8 +462,10 @@ pub fn judge_group(pgid: i32, ev: &JobEvidence) -> GroupEvidence {
             Evidence::Belongs => out.belongs.push(m),
             Evidence::NotOurs(_) => out.not_ours += 1,
             // A member that exited while it was being checked (its /proc files vanished:
-            // ESRCH) is gone, not unknown; only one still there, same start time, is.
-            Evidence::Unknown(_) if !still_there(&m) => {}
+            // ESRCH) is gone, not unknown; only one still there, same start time, is. One in the
+            // middle of its exit has lost its environment (ESRCH) while /proc/PID/stat still
+            // shows it running for a moment: it is given that moment to become a zombie.
+            Evidence::Unknown(_) if !still_there_after_exit(&m) => {}
             Evidence::Unknown(why) => out.unknown.push((m, why)),
         }
     }
@@ -474,6 +476,26 @@ pub fn judge_group(pgid: i32, ev: &JobEvidence) -> GroupEvidence {
 fn still_there(m: &ProcStat) -> bool {
     matches!(stat(m.pid), Ok(Some(s)) if s.start == m.start && !s.is_dead())
 }
+
+/// Whether `m` is still there once a process in the middle of its exit would have finished it
+/// (at most [`EXIT_SETTLES`]): asked only of a member that could not be checked, so a member
+/// that stays unchecked costs that wait once, on a refusal's way.
+fn still_there_after_exit(m: &ProcStat) -> bool {
+    let until = std::time::Instant::now() + EXIT_SETTLES;
+    loop {
+        if !still_there(m) {
+            return false;
+        }
+        if std::time::Instant::now() >= until {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// How long a process that has lost its address space (its environment reads ESRCH) may take to
+/// become a zombie; measured in microseconds, bounded generously for a loaded host.
+const EXIT_SETTLES: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The live processes anywhere on this host, in any process group, that carry the job's
 /// environment ([`JobEvidence::carried_by`]: this lock's path and this lease id) and were
