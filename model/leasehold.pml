@@ -69,7 +69,7 @@
  * the record naming another attachment rewrites it and grants nothing for a TTL (the longest:
  * every lease here has the same TTL) on its clock.
  *
- * -DHANDOFF (use with -DONE_HOST -DDRIFT=0; not with -DFLOCK1 or -DREMOUNT): the direct hand-off of
+ * -DHANDOFF (use with -DONE_HOST -DDRIFT=0; not with -DREMOUNT): the direct hand-off of
  * issue 32, DESIGNED, NOT BUILT (docs/performance.md, "A hand-over"). A releasing holder with a
  * live ticket queued may, instead of its released bit, take the mutex and install the head's
  * prepared lease itself: the head's token (high-water mark), a rename over LOCK, the head's
@@ -81,9 +81,16 @@
  * contender that judges an unconfirmed lease hung stops its job (none runs: a head starts its
  * command only after confirming) and leaves the head alive, frozen, as the code leaves every
  * hung holder (§7): here it is not killed, so that it may resume — the case confirming is for.
+ * With -DFLOCK1 too: the releaser lets go of its own file's flock first, then exchanges the head's
+ * prepared file with LOCK (renameat2 RENAME_EXCHANGE: its old file, perhaps flock(1)'s X, now
+ * has the head's queue name); the head, once confirmed, opens that name and claims the old file
+ * (flock, waiting while flock(1) holds it and runs: its guard renews meanwhile, so time is not
+ * let pass, as in the serving), keeps the claim for its holding and serves it at its release.
  *   -DBROKEN_NO_CONFIRM       (with -DHANDOFF) the head runs once handed, without confirming
  *   -DBROKEN_FRESH_DEADLINE   (with -DHANDOFF) the head confirms by lstat but counts its
  *                             deadline from the confirmation, not from its last look
+ *   -DBROKEN_HANDOFF_NO_CLAIM (with -DHANDOFF -DFLOCK1) the head does not claim the file the
+ *                             hand-off replaced
  *
  * Assertions name their property (a constant false tag, or'ed in), so that pan's
  * "assertion violated" line says which one failed: check.sh matches it.
@@ -251,12 +258,20 @@ bool frg_rev, frgm;             /* ... with this key, seen for a TTL already; fr
 byte qcnt;                      /* highest ticket number handed out */
 byte qno[NC];                   /* i's ticket number, 0 = none; live while i is not gone */
 #ifdef HANDOFF
-#if defined(FLOCK1) || defined(REMOUNT) || !defined(ONE_HOST)
-#error "-DHANDOFF is modelled on one host (a local file system), without -DFLOCK1 or -DREMOUNT"
+#if defined(REMOUNT) || !defined(ONE_HOST)
+#error "-DHANDOFF is modelled on one host (a local file system), without -DREMOUNT"
 #endif
 byte handed[NC];                /* the token of the lease installed for i, not yet confirmed by i */
 bool unconf;                    /* LOCK's record is a handed lease its head has not confirmed */
 #define UNCONF_RENAMED unconf = 0
+#ifdef FLOCK1
+bool hx[NC];                    /* the file the hand-off to i replaced (now at i's queue name) is X */
+#if NC == 3
+#define HXCLR hx[0] = 0; hx[1] = 0; hx[2] = 0
+#else
+#define HXCLR hx[0] = 0; hx[1] = 0
+#endif
+#endif
 #else
 #define UNCONF_RENAMED skip
 #endif
@@ -584,6 +599,15 @@ confirm:                                        /* (a goto may not jump into a d
     if
     :: ok && dlc[me] > 0 ->
        d_step { t = handed[me]; handed[me] = 0; qno[me] = 0; waiting[me] = 0; ok = 0 };
+#if defined(FLOCK1) && !defined(BROKEN_HANDOFF_NO_CLAIM)
+       /* open our queue name (the releaser's old file since the exchange) and claim it: an
+          exclusive flock, waited for while flock(1) holds it and runs its command (our guard
+          renews meanwhile: no tick passes, as in the serving); kept for our holding and served
+          at our release. Blocked or merely opened, flock(1) comes after us. */
+       atomic {                                 /* flock(2), LOCK_EX: one kernel step */
+         !(hx[me] && FR) -> if :: hx[me] && FOPEN -> fxc[me] = 1 :: else fi; hx[me] = 0
+       };
+#endif
        goto start
     :: else ->                                  /* taken over meanwhile: wait again */
        d_step {
@@ -718,6 +742,30 @@ inplace:                                         /* (a target of the release und
        skip;
        d_step { ofl[me] = 0; fxo[me] = 0 };      /* let go, then ... */
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
+#ifdef HANDOFF
+    :: !OLD(me) && LIVE_TICKET ->               /* the head's prepared lease installed */
+       d_step { ofl[me] = 0; fxo[me] = 0 };     /* our file's flock let go first, then ... */
+       lock_mutex();
+       d_step {
+         ok = HEAD;                             /* 1 + the live ticket first in line, 0: none */
+         if
+         :: ok > 0 && mine[me] && lk_owner == me && lk_state == HELD ->
+            t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
+            hwm[myino[me]] = t;                 /* the head's token (reserved while it waited) */
+            /* RENAME_EXCHANGE: our old file (X, if flock(1) opened it) goes to the head's
+               queue name, the head's prepared file (its flock on it) becomes LOCK */
+            hx[ok - 1] = fcur && (FOPEN || FR);
+            RENAMED; mine[ok - 1] = 1; ofl[ok - 1] = 1;
+            lk_state = HELD; lk_owner = ok - 1; lk_tok = t; unconf = 1;
+            handed[ok - 1] = t; qno[ok - 1] = 0 /* its ticket unlinked: it is no longer queued */
+         :: ok > 0 && !(mine[me] && lk_owner == me && lk_state == HELD) -> skip
+         :: ok == 0 ->                          /* its ticket went: the released bit after all */
+            if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi
+         fi;
+         ok = 0; t = 0;
+         unlock_mutex()
+       }
+#endif
     :: !OLD(me) && !(BLOCKED_LOOK && FOPEN && fcur && fxo[me]) && !LIVE_TICKET ->
        lock_mutex();
        if
@@ -990,6 +1038,9 @@ end:
   do
   :: atomic { fst == 0 && fn < FRUNS ->          /* open LOCK: whatever inode it names now */
        fst = 1; fcur = 1;
+#ifdef HANDOFF
+       HXCLR;                                   /* X is LOCK's file now, no file a hand-off replaced */
+#endif
        fxo[0] = ofl[0] && mine[0]; fxc[0] = ccur[0];
        fxo[1] = ofl[1] && mine[1]; fxc[1] = ccur[1];
 #if NC == 3
