@@ -70,7 +70,7 @@
  * every lease here has the same TTL) on its clock.
  *
  * -DHANDOFF (use with -DONE_HOST -DDRIFT=0; not with -DREMOUNT): the direct hand-off of
- * issue 32, DESIGNED, NOT BUILT (docs/performance.md, "A hand-over"). A releasing holder with a
+ * issue 32, DESIGNED, PROTOTYPED, SET ASIDE (slower: docs/performance.md, "A hand-over"). A releasing holder with a
  * live ticket queued may, instead of its released bit, take the mutex and install the head's
  * prepared lease itself: the head's token (high-water mark), a rename over LOCK, the head's
  * ticket unlinked — a lease the head has not confirmed yet (`unconf`, a state of the record).
@@ -562,7 +562,7 @@ endwait:
     fi;
 
 #ifdef HANDOFF
-/* ------------------------------------------------ the head, handed a lease (designed, not built) */
+/* ------------------------------------------------ the head, handed a lease (designed, set aside) */
 confirm:                                        /* (a goto may not jump into a d_step) */
     skip;
     d_step { mkino[me] = myino[me] + 1; dmk[me] = (HOST(me) == 0) };  /* our marks first */
