@@ -56,6 +56,11 @@
  * is SIGKILLed) a holder dies with flock(1) blocked on its claimed old file, which nobody serves:
  * a known gap (gap-flock1-holder-dies).
  *
+ * -DFLOCK1_POLL (with -DFLOCK1): flock(1) on an NFS client of the server whose own path the
+ * contenders use: its blocking flock(2) is a poll the server's /proc/locks never shows as
+ * blocked, so no holder's look sees it (no serving, no release for it); its lock, once held,
+ * is seen (the server's lock table). A known gap (gap-flock1-polling, PROTOCOL.md §10).
+ *
  * -DREMOUNT (a local disk: use with -DONE_HOST -DDRIFT=0 -DNO_RM): durability per mount epoch
  * (PROTOCOL.md §8). What reached the disk is kept apart from what the page cache shows: a lease
  * renamed over LOCK while the epoch record names the present attachment is not synced (the
@@ -214,6 +219,13 @@ bool fxo[NC];                   /* i holds the flock of X as its own lease file 
 bool fxc[NC];                   /* i holds the flock of X by its claim (the file its lease replaced) */
 #define FR (fst == 3)           /* flock(1)'s command runs */
 #define FOPEN (fst == 1 || fst == 2)   /* flock(1) opened X and is (as good as) blocked on it */
+/* what a holder's looks see of it: a blocked flock(1) in /proc/locks; a polling one (an NFS
+   client's, -DFLOCK1_POLL) not at all: it is not blocked, it retries */
+#ifdef FLOCK1_POLL
+#define FSEEN 0
+#else
+#define FSEEN FOPEN
+#endif
 #if NC == 3
 #define XLOCKED (fxo[0] || fxo[1] || fxo[2] || fxc[0] || fxc[1] || fxc[2])
 #define FRN fcur = 0; ccur[0] = 0; ccur[1] = 0; ccur[2] = 0
@@ -715,7 +727,7 @@ release:
     d_step { fxc[me] = 0 };                     /* closed at release, nobody served */
 #else
     if
-    :: d_step { FOPEN && !fcur && fxc[me] -> fxc[me] = 0; sv = fn };
+    :: d_step { FSEEN && !fcur && fxc[me] -> fxc[me] = 0; sv = fn };
        fn != sv
     :: else
     fi;
@@ -731,7 +743,7 @@ release:
        picks it. */
     if
     :: OLD(me) -> skip
-    :: !OLD(me) && FOPEN && fcur && fxo[me] && !LIVE_TICKET ->
+    :: !OLD(me) && FSEEN && fcur && fxo[me] && !LIVE_TICKET ->
 blocked:                                         /* handover::release_to_blocked */
        skip;
        d_step { ofl[me] = 0; fxo[me] = 0; sv = fn };    /* let go ... */
@@ -766,7 +778,7 @@ inplace:                                         /* (a target of the release und
          unlock_mutex()
        }
 #endif
-    :: !OLD(me) && !(BLOCKED_LOOK && FOPEN && fcur && fxo[me]) && !LIVE_TICKET ->
+    :: !OLD(me) && !(BLOCKED_LOOK && FSEEN && fcur && fxo[me]) && !LIVE_TICKET ->
        lock_mutex();
        if
        :: d_step {                              /* ensure_ours; opened elsewhere? in place */
@@ -774,7 +786,7 @@ inplace:                                         /* (a target of the release und
           }
        :: d_step {                              /* ensure_ours; checked last: blocked? else rename */
             if
-            :: BLOCKED_LOOK && FOPEN && fcur && fxo[me] -> ok = 1
+            :: BLOCKED_LOOK && FSEEN && fcur && fxo[me] -> ok = 1
             :: else ->
                if
                :: lk_owner == me && (lk_state == HELD || lk_state == REVOKED) ->
