@@ -75,8 +75,8 @@
  * every lease here has the same TTL) on its clock.
  *
  * -DHANDOFF (use with -DONE_HOST -DDRIFT=0; not with -DREMOUNT): the direct hand-off of
- * issue 32, DESIGNED, PROTOTYPED, SET ASIDE (slower: docs/performance.md, "A hand-over"). A releasing holder with a
- * live ticket queued may, instead of its released bit, take the mutex and install the head's
+ * issue 32, DESIGNED, PROTOTYPED, SET ASIDE (slower: docs/performance.md, "A hand-over"). A
+ * releasing holder with a live ticket queued may, instead of its released bit, take the mutex and install the head's
  * prepared lease itself: the head's token (high-water mark), a rename over LOCK, the head's
  * ticket unlinked — a lease the head has not confirmed yet (`unconf`, a state of the record).
  * The head, woken, takes its marks and confirms: one lstat (LOCK is still its prepared file)
@@ -442,6 +442,35 @@ inline counted() {
   due[me] = (rel[me] < HB -> HB - rel[me] : 0)
 }
 
+#ifdef HANDOFF
+/* The releaser's install, under the mutex (the direct hand-off): the head's token and its
+   prepared lease put in place, or, its ticket gone, the released bit after all. With -DFLOCK1
+   the lease goes in by RENAME_EXCHANGE: our old file (X, if flock(1) opened it) takes the
+   head's queue name, and the head's prepared file, with its flock on it, becomes LOCK. */
+inline hand_off() {
+  lock_mutex();
+  d_step {
+    ok = HEAD;                                  /* 1 + the live ticket first in line, 0: none */
+    if
+    :: ok > 0 && mine[me] && lk_owner == me && lk_state == HELD ->
+       t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
+       hwm[myino[me]] = t;                      /* the head's token (reserved while it waited) */
+#ifdef FLOCK1
+       hx[ok - 1] = fcur && (FOPEN || FR); ofl[ok - 1] = 1;
+#endif
+       RENAMED; mine[ok - 1] = 1;               /* its prepared lease put in place */
+       lk_state = HELD; lk_owner = ok - 1; lk_tok = t; unconf = 1;
+       handed[ok - 1] = t; qno[ok - 1] = 0      /* its ticket unlinked: it is no longer queued */
+    :: ok > 0 && !(mine[me] && lk_owner == me && lk_state == HELD) -> skip
+    :: ok == 0 ->                               /* its ticket went: the released bit after all */
+       if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi
+    fi;
+    ok = 0; t = 0;
+    unlock_mutex()
+  }
+}
+#endif
+
 proctype contender(byte me) provided (!paused[me])
 {
   byte h = HOST(me), age, t;
@@ -757,26 +786,7 @@ inplace:                                         /* (a target of the release und
 #ifdef HANDOFF
     :: !OLD(me) && LIVE_TICKET ->               /* the head's prepared lease installed */
        d_step { ofl[me] = 0; fxo[me] = 0 };     /* our file's flock let go first, then ... */
-       lock_mutex();
-       d_step {
-         ok = HEAD;                             /* 1 + the live ticket first in line, 0: none */
-         if
-         :: ok > 0 && mine[me] && lk_owner == me && lk_state == HELD ->
-            t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
-            hwm[myino[me]] = t;                 /* the head's token (reserved while it waited) */
-            /* RENAME_EXCHANGE: our old file (X, if flock(1) opened it) goes to the head's
-               queue name, the head's prepared file (its flock on it) becomes LOCK */
-            hx[ok - 1] = fcur && (FOPEN || FR);
-            RENAMED; mine[ok - 1] = 1; ofl[ok - 1] = 1;
-            lk_state = HELD; lk_owner = ok - 1; lk_tok = t; unconf = 1;
-            handed[ok - 1] = t; qno[ok - 1] = 0 /* its ticket unlinked: it is no longer queued */
-         :: ok > 0 && !(mine[me] && lk_owner == me && lk_state == HELD) -> skip
-         :: ok == 0 ->                          /* its ticket went: the released bit after all */
-            if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi
-         fi;
-         ok = 0; t = 0;
-         unlock_mutex()
-       }
+       hand_off()
 #endif
     :: !OLD(me) && !(BLOCKED_LOOK && FSEEN && fcur && fxo[me]) && !LIVE_TICKET ->
        lock_mutex();
@@ -813,23 +823,7 @@ inplace:                                         /* (a target of the release und
        d_step { if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi }
 #ifdef HANDOFF
     :: !OLD(me) && LIVE_TICKET ->               /* ... or the head's prepared lease installed */
-       lock_mutex();
-       d_step {
-         ok = HEAD;                             /* 1 + the live ticket first in line, 0: none */
-         if
-         :: ok > 0 && mine[me] && lk_owner == me && lk_state == HELD ->
-            t = (hwm[myino[me]] > lk_tok -> hwm[myino[me]] : lk_tok) + 1;
-            hwm[myino[me]] = t;                 /* the head's token (reserved while it waited) */
-            RENAMED; mine[ok - 1] = 1;          /* its prepared lease renamed over LOCK */
-            lk_state = HELD; lk_owner = ok - 1; lk_tok = t; unconf = 1;
-            handed[ok - 1] = t; qno[ok - 1] = 0 /* its ticket unlinked: it is no longer queued */
-         :: ok > 0 && !(mine[me] && lk_owner == me && lk_state == HELD) -> skip
-         :: ok == 0 ->                          /* its ticket went: the released bit after all */
-            if :: mine[me] && lk_owner == me && lk_state == HELD -> lk_state = RELEASED :: else fi
-         fi;
-         ok = 0; t = 0;
-         unlock_mutex()
-       }
+       hand_off()
 #endif
     :: !OLD(me) && !LIVE_TICKET ->              /* util-linux flock(1) blocked for the holder's
                                                    flock on LOCK's file (release_to_blocked):
