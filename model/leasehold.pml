@@ -58,8 +58,11 @@
  *
  * -DFLOCK1_POLL (with -DFLOCK1): flock(1) on an NFS client of the server whose own path the
  * contenders use: its blocking flock(2) is a poll the server's /proc/locks never shows as
- * blocked, so no holder's look sees it (no serving, no release for it); its lock, once held,
- * is seen (the server's lock table). A known gap (gap-flock1-polling, PROTOCOL.md §10).
+ * blocked, so a holder that looks only for blocked requests does not see it (no serving, no
+ * release for it: broken-flock1-polling, the rule before 2026-12-04); its lock, once held,
+ * is seen (the server's lock table). -DSEE_OPEN: the holder's looks also count a file another
+ * open file description has open for writing (the server holds the file open read-write for
+ * its client), which sees it from its open on (real-flock1-polling, PROTOCOL.md §10).
  *
  * -DREMOUNT (a local disk: use with -DONE_HOST -DDRIFT=0 -DNO_RM): durability per mount epoch
  * (PROTOCOL.md §8). What reached the disk is kept apart from what the page cache shows: a lease
@@ -220,8 +223,12 @@ bool fxc[NC];                   /* i holds the flock of X by its claim (the file
 #define FR (fst == 3)           /* flock(1)'s command runs */
 #define FOPEN (fst == 1 || fst == 2)   /* flock(1) opened X and is (as good as) blocked on it */
 /* what a holder's looks see of it: a blocked flock(1) in /proc/locks; a polling one (an NFS
-   client's, -DFLOCK1_POLL) not at all: it is not blocked, it retries */
-#ifdef FLOCK1_POLL
+   client's, -DFLOCK1_POLL) not there: it is not blocked, it retries. With -DSEE_OPEN the looks
+   also ask whether another open file description has the file open for writing
+   (klock::open_for_writing_elsewhere, handover::opened_for_writing; the server holds it open
+   read-write for its client): that sees a polling flock(1) from its open on, as a blocked one
+   is seen */
+#if defined(FLOCK1_POLL) && !defined(SEE_OPEN)
 #define FSEEN 0
 #else
 #define FSEEN FOPEN

@@ -76,6 +76,16 @@ pub(crate) fn holds_exactly(f: &File, bytes: &[u8]) -> bool {
     matches!(f.read_at(&mut now, 0), Ok(n) if now[..n] == bytes[..])
 }
 
+/// Whether a program may be about to lock `f` without being blocked on it: another open file
+/// description has it open for writing (`klock::open_for_writing_elsewhere`) — on an NFS
+/// server, a client's flock(1), whose blocking lock is a poll the server never lists as
+/// blocked, and for which the server holds the file open read-write. leasehold's own opens of
+/// LOCK's files (looks, waiters' hints, `status`, descriptors put aside) are read-only and
+/// never count. `false` when nobody does or it cannot be told (a file another user owns).
+pub(crate) fn opened_for_writing(f: &File) -> bool {
+    crate::klock::open_for_writing_elsewhere(f) == Some(true)
+}
+
 /// How long a releasing holder waits for a program blocked on its lock file (util-linux
 /// flock(1)) to take the lock once it lets go, before it marks its record released anyway.
 const BLOCKED_TAKES_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -110,16 +120,21 @@ pub(crate) fn release_to_blocked(
 }
 
 /// A program a releasing holder lets run before its release: it blocked on a file LOCK named
-/// before a lease replaced it (util-linux flock(1) that opened LOCK just before the rename), and
-/// running it later, beside the next holder, would be two jobs at once (PROTOCOL.md §4). The
-/// release waits until it has let go; [`LeaseBuilder::on_serve`](crate::LeaseBuilder::on_serve)
-/// and [`serve_blocked`](crate::serve_blocked) report each one, so that the wait is not silent.
+/// before a lease replaced it (util-linux flock(1) that opened LOCK just before the rename), or
+/// it has such a file open for writing without being blocked on it (util-linux flock(1) on an
+/// NFS client of the server whose own path we use: the client's blocking lock is a poll the
+/// server never lists as blocked). Running it later, beside the next holder, would be two jobs at once
+/// (PROTOCOL.md §4, §10). The release waits until it has let go (or, for one that only has the
+/// file open, until it has locked it or closed it, at most [`OPEN_TAKES_WITHIN`]);
+/// [`LeaseBuilder::on_serve`](crate::LeaseBuilder::on_serve) and
+/// [`serve_blocked`](crate::serve_blocked) report each one, so that the wait is not silent.
 ///
 /// ```
 /// let s = leasehold::Served {
 ///     lock: "/var/lock/deploy.lock".into(),
 ///     pid: Some(4242),
 ///     user: Some("deploy".into()),
+///     blocked: true,
 /// };
 /// assert_eq!(s.who(), "pid 4242 (user deploy)");
 /// ```
@@ -131,6 +146,11 @@ pub struct Served {
     pub pid: Option<i32>,
     /// Its user, when its process can still be read.
     pub user: Option<String>,
+    /// `true`: /proc/locks shows it blocked for our lock. `false`: another open file
+    /// description has the file open for writing and nothing is blocked on it — on an NFS
+    /// server, a client whose lock request polls (this host cannot name it); the release gives
+    /// it the chance to lock the file before it goes on.
+    pub blocked: bool,
 }
 
 impl Served {
@@ -160,42 +180,102 @@ fn blocked_one(f: &File, lock: &std::path::Path) -> Served {
         lock: lock.to_path_buf(),
         pid,
         user,
+        blocked: true,
     }
 }
 
-/// Before a holder's release becomes visible: programs blocked on a file that is no longer LOCK
-/// but that we hold the lock of (`files`: the one our lease replaced, claimed before the rename,
-/// and our own earlier files a rewrite replaced) — util-linux flock(1) that opened LOCK before
-/// a rename over it — get that lock now, one after the other, while our lease still keeps
-/// every leasehold contender out, and we wait until they have let go. Let go of at once, they
-/// would run on a file nobody looks at, beside the next holder. Waits as long as their jobs
-/// run (the guard keeps renewing meanwhile); nothing to do, and no wait, when nobody is blocked.
-/// `tell` hears of each program before it runs (LOCK is `lock`).
+/// How long a releasing holder keeps a file it replaced unlocked for a program that has it open
+/// but is not blocked on it, waiting for that program to lock it or close it. A Linux NFS
+/// client retries a blocking lock the server refused after 1, 2, 4 … seconds, at most 30
+/// (`NFS4_LOCK_MAXTIMEOUT`): one retry at least falls within this.
+pub const OPEN_TAKES_WITHIN: std::time::Duration = std::time::Duration::from_secs(35);
+
+/// Naps from 100 µs doubling to `max` until `done` or `within` has passed; whether `done`.
+fn nap_until(
+    within: std::time::Duration,
+    max: std::time::Duration,
+    done: impl Fn() -> bool,
+) -> bool {
+    let until = std::time::Instant::now() + within;
+    let mut nap = std::time::Duration::from_micros(100);
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(max);
+    }
+}
+
+/// Before a holder's release becomes visible: programs that may lock a file that is no longer
+/// LOCK but that we hold the lock of (`files`: the one our lease replaced, claimed before the
+/// rename, and our own earlier files a rewrite replaced) get that lock now, one after the
+/// other, while our lease still keeps every leasehold contender out, and we wait until they
+/// have let go. Let go of at once, they would run on a file nobody looks at, beside the next
+/// holder. Two kinds (PROTOCOL.md §4, §10):
+/// - blocked for our flock, as /proc/locks shows (util-linux flock(1) that opened LOCK before a
+///   rename over it): we let go, wait until it holds the lock (at most a second), and take it
+///   again, waiting until its job is over;
+/// - having the file open for writing, not blocked (an NFS client's flock(1) when we are on
+///   the server's own path: its blocking lock is a poll, and the server holds the file open
+///   read-write for it): we let go and wait until it locks the file (then as above) or nobody
+///   has it open for writing any more, at most [`OPEN_TAKES_WITHIN`].
+///
+/// Waits as long as their jobs run (the guard keeps renewing meanwhile); nothing to do, and no
+/// wait, when nobody is blocked on the files or has them open for writing. `tell` hears of each program before it runs
+/// (LOCK is `lock`).
 pub(crate) fn serve_old_waiters<'a>(
     files: impl IntoIterator<Item = &'a File>,
     lock: &std::path::Path,
     tell: Option<&(dyn Fn(&Served) + Send + Sync)>,
 ) {
+    use crate::klock;
+    use crate::mutex::exclusively_locked;
+    let ms = std::time::Duration::from_millis;
     // Only a file whose flock we hold: a program blocked behind anyone else's (a frozen
     // holder's, whose job was stopped) is not ours to serve.
     for f in files {
-        // At most a few rounds: each is a program that was blocked when we looked.
+        // At most a few rounds: each is a program that had the file open when we looked.
         for _ in 0..64 {
-            if crate::mutex::blocked_behind_ours(f) != Some(true) {
+            // Blocked behind our flock (/proc/locks says so), or not blocked but with the file
+            // open for writing (a polling NFS client's flock(1), seen from the server's path).
+            let blocked = match crate::mutex::blocked_behind_ours(f) {
+                None => break,
+                Some(b) => b,
+            };
+            if !blocked && !opened_for_writing(f) {
                 break;
             }
             if let Some(tell) = tell {
-                tell(&blocked_one(f, lock));
+                tell(&if blocked {
+                    blocked_one(f, lock)
+                } else {
+                    Served {
+                        lock: lock.to_path_buf(),
+                        pid: None,
+                        user: None,
+                        blocked: false,
+                    }
+                });
             }
-            let _ = crate::klock::let_go_lock_file(f);
-            let until = std::time::Instant::now() + BLOCKED_TAKES_WITHIN;
-            let mut nap = std::time::Duration::from_micros(100);
-            while !crate::mutex::exclusively_locked(f) && std::time::Instant::now() < until {
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(std::time::Duration::from_millis(10));
+            let _ = klock::let_go_lock_file(f);
+            let taken = if blocked {
+                nap_until(BLOCKED_TAKES_WITHIN, ms(10), || exclusively_locked(f))
+            } else {
+                // Taken, or nobody left who could take it.
+                nap_until(OPEN_TAKES_WITHIN, ms(50), || {
+                    exclusively_locked(f) || !opened_for_writing(f)
+                }) && exclusively_locked(f)
+            };
+            if !blocked && !taken {
+                // Nobody left, or the time is up: the file stays let go of.
+                break;
             }
-            // Ours again once it has let go (waiting, as the blocked program did).
-            if crate::klock::wait_exclusive(f).is_err() {
+            // Ours again once it has let go (waiting, as the program did).
+            if klock::wait_exclusive(f).is_err() {
                 break;
             }
         }

@@ -94,7 +94,7 @@ pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration,
 pub use ending::{Ack, Acked, EndKind, History, LastEnding, SKIPPED, ack, last_ending, too_soon};
 pub use error::{Error, Result, TimingError};
 pub use guard::{LeaseGuard, serve_blocked};
-pub use handover::Served;
+pub use handover::{OPEN_TAKES_WITHIN, Served};
 pub use identity::Identity;
 pub use loss::LossReason;
 pub use paths::{FLOCK_LEASE_SUFFIX, LockPaths, existing_lease_beside, lease_beside};

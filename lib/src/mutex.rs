@@ -840,11 +840,13 @@ fn blocked_reading(file: &File, ours: bool) -> bool {
 }
 
 /// For each of `files` (descriptors that normally hold the exclusive flock on their file: a
-/// holder's): `Some(false)` — nobody is blocked behind it — when one read of /proc/locks shows
-/// an exclusive flock on the file and no request blocked for it (a blocked request is listed
-/// with the lock it waits for, so the read that shows the lock shows them); `None` otherwise
-/// (someone may be blocked, or the read does not show a flock: we hold none, or it skipped
-/// it), for the caller to ask [`someone_blocked`] or [`blocked_behind_ours`]. One read for all:
+/// holder's): `Some(false)` — nobody is blocked behind it — when nobody else has it open, or
+/// nobody else has it open for writing and one read of /proc/locks shows an exclusive flock on
+/// the file and no request blocked for it (a blocked request is listed with the lock it waits
+/// for, so the read that shows the lock shows them); `None` otherwise (someone may be blocked,
+/// or may lock it without blocking: it has the file open for writing, an NFS client's polling
+/// flock(1) as its server sees it;
+/// or the read does not show a flock: we hold none, or it skipped it), for the caller to ask [`someone_blocked`] or [`blocked_behind_ours`]. One read for all:
 /// a release looks at its own file and the one its lease replaced.
 pub(crate) fn nobody_blocked_at_a_glance(files: &[&File]) -> Vec<Option<bool>> {
     // A file nobody else has open has nobody blocked on it (`klock::open_only_here`, a few
@@ -853,14 +855,17 @@ pub(crate) fn nobody_blocked_at_a_glance(files: &[&File]) -> Vec<Option<bool>> {
     let mut out: Vec<Option<bool>> = (files.iter())
         .map(|f| klock::open_only_here(f).then_some(false))
         .collect();
-    let rest: Vec<&File> = (files.iter().zip(&out))
-        .filter(|(_, o)| o.is_none())
-        .map(|(f, _)| *f)
+    // Others' files: one that another description has open for writing may be locked by a
+    // program that is not blocked (an NFS client's polling flock(1), as its server sees it:
+    // `klock::open_for_writing_elsewhere`), so it stays `None` whatever /proc/locks says.
+    let rest: Vec<usize> = (0..files.len())
+        .filter(|&i| out[i].is_none() && klock::open_for_writing_elsewhere(files[i]) != Some(true))
         .collect();
     if rest.is_empty() {
         return out;
     }
-    let looked = crate::os::linux::procfs::proc_locks_of(&rest).map(|all| {
+    let of: Vec<&File> = rest.iter().map(|&i| files[i]).collect();
+    let looked = crate::os::linux::procfs::proc_locks_of(&of).map(|all| {
         all.iter()
             .map(|locks| {
                 let held = locks
@@ -871,12 +876,8 @@ pub(crate) fn nobody_blocked_at_a_glance(files: &[&File]) -> Vec<Option<bool>> {
             .collect::<Vec<_>>()
     });
     // Unread (no /proc/locks): those stay `None`.
-    for (o, l) in out
-        .iter_mut()
-        .filter(|o| o.is_none())
-        .zip(looked.unwrap_or_default())
-    {
-        *o = l;
+    for (&i, l) in rest.iter().zip(looked.unwrap_or_default()) {
+        out[i] = l;
     }
     out
 }

@@ -436,6 +436,14 @@ pub fn served_line(s: &leasehold::Served, guardian: bool) -> String {
     } else {
         "releasing"
     };
+    if !s.blocked {
+        return format!(
+            "leasehold: {who} {} waits up to {} s for {} that has the file LOCK named before this lease replaced it open for writing (an NFS client's flock(1)?) to lock it or close it: if it locks it, it runs first, alone, while the lease still keeps every other job out",
+            escape_path(&s.lock),
+            leasehold::OPEN_TAKES_WITHIN.as_secs(),
+            scrub(&s.who())
+        );
+    }
     format!(
         "leasehold: {who} {} waits for {} to finish first: it was blocked on the file LOCK named before this lease replaced it (util-linux flock(1)?), and runs now, alone, while the lease still keeps every other job out",
         escape_path(&s.lock),

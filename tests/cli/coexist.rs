@@ -558,6 +558,37 @@ fn a_cancelled_run_keeps_flock_1_waiting_until_its_leftovers_are_stopped() {
 /// file no contender looks at.)
 #[test]
 fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_runs_alone() {
+    a_program_on_the_replaced_file_runs_between_holders(OldFileLocker::Blocking);
+}
+
+/// A program that opened LOCK read-write before a take and then *polls* for its lock (`flock
+/// -n` in a loop: what an NFS client's blocking flock(1) is, seen from the server's own path —
+/// the server holds the file open read-write for it and never lists it as blocked) is served
+/// like a blocked one: the holder's release sees the replaced file open for writing elsewhere,
+/// lets go, waits until the poller has locked it and finished, and only then lets the queued
+/// waiter in — never the poller beside the waiter (which the release did before, seeing nobody
+/// blocked). Says so.
+#[test]
+fn a_program_polling_for_the_lock_of_the_file_a_take_replaced_runs_between_holders_never_beside_one()
+ {
+    a_program_on_the_replaced_file_runs_between_holders(OldFileLocker::Polling);
+}
+
+/// How the program that opened LOCK before a take locks that file once it was replaced.
+#[derive(Clone, Copy, PartialEq)]
+enum OldFileLocker {
+    /// util-linux flock(1) blocking on a read-only descriptor: /proc/locks shows it blocked.
+    Blocking,
+    /// `flock -n` in a loop on a read-write descriptor: never blocked, the file open for
+    /// writing (an NFS client's flock(1), as its server sees it).
+    Polling,
+}
+
+/// LOCK free; a program opens it; `run` takes (renaming its lease over that file); the program
+/// then locks the replaced file (`how`) and is kept out; a `run` waiter queues; the holder's
+/// job ends. The order must be holder, program, waiter, never two inside at once (O_EXCL
+/// checker), and the holder's wait must be explained.
+fn a_program_on_the_replaced_file_runs_between_holders(how: OldFileLocker) {
     if need_root() || skip(!Path::new(FLOCK).exists(), "no /usr/bin/flock") {
         return;
     }
@@ -574,10 +605,13 @@ fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_ru
             .unwrap();
         assert!(st.success(), "{fs}");
         // Opened now, locked only once the next holder has taken the lease over this file.
-        let (old, probe) = (
-            std::fs::File::open(&lock).unwrap(),
-            std::fs::File::open(&lock).unwrap(),
-        );
+        let polling = how == OldFileLocker::Polling;
+        let old = std::fs::OpenOptions::new()
+            .read(true)
+            .write(polling)
+            .open(&lock)
+            .unwrap();
+        let probe = std::fs::File::open(&lock).unwrap();
         let old_meta = old.metadata().unwrap();
         let mut h = Proc::spawn(
             lh().args(cs.hold_args(&["-n"], &lock, "h"))
@@ -600,18 +634,32 @@ fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_ru
             "{fs}: flock -n on the replaced file must fail while the holder runs"
         );
         drop(probe);
-        // A blocking flock(1) on that descriptor (its stdin), then a job.
+        // The program on that descriptor (its stdin), then a job: a blocking flock(1), or
+        // `flock -n` every 20 ms, writing a line at its first refusal.
+        let refused = d.path().join("refused");
+        let script = if polling {
+            format!(
+                "until {FLOCK} -n 0; do [ -e {r} ] || echo x >{r}; sleep 0.02; done; exec \"$@\"",
+                r = refused.display()
+            )
+        } else {
+            format!("{FLOCK} 0 && exec \"$@\"")
+        };
         let mut f = Command::new("sh");
         f.arg("-c")
-            .arg(format!("{FLOCK} 0 && exec \"$@\""))
+            .arg(script)
             .arg("sh")
             .args(cs.job("f", 3, "0.01"))
             .stdin(Stdio::from(old))
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut f = Proc::spawn(f, "flock(1) on the replaced file");
-        ensure_within("flock(1) to block on the replaced file", LONG, || {
-            blocked_on_inode(&old_meta)
+        let mut f = Proc::spawn(f, "the program on the replaced file");
+        ensure_within("the program to be kept out", LONG, || {
+            if polling {
+                refused.exists()
+            } else {
+                blocked_on_inode(&old_meta)
+            }
         });
         // A leasehold waiter queued behind the holder.
         let mut w = Proc::spawn(
@@ -632,7 +680,7 @@ fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_ru
             })
         });
         cs.release("h");
-        for (p, who) in [(&mut h, "holder"), (&mut f, "flock(1)"), (&mut w, "waiter")] {
+        for (p, who) in [(&mut h, "holder"), (&mut f, "program"), (&mut w, "waiter")] {
             let st = p.wait_timeout(Duration::from_secs(60));
             assert!(st.success(), "{fs}: {who}: {st}: {}", p.stderr());
         }
@@ -641,15 +689,18 @@ fn a_flock_1_that_opened_lock_before_a_take_waits_for_the_new_holder_and_then_ru
         assert_eq!(
             order,
             ["h", "f", "w"],
-            "{fs}: flock(1) runs after the holder's job, before the next"
+            "{fs}: the program runs after the holder's job, before the next"
         );
-        // The holder's release waited for flock(1)'s job, and said so (never silently).
+        // The holder's release waited for it, and said so (never silently).
         let said = h.stderr();
+        let waits = format!("leasehold: releasing {} waits ", lock.display());
+        let (whom, end) = if polling {
+            ("up to ", "to lock it or close it")
+        } else {
+            ("for pid ", "to finish first")
+        };
         assert!(
-            said.contains(&format!(
-                "leasehold: releasing {} waits for pid ",
-                lock.display()
-            )) && said.contains("to finish first"),
+            said.contains(&format!("{waits}{whom}")) && said.contains(end),
             "{fs}: the release's wait is not explained: {said}"
         );
     }

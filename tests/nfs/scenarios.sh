@@ -637,7 +637,7 @@ sc_flock_coexist() {
     rm -rf "$d" "$E"/i[0-9].lock "$E"/.i[0-9].lock.leasehold-*
     mkdir -p "$d"
     echo "-- (i) util-linux flock(1) and leasehold on one LOCK: across hosts and on the server's own path"
-    local s; for s in 1 2 3 4 5 6; do : >"$d/$s.go"; done
+    local s; for s in 1 2 3 4 5 6 7; do : >"$d/$s.go"; done
 
     # 1. leasehold holds on hosta; flock(1) on hostb. A known limit, measured, not a failure
     # (PROTOCOL.md §10): on NFS the holder keeps no lock on LOCK's file (LOCK is never kept open
@@ -712,6 +712,41 @@ sc_flock_coexist() {
         lim "[$mode] (i) 5. /usr/bin/flock holding on the server's own path is invisible to clients: leasehold run -n on hosta exits $lrc, /usr/bin/flock -n on hostb exits $frc (0 = got in; a flock(2) never meets the server's byte-range locks)"
     else
         echo go >"$d/5.go"; wait $hp; fig "[$mode] (i) 5. the server-local flock(1) holder never started (limit not measured)"
+    fi
+
+    # 7. a blocking /usr/bin/flock on hosta polls (an NFS client's blocking lock is a poll the
+    # server never lists as blocked), and leasehold holders follow one another on the server's
+    # own path (the SPIN model's gap-flock1-polling): flock(1) opens the first holder's file and
+    # is refused while it holds; that holder releases, a second takes (claiming the file
+    # flock(1) has open) and releases, a third takes. flock(1) must run before the second or
+    # between two holders, never beside one: each side's job is the O_EXCL critical section.
+    local r7=$d/r7; mkdir -p "$r7"
+    ( timeout -k 5 180 "$LEASEHOLD_BIN" run -q "$E/i7.lock" -c "$(i_job "$d" 7)" ) >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/7.state" 60; then
+        gx 240 hosta "echo w >$G/i/7.waiting; /usr/bin/flock $G/i7.lock sh $G/cs.sh $G/i/r7 3; echo \$? >$G/i/r7/rc.flock" >/dev/null 2>&1 &
+        wp=$!
+        local t7=$SECONDS c0 c1
+        # a pause, not an order: flock(1) has opened the holder's file and polls by then (its
+        # first retry comes 1 s after its first refusal); the check below does not rely on it
+        wait_file "$d/7.waiting" 60 && sleep 3
+        echo go >"$d/7.go"; wait $hp
+        ( timeout -k 5 200 "$LEASEHOLD_BIN" run -q -w 150s "$E/i7.lock" -- sh "$E/cs.sh" "$r7" 12; echo $? >"$r7/rc.c0" ) >/dev/null 2>&1 &
+        c0=$!
+        sleep 1
+        ( timeout -k 5 200 "$LEASEHOLD_BIN" run -q -w 150s "$E/i7.lock" -- sh "$E/cs.sh" "$r7" 12; echo $? >"$r7/rc.c1" ) >/dev/null 2>&1 &
+        c1=$!
+        wait $c0 $c1 $wp
+        local o7 rcs; o7=$(cat "$r7"/overlap.* 2>/dev/null | wc -l)
+        rcs="flock(1) $(cat "$r7/rc.flock" 2>/dev/null), holders $(cat "$r7/rc.c0" 2>/dev/null) $(cat "$r7/rc.c1" 2>/dev/null)"
+        if [ "$o7" = 0 ] && [ "$rcs" = "flock(1) 0, holders 0 0" ]; then
+            ok "[$mode] (i) 7. a polling /usr/bin/flock on hosta and leasehold holders one after another on the server's path: never inside together ($rcs)"
+        else
+            bad "[$mode] (i) 7. a polling /usr/bin/flock on hosta and leasehold holders one after another on the server's path: $o7 overlaps, exits: $rcs ($(cat "$r7"/overlap.* 2>/dev/null | head -2 | tr '\n' ';'))"
+        fi
+        fig "[$mode] (i) 7. took $((SECONDS - t7)) s (order: $(cut -d' ' -f2 "$r7/shared.log" 2>/dev/null | tr '\n' ' '))"
+    else
+        bad "[$mode] (i) 7. the leasehold holder on the server's path never started"; echo go >"$d/7.go"; wait $hp
     fi
 
     # 6. race: /usr/bin/flock -n on hosta and leasehold run -n on the server's own path, one free

@@ -189,11 +189,23 @@ pub(crate) fn claim_lock_file(file: &File) -> io::Result<bool> {
     }
 }
 
-/// Takes `file`'s exclusive flock, waiting for it (for `handover::serve_old_waiters`, on a file
-/// only programs that opened it long ago can lock: it is no longer LOCK).
+/// Takes [`hold_lock_file`]'s locks on `file` again, waiting for each: the exclusive flock
+/// (which a local flock(1) holds) and the OFD read lock on [`HOLDING_BYTE`] (which the
+/// byte-range write lock an NFS server keeps for its client's flock(1) holds off). For
+/// `handover::serve_old_waiters`, on a file only programs that opened it long ago can lock:
+/// it is no longer LOCK.
 pub(crate) fn wait_exclusive(file: &File) -> io::Result<()> {
     loop {
         match flock(file, libc::LOCK_EX) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => {
+                other?;
+                break;
+            }
+        }
+    }
+    loop {
+        match ofd_at(file, libc::F_RDLCK as libc::c_short, true, HOLDING_BYTE) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             other => return other.map(drop),
         }
@@ -229,6 +241,33 @@ pub(crate) fn open_only_here(file: &File) -> bool {
         libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
     }
     true
+}
+
+/// Whether another open file description has `file`'s inode open *for writing*: `Some(true)`
+/// when the kernel refuses a read lease (`F_SETLEASE` `F_RDLCK`, granted only while nobody
+/// else has the file open for writing, and let go of at once) with EAGAIN, `Some(false)` when
+/// it grants it, `None` when it cannot say (a file another user owns — a lease needs its owner
+/// or CAP_LEASE —, leases off, a file system without them). `file` must be open read-only.
+/// leasehold's own looks, waiters and `status` open LOCK's files read-only; an NFS server
+/// opens the file read-write for a client's write lock — util-linux flock(1) on a client
+/// reopens its file read-write for `LOCK_EX` — and keeps it open while the client polls
+/// (measured with ganesha 4.3: PROTOCOL.md §10). Racing opens: as [`open_only_here`].
+pub(crate) fn open_for_writing_elsewhere(file: &File) -> Option<bool> {
+    // <asm-generic/fcntl.h>, the same on every Linux architecture; the libc crate lacks it.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl(2) with integer arguments on a descriptor we own; a bad one is EBADF.
+    unsafe {
+        if libc::fcntl(fd, F_SETSIG, libc::SIGURG) != 0 {
+            return None;
+        }
+        if libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) != 0 {
+            let e = io::Error::last_os_error().raw_os_error();
+            return (e == Some(libc::EAGAIN)).then_some(true);
+        }
+        libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
+    }
+    Some(false)
 }
 
 /// Lets go of [`hold_lock_file`]'s locks (the job is over), before the file is closed.

@@ -244,6 +244,11 @@ impl FileHolding {
             if mutex::someone_blocked(k) {
                 return Ok(Wrote::Blocked);
             }
+            // A program that has it open for writing, unblocked (a polling NFS client's
+            // flock(1)): the file stays LOCK, released in place, as above.
+            if handover::opened_for_writing(k) && handover::holds_exactly(k, r.bytes) {
+                return Ok(Wrote::Hinted);
+            }
         }
         fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync).map(|_| Wrote::Full)
     }
@@ -424,8 +429,8 @@ impl Holding for FileHolding {
 enum Wrote {
     /// The full released record is LOCK now.
     Full,
-    /// Nothing: a contender hints that it looks at LOCK's file, after a clean end (release in
-    /// place).
+    /// Nothing: a contender hints that it looks at LOCK's file, after a clean end, or another
+    /// program has it open for writing, unblocked (release in place).
     Hinted,
     /// Nothing: someone is blocked for our flock on LOCK's file (release for them).
     Blocked,
@@ -483,6 +488,9 @@ impl FileHolding {
             if kept.is_some() {
                 glance = seen.pop();
             }
+            // Served: a file someone may be blocked on, or that another program has open for
+            // writing (on an NFS server, a client's flock(1) polls: /proc/locks never shows it
+            // blocked, and the server holds the file open read-write for it; the glance says so).
             let waited_on: Vec<&File> = (old.into_iter().zip(seen))
                 .filter(|(_, s)| *s != Some(false))
                 .map(|(f, _)| f)
@@ -516,13 +524,23 @@ impl FileHolding {
             && !in_place
             && glance != Some(Some(false))
             && (written.as_ref().and_then(|w| w.kept.as_ref())).is_some_and(mutex::someone_blocked);
+        // A program that has LOCK's file open for writing, not blocked: on an NFS server, a
+        // client's flock(1) polls, and /proc/locks never shows it blocked. The file must stay
+        // LOCK for it too: released in place (after an unclean end as well, whose ending is
+        // then not recorded, as for a blocked one).
+        let opened = local
+            && !in_place
+            && !blocked
+            && glance != Some(Some(false))
+            && (written.as_ref().and_then(|w| w.kept.as_ref()))
+                .is_some_and(handover::opened_for_writing);
         // On a local file system, with someone waiting: mark our file released in place (no
         // mutex: the file is the one we renamed into place, which only we change in place, and
         // a breaker replaces the whole file). Its inotify event wakes the head waiter at once.
         // Only after a clean end: a record released in place says nothing of how (`ending.rs`).
         let (handed, written) = match written {
-            Some(w) if local && !blocked && clean => {
-                match handover::release_in_place(&self.paths, r.bytes, w, in_place) {
+            Some(w) if local && !blocked && (clean || opened) => {
+                match handover::release_in_place(&self.paths, r.bytes, w, in_place || opened) {
                     Ok(f) => (Some(f), None),
                     Err(w) => (None, Some(w)),
                 }
