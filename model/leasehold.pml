@@ -64,6 +64,16 @@
  * open file description has open for writing (the server holds the file open read-write for
  * its client), which sees it from its open on (real-flock1-polling, PROTOCOL.md §10).
  *
+ * -DINPLACE (with -DFLOCK1 -DFLOCK1_POLL): the design for holders on NFS clients (PROTOCOL.md
+ * §10, DESIGNED, NOT BUILT): LOCK's inode never changes. The claim is a try-lock of a byte-range
+ * write lock from byte 1 on LOCK's current file, which fails while flock(1) or another
+ * contender holds its lock there; the take writes the lease into that very file and keeps the
+ * claim as its holding's lock; the release lets go, then marks the record released in place.
+ * -DBROKEN_RENAME_RELEASE: the take in place, the release still by a full released record
+ * renamed over LOCK (refuted: broken-inplace-rename-release). Without crash and pause (a frozen
+ * holder on another host keeps its lock until the server's lease on it expires; the code would
+ * fall back to today's rename there, whose window is stated, not modelled).
+ *
  * -DREMOUNT (a local disk: use with -DONE_HOST -DDRIFT=0 -DNO_RM): durability per mount epoch
  * (PROTOCOL.md §8). What reached the disk is kept apart from what the page cache shows: a lease
  * renamed over LOCK while the epoch record names the present attachment is not synced (the
@@ -241,6 +251,16 @@ bool fxc[NC];                   /* i holds the flock of X by its claim (the file
 #define FRN fcur = 0; ccur[0] = 0; ccur[1] = 0
 #endif
 #define FKILL(j) ofl[j] = 0; ccur[j] = 0; fxo[j] = 0; fxc[j] = 0
+#ifdef INPLACE
+/* another contender holds the byte-range lock of LOCK's current file (its holding, or a claim) */
+#if NC == 3
+#define OTHER_LOCKS(i) ((i != 0 && (ofl[0] && mine[0] || ccur[0])) || (i != 1 && (ofl[1] && mine[1] || ccur[1])) || (i != 2 && (ofl[2] && mine[2] || ccur[2])))
+#define NOT_MINE mine[0] = 0; mine[1] = 0; mine[2] = 0
+#else
+#define OTHER_LOCKS(i) ((i != 0 && (ofl[0] && mine[0] || ccur[0])) || (i != 1 && (ofl[1] && mine[1] || ccur[1])))
+#define NOT_MINE mine[0] = 0; mine[1] = 0
+#endif
+#endif
 #else
 #define FR false
 #define FRN skip
@@ -545,6 +565,9 @@ attempt:
        d_step {
          if
          :: FR && fcur -> ok = 1                /* flock(1) holds it: wait for it */
+#ifdef INPLACE
+         :: !(FR && fcur) && OTHER_LOCKS(me) -> ok = 1   /* a holder's lock is still on it */
+#endif
          :: else ->
 #ifndef BROKEN_NO_CLAIM
             ccur[me] = 1;
@@ -563,9 +586,16 @@ attempt:
        };
        d_step { fl[me] = 1; rel[me] = 0 };      /* the deadline counts from before the rename */
        d_step {                                 /* rename of the new lease over LOCK */
+#ifdef INPLACE
+         /* NFS, in place: our lease written into LOCK's own file (the same inode), whose lock
+            our claim holds and keeps as the holding's */
+         NOT_MINE; mine[me] = 1;
+         ofl[me] = 1; fxo[me] = (fcur && FOPEN); ccur[me] = 0; fxc[me] = 0;
+#else
          RENAMED; mine[me] = 1;
 #ifdef FLOCK1
          ofl[me] = 1;                           /* its flock, taken on the new file before the rename */
+#endif
 #endif
          lk_state = HELD; lk_owner = me; lk_tok = t;
 #ifdef REMOUNT
@@ -795,6 +825,7 @@ inplace:                                         /* (a target of the release und
        d_step { ofl[me] = 0; fxo[me] = 0 };     /* our file's flock let go first, then ... */
        hand_off()
 #endif
+#if !defined(INPLACE) || defined(BROKEN_RENAME_RELEASE)
     :: !OLD(me) && !(BLOCKED_LOOK && FSEEN && fcur && fxo[me]) && !LIVE_TICKET ->
        lock_mutex();
        if
@@ -822,6 +853,7 @@ inplace:                                         /* (a target of the release und
        :: ok == 2 -> ok = 0; goto inplace
        :: else
        fi
+#endif
     fi;
 #else
     if

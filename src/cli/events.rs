@@ -309,7 +309,7 @@ impl Event<'_> {
                 "lock": path(lock), "how": how, "exit": exit, "skipped": skipped,
             }),
             Event::Serving(s) => json!({
-                "lock": path(&s.lock), "pid": s.pid, "user": s.user,
+                "lock": path(&s.lock), "pid": s.pid, "user": s.user, "blocked": s.blocked,
             }),
             Event::Failed { lock, error } => json!({
                 "lock": path(lock), "exit": super::exit::exit_code(error),

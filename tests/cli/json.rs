@@ -50,7 +50,7 @@ fn promised(name: &str) -> &'static [&'static str] {
         "fenced" => &["command", "reason", "survivors", "exit"],
         "timed-out" => &["command", "limit_ms", "survivors", "exit"],
         "leftovers-stopped" => &["command", "stopped"],
-        "serving" => &["pid", "user"],
+        "serving" => &["pid", "user", "blocked"],
         "released" => &["how", "exit", "skipped"],
         "not-started" => &["exit"],
         other => panic!("an event this test does not expect: {other}"),
