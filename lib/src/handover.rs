@@ -107,12 +107,11 @@ pub(crate) fn release_to_blocked(
     f: File,
 ) -> std::result::Result<File, File> {
     let _ = crate::klock::let_go_lock_file(&f);
-    let until = std::time::Instant::now() + BLOCKED_TAKES_WITHIN;
-    let mut nap = std::time::Duration::from_micros(100);
-    while !crate::mutex::exclusively_locked(&f) && std::time::Instant::now() < until {
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(std::time::Duration::from_millis(10));
-    }
+    nap_until(
+        BLOCKED_TAKES_WITHIN,
+        std::time::Duration::from_millis(10),
+        || crate::mutex::exclusively_locked(&f),
+    );
     if !holds_exactly(&f, bytes) || fsio::mark_released(&f, &paths.lock).is_err() {
         return Err(f);
     }

@@ -228,19 +228,7 @@ pub(crate) fn wait_exclusive(file: &File) -> io::Result<()> {
 /// description), whose default action is to ignore it — never the default SIGIO, which would
 /// end the process.
 pub(crate) fn open_only_here(file: &File) -> bool {
-    // <asm-generic/fcntl.h>, the same on every Linux architecture; the libc crate lacks it.
-    const F_SETSIG: libc::c_int = 10;
-    let fd = file.as_raw_fd();
-    // SAFETY: fcntl(2) with integer arguments on a descriptor we own; a bad one is EBADF.
-    unsafe {
-        if libc::fcntl(fd, F_SETSIG, libc::SIGURG) != 0
-            || libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) != 0
-        {
-            return false;
-        }
-        libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
-    }
-    true
+    lease_refused(file, libc::F_WRLCK) == Some(false)
 }
 
 /// Whether another open file description has `file`'s inode open *for writing*: `Some(true)`
@@ -253,6 +241,14 @@ pub(crate) fn open_only_here(file: &File) -> bool {
 /// reopens its file read-write for `LOCK_EX` — and keeps it open while the client polls
 /// (measured with ganesha 4.3: PROTOCOL.md §10). Racing opens: as [`open_only_here`].
 pub(crate) fn open_for_writing_elsewhere(file: &File) -> Option<bool> {
+    lease_refused(file, libc::F_RDLCK)
+}
+
+/// Asks for a lease of `kind` on `file` and lets go of it at once: `Some(true)` when the kernel
+/// refuses it because of another open (EAGAIN), `Some(false)` when it grants it, `None` when
+/// it cannot be had for another reason. A lease broken by an open racing its microseconds is
+/// signalled with SIGURG (`F_SETSIG`; ignored by default), never SIGIO.
+fn lease_refused(file: &File, kind: libc::c_int) -> Option<bool> {
     // <asm-generic/fcntl.h>, the same on every Linux architecture; the libc crate lacks it.
     const F_SETSIG: libc::c_int = 10;
     let fd = file.as_raw_fd();
@@ -261,7 +257,7 @@ pub(crate) fn open_for_writing_elsewhere(file: &File) -> Option<bool> {
         if libc::fcntl(fd, F_SETSIG, libc::SIGURG) != 0 {
             return None;
         }
-        if libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) != 0 {
+        if libc::fcntl(fd, libc::F_SETLEASE, kind) != 0 {
             let e = io::Error::last_os_error().raw_os_error();
             return (e == Some(libc::EAGAIN)).then_some(true);
         }
