@@ -33,6 +33,15 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// Reads LOCK with plain `read()`s until `stop`; returns (reads, torn, unparseable).
 fn raw_reader(lock: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, u64, u64)> {
+    raw_reader_counting(lock, stop, Arc::new(AtomicU64::new(0)))
+}
+
+/// [`raw_reader`], counting torn reads in `torn_so_far` as they happen.
+fn raw_reader_counting(
+    lock: PathBuf,
+    stop: Arc<AtomicBool>,
+    torn_so_far: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<(u64, u64, u64)> {
     std::thread::spawn(move || {
         let (mut reads, mut torn, mut bad) = (0u64, 0u64, 0u64);
         while !stop.load(Ordering::Relaxed) {
@@ -40,7 +49,10 @@ fn raw_reader(lock: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(
             reads += 1;
             match checksum_ok(&b) {
                 Some(true) => {}
-                Some(false) => torn += 1,
+                Some(false) => {
+                    torn += 1;
+                    torn_so_far.fetch_add(1, Ordering::Relaxed);
+                }
                 None => bad += 1,
             }
         }
@@ -189,11 +201,19 @@ fn status_reads_never_see_a_torn_lease_under_in_place_hammering() {
             }
         })
     };
-    let raw = raw_reader(lock.clone(), Arc::clone(&stop));
-    let reads = 20_000;
+    let torn_so_far = Arc::new(AtomicU64::new(0));
+    let raw = raw_reader_counting(lock.clone(), Arc::clone(&stop), Arc::clone(&torn_so_far));
+    // At least 20,000 status reads, and on until the raw reader has seen a read tear (for at
+    // most 60 s): a tear needs the writer and a reader on two CPUs at once, which a loaded
+    // machine (two cores, a build beside the test) can deny for the first 20,000.
+    let mut reads = 0;
     let started = Instant::now();
     let (mut errors, mut invalid, mut saw) = (Vec::new(), Vec::new(), [0usize; 2]);
-    for i in 0..reads {
+    while reads < 20_000
+        || (torn_so_far.load(Ordering::Relaxed) == 0 && started.elapsed() < Duration::from_secs(60))
+    {
+        let i = reads;
+        reads += 1;
         match leasehold::status(&lock) {
             Ok(v) => match v.lease.as_ref() {
                 Some(l) if v.state == State::Held && !l.damaged && (*l == a || *l == b) => {
