@@ -64,15 +64,15 @@
  * open file description has open for writing (the server holds the file open read-write for
  * its client), which sees it from its open on (real-flock1-polling, PROTOCOL.md §10).
  *
- * -DINPLACE (with -DFLOCK1 -DFLOCK1_POLL): the design for holders on NFS clients (PROTOCOL.md
- * §10, DESIGNED, NOT BUILT): LOCK's inode never changes. The claim is a try-lock of a byte-range
- * write lock from byte 1 on LOCK's current file, which fails while flock(1) or another
+ * -DINPLACE (with -DFLOCK1 -DFLOCK1_POLL): holders on NFS clients (PROTOCOL.md §9, "In
+ * place", built 2026-12-04): LOCK's inode never changes. The claim is a try-lock of a
+ * byte-range write lock from byte 1 on LOCK's current file, which fails while flock(1) or another
  * contender holds its lock there; the take writes the lease into that very file and keeps the
  * claim as its holding's lock; the release lets go, then marks the record released in place.
  * -DBROKEN_RENAME_RELEASE: the take in place, the release still by a full released record
  * renamed over LOCK (refuted: broken-inplace-rename-release). Without crash and pause (a frozen
- * holder on another host keeps its lock until the server's lease on it expires; the code would
- * fall back to today's rename there, whose window is stated, not modelled).
+ * holder on another host keeps its lock until the server's lease on it expires; the code falls
+ * back to a rename there, whose window is stated, not modelled).
  *
  * -DREMOUNT (a local disk: use with -DONE_HOST -DDRIFT=0 -DNO_RM): durability per mount epoch
  * (PROTOCOL.md §8). What reached the disk is kept apart from what the page cache shows: a lease

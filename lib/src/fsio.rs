@@ -401,8 +401,9 @@ pub(crate) fn write_header(file: &File, path: &Path, region: &[u8]) -> Result<()
 
 /// The device and inode of a file just renamed into place, and, when it was prepared ahead of
 /// time or is a holder's (see [`replace_holding`]), the file itself open read-only, carrying the
-/// holder's flock (never open for writing: a descriptor open for writing for as long as a lease
-/// would keep the file system from being remounted read-only).
+/// holder's flock (never open for writing on a local file system: a descriptor open for
+/// writing for as long as a lease would keep it from being remounted read-only). A holder's on
+/// NFS is open read-write, carrying its byte-range lock ([`replace_in_place`]).
 #[derive(Debug)]
 pub(crate) struct Written {
     pub id: (u64, u64),
@@ -423,7 +424,7 @@ pub(crate) fn replace_keep(
     bytes: &[u8],
     durable: bool,
 ) -> Result<Written> {
-    replace_inner(paths, target, bytes, durable, false)
+    replace_inner(paths, target, bytes, durable, Hold::Nothing)
 }
 
 /// As [`replace_keep`], for a holder's lease on a local file system: the new file, open
@@ -436,7 +437,49 @@ pub(crate) fn replace_holding(
     bytes: &[u8],
     durable: bool,
 ) -> Result<Written> {
-    replace_inner(paths, target, bytes, durable, true)
+    replace_inner(paths, target, bytes, durable, Hold::Flock)
+}
+
+/// As [`replace_keep`], for a holder's lease on a network file system when it cannot be
+/// written in place (LOCK missing, not ours to write, or locked by a frozen holder: see
+/// [`write_in_place`]): the new file, kept open read-write, carries the holding's byte-range
+/// lock (`klock::hold_in_place`), taken before the rename, and every later record of the
+/// holding is written into it in place.
+pub(crate) fn replace_in_place(paths: &LockPaths, target: &Path, bytes: &[u8]) -> Result<Written> {
+    replace_inner(paths, target, bytes, true, Hold::Range)
+}
+
+/// What a new file carries into place for its holder.
+#[derive(Clone, Copy, PartialEq)]
+enum Hold {
+    Nothing,
+    /// A local holder's flock and OFD read lock, on a read-only descriptor ([`held_copy`]).
+    Flock,
+    /// An NFS holder's byte-range write lock, on the read-write descriptor it was written by.
+    Range,
+}
+
+/// Writes `bytes` as the whole of `file` (LOCK's own file, open read-write, whose holding
+/// lock we hold: `klock::hold_in_place`) in place — the released bit cleared first, one
+/// `pwrite` from offset 0, the file cut to its new length, `fdatasync` (a descriptor kept
+/// open is never flushed by a close, and NFS readers see only what reached the server). A
+/// reader racing it reads a mix, which the checksum catches; it reads again (§2). Callers
+/// hold the mutex, or hold the lease and its lock, and checked that LOCK's name still leads
+/// to `file`.
+pub(crate) fn write_in_place(file: &File, path: &Path, bytes: &[u8]) -> Result<()> {
+    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    if meta.permissions().mode() & RELEASED_BIT != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(LEASE_MODE))
+            .map_err(|e| Error::io(path, "clear the released bit", e))?;
+    }
+    file.write_all_at(bytes, 0)
+        .map_err(|e| Error::io(path, "write the lease in place", e))?;
+    if meta.len() > bytes.len() as u64 {
+        file.set_len(bytes.len() as u64)
+            .map_err(|e| Error::io(path, "cut the lease to its length", e))?;
+    }
+    file.sync_data()
+        .map_err(|e| Error::io(path, "fsync the lease", e))
 }
 
 fn replace_inner(
@@ -444,7 +487,7 @@ fn replace_inner(
     target: &Path,
     bytes: &[u8],
     durable: bool,
-    hold: bool,
+    hold: Hold,
 ) -> Result<Written> {
     let dir = paths.handle();
     let Some(target_name) = target
@@ -471,10 +514,15 @@ fn replace_inner(
             f.sync_data()
                 .map_err(|e| Error::io(&tmp, "fsync the temp file", e))?;
         }
-        let kept = if hold {
-            Some(held_copy(&f, &tmp)?)
-        } else {
-            None
+        let kept = match hold {
+            Hold::Nothing => None,
+            Hold::Flock => Some(held_copy(&f, &tmp)?),
+            // A lock someone else took first (only a directory writer who opened our new file
+            // meanwhile could) is left to them, as in `held_copy`.
+            Hold::Range => {
+                let _ = crate::klock::hold_in_place(&f);
+                Some(f.try_clone().map_err(|e| Error::io(&tmp, "dup", e))?)
+            }
         };
         rename_ours(dir, &name, id, target_name)
             .map_err(|e| Error::io(target, "rename into place", e))?;

@@ -272,8 +272,9 @@ impl LeaseGuard {
     /// holding (PROTOCOL.md §10). A process that must keep flock(1) out past this process's own
     /// death, until what the job left running is stopped (the `leasehold run` guardian), keeps
     /// it open; [`LeaseGuard::release`] lets go of the lock for every duplicate at once.
-    /// `None` where the holder holds no such lock: on NFS, for shared and counted leases, on
-    /// etcd and S3, and once LOCK was rewritten to another file.
+    /// On NFS it is a byte-range lock on LOCK's file, on a descriptor open read-write (PROTOCOL.md
+    /// §9, "In place"). `None` where the holder holds no such lock: for shared and counted
+    /// leases, on etcd and S3, and once LOCK was rewritten to another file.
     ///
     /// ```
     /// # fn main() -> Result<(), leasehold::Error> {

@@ -1031,6 +1031,33 @@ pub(crate) fn claim_lock_file(
     exclusive_locker(&file, own)
 }
 
+/// A contender's claim on LOCK's file `rw` (open read-write) on a network file system, inside
+/// `section`, where the take writes its lease in place (PROTOCOL.md §9, "In place"): the
+/// holding's byte-range lock (`klock::hold_in_place`), tried without waiting, kept by the
+/// section for the take. `true` when it is claimed (now, or already by this section: a second
+/// look in the same section meets our own claim on another description); `false`, claiming
+/// nothing, when another program or holder holds a lock there.
+pub(crate) fn claim_in_place(section: &MutexGuard, rw: File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |f: &File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
+    let mut claimed = section
+        .claimed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if claimed
+        .as_ref()
+        .is_some_and(|c| id(c).is_some() && id(c) == id(&rw))
+    {
+        return true;
+    }
+    *claimed = None;
+    if klock::hold_in_place(&rw).unwrap_or(false) {
+        *claimed = Some(rw);
+        return true;
+    }
+    false
+}
+
 /// Who holds the kernel lock on `file`'s inode, in words: `pid 812 (user bob, state S)`.
 pub(crate) fn describe_holder(file: &File) -> String {
     match holder_pid(file).and_then(|p| process::stat(p).ok().flatten()) {

@@ -616,8 +616,7 @@ i_order() {
     wait_file "$d/$n.waiting" 60 || { bad "[$mode] (i) $label: the waiter never started"; echo go >"$d/$n.go"; wait $hp $wp; return 1; }
     sleep 2
     if [ -e "$d/$n.next" ]; then
-        local v=bad; [ -n "${I_LIMIT:-}" ] && v=lim
-        $v "[$mode] (i) $label: the waiter got in while the holder held (saw: $(cat "$d/$n.seen" 2>/dev/null))"
+        bad "[$mode] (i) $label: the waiter got in while the holder held (saw: $(cat "$d/$n.seen" 2>/dev/null))"
         echo go >"$d/$n.go"; wait $hp $wp; return 1
     fi
     echo go >"$d/$n.go"
@@ -637,21 +636,28 @@ sc_flock_coexist() {
     rm -rf "$d" "$E"/i[0-9].lock "$E"/.i[0-9].lock.leasehold-*
     mkdir -p "$d"
     echo "-- (i) util-linux flock(1) and leasehold on one LOCK: across hosts and on the server's own path"
-    local s; for s in 1 2 3 4 5 6 7; do : >"$d/$s.go"; done
+    local s; for s in 1 2 3 4 5 6 7 8; do : >"$d/$s.go"; done
 
-    # 1. leasehold holds on hosta; flock(1) on hostb. A known limit, measured, not a failure
-    # (PROTOCOL.md §10): on NFS the holder keeps no lock on LOCK's file (LOCK is never kept open
-    # there beyond one read, §9), so flock(1) on another client does not wait for it. Counted
-    # as passed the day it does.
-    gx 180 hosta "$LH run -q --poll $G/i1.lock -c '$(i_job "$G/i" 1)'" >/dev/null 2>&1 &
+    # 1. leasehold holds on hosta; flock(1) on hostb, which must wait: a holder on an NFS
+    # client keeps LOCK's file open with a byte-range lock from byte 1 for the whole holding
+    # (PROTOCOL.md §9, "In place"; before, it kept no lock there and flock(1) ran at once).
+    # TTL 6 s: the holder renews every 2 s, and the check waits for two renewals first (a
+    # renewal opens and closes LOCK again on the holder's host: that must not drop its lock).
+    gx 180 hosta "$LH run -q --poll --ttl 6s $G/i1.lock -c '$(i_job "$G/i" 1)'" >/dev/null 2>&1 &
     hp=$!
     if wait_file "$d/1.state" 60; then
+        local seq1 k1
+        for k1 in $(seq 100); do
+            seq1=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["heartbeat_seq"])' "$E/i1.lock" 2>/dev/null)
+            [ "${seq1:-0}" -ge 2 ] && break; sleep 0.2
+        done
+        [ "${seq1:-0}" -ge 2 ] || bad "[$mode] (i) 1. the holder on hosta never renewed twice (heartbeat_seq ${seq1:-?})"
         out=$(gx 30 hostb "/usr/bin/flock -n $G/i1.lock -c 'echo granted'; echo rc=\$?")
-        [ "$(echo $out)" = "rc=1" ] && ok "[$mode] (i) 1. leasehold run holds on hosta: /usr/bin/flock -n on hostb exits 1" ||
-            lim "[$mode] (i) 1. leasehold run holds on hosta: /usr/bin/flock -n on hostb: $(echo $out) (the holder keeps no lock on NFS)"
+        [ "$(echo $out)" = "rc=1" ] && ok "[$mode] (i) 1. leasehold run holds on hosta (renewed $seq1 times): /usr/bin/flock -n on hostb exits 1" ||
+            bad "[$mode] (i) 1. leasehold run holds on hosta: /usr/bin/flock -n on hostb: $(echo $out) (wanted rc=1)"
         gx 180 hostb "echo w >$G/i/1.waiting; /usr/bin/flock $G/i1.lock -c '$(i_next "$G/i" 1)'" >/dev/null 2>&1 &
         wp=$!
-        I_LIMIT=1 i_order "$mode" "1. /usr/bin/flock on hostb waits for leasehold run on hosta" 1 $hp $wp
+        i_order "$mode" "1. /usr/bin/flock on hostb waits for leasehold run on hosta" 1 $hp $wp
     else
         bad "[$mode] (i) 1. the leasehold holder on hosta never started"; echo go >"$d/1.go"; wait $hp
     fi
@@ -807,6 +813,87 @@ EOF
         ok "[$mode] (i) 6. /usr/bin/flock -n on a client racing leasehold run -n on the server's path: zero overlaps, every exit 0/1 (flock) and 0/75 (leasehold) ($(echo "$res" | head -1))"
     fi
     fig "[$mode] (i) 6. $(echo "$res" | head -1) in $((SECONDS - t6)) s"
+
+    # 8. as 7, across clients: a blocking /usr/bin/flock on hostb polls (the server never lists
+    # it as blocked, and hosta cannot see it at all), and leasehold holders on hosta follow one
+    # another. flock(1) opened the first holder's file; with takes and releases by rename it
+    # would lock a file nobody looks at any more and run beside a later holder (the SPIN
+    # model's broken-inplace-rename-release). Holders on NFS clients take and release in place
+    # (PROTOCOL.md §9): flock(1) runs between two holders or after them, never beside one.
+    local r8=$d/r8; mkdir -p "$r8"
+    gx 240 hosta "$LH run -q --poll $G/i8.lock -c '$(i_job "$G/i" 8)'" >/dev/null 2>&1 &
+    hp=$!
+    if wait_file "$d/8.state" 60; then
+        gx 240 hostb "echo w >$G/i/8.waiting; /usr/bin/flock $G/i8.lock sh $G/cs.sh $G/i/r8 3; echo \$? >$G/i/r8/rc.flock" >/dev/null 2>&1 &
+        wp=$!
+        local t8=$SECONDS c0 c1
+        # a pause, not an order (as in 7)
+        wait_file "$d/8.waiting" 60 && sleep 3
+        echo go >"$d/8.go"; wait $hp
+        gx 240 hosta "$LH run -q -w 150s $G/i8.lock -- sh $G/cs.sh $G/i/r8 12; echo \$? >$G/i/r8/rc.c0" >/dev/null 2>&1 &
+        c0=$!
+        sleep 1
+        gx 240 hosta "$LH run -q -w 150s $G/i8.lock -- sh $G/cs.sh $G/i/r8 12; echo \$? >$G/i/r8/rc.c1" >/dev/null 2>&1 &
+        c1=$!
+        wait $c0 $c1 $wp
+        local o8 rcs8; o8=$(cat "$r8"/overlap.* 2>/dev/null | wc -l)
+        rcs8="flock(1) $(cat "$r8/rc.flock" 2>/dev/null), holders $(cat "$r8/rc.c0" 2>/dev/null) $(cat "$r8/rc.c1" 2>/dev/null)"
+        if [ "$o8" = 0 ] && [ "$rcs8" = "flock(1) 0, holders 0 0" ]; then
+            ok "[$mode] (i) 8. a polling /usr/bin/flock on hostb and leasehold holders one after another on hosta: never inside together ($rcs8)"
+        else
+            bad "[$mode] (i) 8. a polling /usr/bin/flock on hostb and leasehold holders one after another on hosta: $o8 overlaps, exits: $rcs8 ($(cat "$r8"/overlap.* 2>/dev/null | head -2 | tr '\n' ';'))"
+        fi
+        fig "[$mode] (i) 8. took $((SECONDS - t8)) s (order: $(cut -d' ' -f2 "$r8/shared.log" 2>/dev/null | tr '\n' ' '))"
+    else
+        bad "[$mode] (i) 8. the leasehold holder on hosta never started"; echo go >"$d/8.go"; wait $hp
+    fi
+
+    # 9. race across clients: /usr/bin/flock -n on hostb and leasehold run -n on hosta, one
+    # free LOCK, as 6: each critical section 0.3 s, one side (either, at random) started 0-0.4 s
+    # after the other.
+    local r9=$d/race9 n9=${LEASEHOLD_NFS_FLOCK_ROUNDS:-$n}; mkdir -p "$r9"
+    echo "   (i) 9. $n9 racing rounds: /usr/bin/flock -n on hostb against leasehold run -n on hosta"
+    local t9=$SECONDS
+    for i in $(seq "$n9"); do
+        delay=$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 400 / 1000 }')
+        local fd=0 ld=0; if [ $((RANDOM % 2)) = 0 ]; then fd=$delay; else ld=$delay; fi
+        gx 60 hostb "sleep $fd; /usr/bin/flock -n $G/i9.lock sh $G/cs.sh $G/i/race9 0.3 2>>$G/i/race9/err.client; echo \$? >>$G/i/race9/rc.client" >/dev/null 2>&1 &
+        local gp=$!
+        gx 60 hosta "sleep $ld; $LH run -q -n --ttl 5s $G/i9.lock -- sh $G/cs.sh $G/i/race9 0.3 2>>$G/i/race9/err.server; echo \$? >>$G/i/race9/rc.server" >/dev/null 2>&1
+        wait $gp
+    done
+    res=$($PY - "$r9" "$n9" <<'EOF'
+import glob, os, sys
+from collections import Counter
+d, n = sys.argv[1], int(sys.argv[2])
+problems = []
+def codes(side):
+    p = os.path.join(d, "rc." + side)
+    return [l.strip() for l in open(p)] if os.path.exists(p) else []
+c, s = codes("client"), codes("server")
+for side, cs, want in (("hostb flock(1)", c, ("0", "1")), ("hosta leasehold", s, ("0", "75"))):
+    if len(cs) != n: problems.append("%s finished %d of %d rounds" % (side, len(cs), n))
+    odd = Counter(x for x in cs if x not in want)
+    if odd: problems.append("%s exit statuses other than %s: %s" % (side, " or ".join(want), dict(odd)))
+overlaps = []
+for f in glob.glob(os.path.join(d, "overlap.*")):
+    overlaps += open(f).read().strip().split("\n")
+if overlaps: problems.append("OVERLAP x%d: %s" % (len(overlaps), "; ".join(overlaps[:5])))
+if c.count("0") == 0 or s.count("0") == 0: problems.append("one side never ran its command")
+# flock(1) is refused only when it sees leasehold's holder (before holders kept a lock on NFS: never)
+if c.count("1") < max(1, n // 20): problems.append("flock(1) refused only %d times: it does not see leasehold's holder" % c.count("1"))
+if s.count("75") < max(1, n // 20): problems.append("leasehold refused only %d times: the two sides rarely met" % s.count("75"))
+print("rounds=%d overlaps=%d hostb flock(1): %d ran, %d refused; hosta leasehold: %d ran, %d refused" % (n, len(overlaps), c.count("0"), c.count("1"), s.count("0"), s.count("75")))
+for p in problems: print("PROBLEM " + p)
+EOF
+)
+    echo "$res" | sed 's/^/    /'
+    if echo "$res" | grep -q '^PROBLEM'; then
+        bad "[$mode] (i) 9. /usr/bin/flock -n on hostb racing leasehold run -n on hosta"
+    else
+        ok "[$mode] (i) 9. /usr/bin/flock -n on hostb racing leasehold run -n on hosta: zero overlaps, every exit 0/1 (flock) and 0/75 (leasehold) ($(echo "$res" | head -1))"
+    fi
+    fig "[$mode] (i) 9. $(echo "$res" | head -1) in $((SECONDS - t9)) s"
     fig "[$mode] (i) took $((SECONDS - t0)) s"
 }
 

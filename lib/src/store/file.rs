@@ -7,10 +7,12 @@
 //! `handover.rs` — and what a file-store contender and holder keep open between steps (the
 //! mutex descriptor, LOCK's descriptor, the ticket and its prepared lease, the reserved token;
 //! the witness, the written and replaced files, the holder's mark).
-//! Must never: keep LOCK open on a network file system beyond one read; write LOCK except by
-//! renaming a complete record over it under the mutex, rewriting the header of our own record
-//! after checking it is ours, or setting the released bit on it; reach a file except through
-//! LOCK's directory descriptor.
+//! Must never: keep LOCK open on a network file system beyond one read, except a holder's own
+//! file with its lock (PROTOCOL.md §9, "In place"); write LOCK except by renaming a complete
+//! record over it under the mutex, rewriting the header of our own record after checking it is
+//! ours, setting the released bit on it, or — a holder on NFS — writing whole records into the
+//! file whose lock it holds, under the mutex, while LOCK still names it; reach a file except
+//! through LOCK's directory descriptor.
 
 use crate::cancel::Cancel;
 use std::fs::File;
@@ -103,6 +105,25 @@ impl FileStore {
             .open_existing(self.paths.lock_name(), false)
             .ok()?;
         if self.storage.network {
+            // Inside a section that may take the lease, LOCK's file is claimed for a take in
+            // place (a holder's byte-range lock from byte 1, `klock::hold_in_place`), which
+            // fails while flock(1) — a whole-file lock — holds it; the test on byte 0 then
+            // says whether that was another program (flock(1): whole file) or a holder's own
+            // lock (from byte 1: a frozen holder on some host, whose file the take then
+            // replaces by rename instead, as before).
+            if let Some(section) = claim
+                && self.origin.is_none()
+                && let Ok(Some((rw, _))) = fsio::open_lock(&self.paths, true)
+                && rw.metadata().is_ok_and(|m| {
+                    // Only into a file of our own uid (root too: never into a user's file,
+                    // which that user could then rewrite under root's lease).
+                    use std::os::unix::fs::MetadataExt;
+                    m.uid() == rustix::process::geteuid().as_raw()
+                })
+                && crate::mutex::claim_in_place(section, rw)
+            {
+                return None;
+            }
             return match crate::klock::held_by_other(&f, true) {
                 Ok(true) => Some("a process on some host (NFS)".into()),
                 _ => None,
@@ -402,7 +423,34 @@ impl Store for FileStore {
         // LOCK's file as we found it: claimed by our look for other programs' locks (see
         // [`FileStore::foreign_lock`]), or — a takeover no such look preceded — claimed now if
         // nobody holds it, and kept for the holding either way (PROTOCOL.md §10).
-        let replaced = match (m.take_claimed(), replaced) {
+        let claimed = m.take_claimed();
+        // On a network file system (an NFS client), LOCK's inode stays: our lease is written
+        // into the very file our claim holds (PROTOCOL.md §9, "In place"), or — no claim: LOCK
+        // missing, not ours to write, or still locked by a frozen holder — renamed into place
+        // carrying the same lock; every later record of the holding goes in place.
+        if self.storage.network && self.origin.is_none() {
+            let started = BootInstant::now();
+            let written = match claimed {
+                Some(c) => {
+                    let id = c
+                        .metadata()
+                        .map(|m| {
+                            use std::os::unix::fs::MetadataExt;
+                            (m.dev(), m.ino())
+                        })
+                        .map_err(|e| Error::io(&self.paths.lock, "stat", e))?;
+                    fsio::write_in_place(&c, &self.paths.lock, &bytes)?;
+                    fsio::Written { id, kept: Some(c) }
+                }
+                None => fsio::replace_in_place(&self.paths, &self.paths.lock, &bytes)?,
+            };
+            let ticket = ticket.map(Ticket::unlink_held);
+            let witness = m.unlock();
+            drop(ticket);
+            let holding = FileHolding::new(self, witness, written, None, mark);
+            return Ok((lease, bytes, started, holding));
+        }
+        let replaced = match (claimed, replaced) {
             (Some(c), _) => Some(c),
             (None, Some(s)) => {
                 if !self.storage.network && self.origin.is_none() {
@@ -421,7 +469,7 @@ impl Store for FileStore {
             Some(w) => w?,
             // A holder of LOCK on a local file system holds a flock on its file for the whole
             // holding, taken before the rename (util-linux flock(1) waits for it, PROTOCOL.md
-            // §10). Not on NFS, where LOCK is never kept open beyond one read (§9).
+            // §10). (On NFS: in place, above.)
             None if !self.storage.network && self.origin.is_none() => {
                 fsio::replace_holding(&self.paths, &self.paths.lock, &bytes, sync)?
             }
@@ -514,6 +562,124 @@ impl Store for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::libc;
+    use std::os::unix::fs::MetadataExt;
+
+    /// What util-linux flock(1) takes through an NFS client: a whole-file write lock (here an
+    /// OFD lock on a description of its own), tried without waiting.
+    fn whole_file_lock(f: &File) -> bool {
+        use std::os::fd::AsFd;
+        // SAFETY: a plain C struct; all-zero is valid.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        let arg = nix::fcntl::FcntlArg::F_OFD_SETLK(&fl);
+        nix::fcntl::fcntl(f.as_fd(), arg).is_ok()
+    }
+
+    /// On a network file system, a file whose holder's lock (from byte 1) is still held — a
+    /// frozen holder's — is not written in place: the take renames its lease over it, carrying
+    /// its own lock, and never mistakes that lock for another program's (byte 0 is free).
+    #[test]
+    fn a_take_on_a_network_file_system_renames_over_a_file_a_holder_s_lock_is_still_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("job.lock");
+        let net = Storage {
+            network: true,
+            memory_backed: false,
+        };
+        let store = || FileStore::new(LockPaths::new(&lock).unwrap(), net, false);
+        let b = crate::LeaseBuilder::new(&lock);
+        let ino = || std::fs::metadata(&lock).unwrap().ino();
+        crate::acquire::through(&b, store(), None, true)
+            .unwrap()
+            .release()
+            .unwrap();
+        let old = ino();
+        let frozen = File::options().read(true).write(true).open(&lock).unwrap();
+        assert!(crate::klock::hold_in_place(&frozen).unwrap());
+
+        let g = crate::acquire::through(&b, store(), None, true).unwrap();
+        assert_ne!(
+            ino(),
+            old,
+            "renamed over the file another holder's lock is on"
+        );
+        let rw = File::options().read(true).write(true).open(&lock).unwrap();
+        assert!(
+            !whole_file_lock(&rw),
+            "the new file carries the holder's lock"
+        );
+        g.release().unwrap();
+        assert!(whole_file_lock(&rw), "let go at release");
+    }
+
+    /// A holder on a network file system (the store told so, on a local one: its kernel
+    /// locks are the same OFD byte-range locks an NFS client forwards to the server) keeps
+    /// LOCK's inode from take to release, holding a lock from byte 1 all along: a whole-file
+    /// lock (flock(1) on another client) fails while it holds and is granted once it
+    /// released; a contender then finds that program's lock and does not start; the next take
+    /// writes into the same file again. With a take or release by rename the inode changes
+    /// and flock(1), holding the old file, would run beside the next holder (PROTOCOL.md §9).
+    #[test]
+    fn a_holder_on_a_network_file_system_keeps_lock_s_inode_and_flock1_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("job.lock");
+        let net = Storage {
+            network: true,
+            memory_backed: false,
+        };
+        let store = || FileStore::new(LockPaths::new(&lock).unwrap(), net, false);
+        let b = crate::LeaseBuilder::new(&lock);
+        let ino = || std::fs::metadata(&lock).unwrap().ino();
+        let rw = || File::options().read(true).write(true).open(&lock).unwrap();
+
+        let g = crate::acquire::through(&b, store(), None, true).unwrap();
+        let first = ino();
+        let flock1 = rw();
+        assert!(
+            !whole_file_lock(&flock1),
+            "flock(1) must wait for the holder"
+        );
+        g.release().unwrap();
+        assert_eq!(ino(), first, "released in place");
+        let c = fsio::read_lock(&LockPaths::new(&lock).unwrap()).unwrap();
+        assert!(
+            matches!(&c, LockContent::Lease(l, _) if l.state == LeaseState::Released),
+            "{c:?}"
+        );
+        assert!(
+            whole_file_lock(&flock1),
+            "flock(1) gets the file once released"
+        );
+
+        let busy = crate::acquire::through(&b, store(), None, true);
+        assert!(
+            matches!(&busy, Err(Error::WouldBlock { .. })),
+            "a contender must not start beside flock(1): {busy:?}"
+        );
+        drop(flock1);
+
+        let g = crate::acquire::through(&b, store(), None, true).unwrap();
+        assert_eq!(ino(), first, "taken in place");
+        assert!(!whole_file_lock(&rw()), "held again");
+        // The child's record (longer than the lease it replaces) goes in place too, and the
+        // lock stays.
+        let me = std::process::id() as i32;
+        g.set_child(me, 1, me).unwrap();
+        assert_eq!(ino(), first, "the child's record in place");
+        assert!(!whole_file_lock(&rw()), "still held after set_child");
+        assert!(g.still_ours());
+        g.release_with("exit 3").unwrap();
+        assert_eq!(ino(), first);
+        let c = fsio::read_lock(&LockPaths::new(&lock).unwrap()).unwrap();
+        assert!(
+            matches!(&c, LockContent::Lease(l, _)
+                if l.state == LeaseState::Released
+                    && l.ended.as_ref().is_some_and(|e| e.how == "exit 3")),
+            "the released record, with how the job ended, in place: {c:?}"
+        );
+    }
 
     /// A contender's read of LOCK under the mutex places its hint on the file at once (before
     /// it queues, if it ever does), so that a holder releasing meanwhile finds it and releases in

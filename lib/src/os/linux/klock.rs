@@ -266,6 +266,34 @@ fn lease_refused(file: &File, kind: libc::c_int) -> Option<bool> {
     Some(false)
 }
 
+/// The holding lock of a holder on a network file system (NFS clients), which keeps LOCK's
+/// inode and writes its records in place (PROTOCOL.md §9, "In place"): an OFD write lock from
+/// [`HOLDING_BYTE`] to the end of every possible file, tried without waiting on a descriptor
+/// open for writing (NFSv4 refuses write locks on read-only opens). The server holds it for
+/// us, so util-linux flock(1) on any client — a whole-file write lock there — waits for it,
+/// and it fails while flock(1) holds the file: the try is the take's atomic test for
+/// flock(1). It never covers [`LOCK_BYTE`], so a contender's test for another program's lock
+/// there ([`held_by_other`]) never takes a holder's for flock(1)'s. `Ok(false)` when another
+/// description holds a conflicting lock.
+pub(crate) fn hold_in_place(file: &File) -> io::Result<bool> {
+    let fl = span(libc::F_WRLCK as libc::c_short, HOLDING_BYTE, 0);
+    match fcntl(file.as_fd(), FcntlArg::F_OFD_SETLK(&fl)) {
+        Ok(_) => Ok(true),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => Ok(false),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Lets go of [`hold_in_place`]'s lock. Never `flock(LOCK_UN)` on a network file system: an
+/// NFS client emulates flock with whole-file byte-range locks of the same owner (the open file
+/// description), so that would let go of this lock too, unasked.
+pub(crate) fn let_go_in_place(file: &File) -> io::Result<()> {
+    let fl = span(libc::F_UNLCK as libc::c_short, HOLDING_BYTE, 0);
+    fcntl(file.as_fd(), FcntlArg::F_OFD_SETLK(&fl))
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
 /// Lets go of [`hold_lock_file`]'s locks (the job is over), before the file is closed.
 pub(crate) fn let_go_lock_file(file: &File) -> io::Result<()> {
     let r = ofd_at(file, libc::F_UNLCK as libc::c_short, false, HOLDING_BYTE).map(drop);

@@ -1,6 +1,7 @@
 //! The held side of the file store: [`FileHolding`], one held lease's link to LOCK (or to its
 //! holder file) — renewal in place, the `ours()` check, release (in place by the released bit,
-//! or a released record under the mutex).
+//! or a released record under the mutex: renamed over LOCK, or — on NFS — written into the
+//! file we keep, PROTOCOL.md §9, "In place").
 //!
 //! Owns: what `Holding` (`store/mod.rs`) asks of a held lease on files. Must never: renew or
 //! release a lease that is no longer ours (every write is preceded by `ours()`), or follow a
@@ -230,6 +231,19 @@ impl FileHolding {
             e.by = Some(by);
         }
         let bytes = released.to_bytes();
+        // On a network file system, LOCK's inode stays (PROTOCOL.md §9, "In place"): our lock
+        // is let go of, then the released record is written into our very file, still LOCK —
+        // so that flock(1) on any client, which may have opened it at any time, locks the
+        // file every contender looks at.
+        if let Some(k) = kept.filter(|_| self.in_place()) {
+            if self.still_lock(k) {
+                let _ = crate::klock::let_go_in_place(k);
+                return fsio::write_in_place(k, &self.paths.lock, &bytes).map(|_| Wrote::Full);
+            }
+            let _ = crate::klock::let_go_in_place(k);
+            return fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, self.sync)
+                .map(|_| Wrote::Full);
+        }
         // Checked last, just before the rename: one that blocks after it gets the file renamed
         // away when we let go (a window of microseconds, PROTOCOL.md §10).
         if let Some(k) = kept {
@@ -278,6 +292,19 @@ impl FileHolding {
                 format!("{e}; {what}"),
             ),
         })
+    }
+
+    /// Whether our records are written in place into the file we keep (a holder on a network
+    /// file system, PROTOCOL.md §9, "In place").
+    fn in_place(&self) -> bool {
+        self.storage.network && self.origin.is_none()
+    }
+
+    /// Whether LOCK's name leads to `file` now (a fresh open by name: on NFS, one that
+    /// revalidates what the client cached).
+    fn still_lock(&self, file: &File) -> bool {
+        file.metadata()
+            .is_ok_and(|m| fsio::open_lock_if(&self.paths, (m.dev(), m.ino())).is_some())
     }
 
     /// Writes the header `region` over LOCK in place if it still holds our lease (in any state).
@@ -406,6 +433,22 @@ impl Holding for FileHolding {
         self.ensure_ours(mine, None, false)?;
         // The new file carries our flock before it becomes LOCK; the old one keeps ours until
         // our release serves whoever blocked on it meanwhile (`handover::serve_old_waiters`).
+        // On a network file system, into our own file in place while LOCK still names it
+        // (else renamed, carrying our lock, as at a take without a claim).
+        if self.in_place() {
+            let mut written = lock(&self.written);
+            if let Some(k) = written.as_ref().and_then(|w| w.kept.as_ref())
+                && self.still_lock(k)
+            {
+                return fsio::write_in_place(k, &self.paths.lock, bytes);
+            }
+            *written = Some(fsio::replace_in_place(
+                &self.paths,
+                &self.paths.lock,
+                bytes,
+            )?);
+            return Ok(());
+        }
         let w = if self.storage.network || self.origin.is_some() {
             fsio::replace_keep(&self.paths, &self.paths.lock, bytes, false)?
         } else {
@@ -563,7 +606,11 @@ impl FileHolding {
         if !matches!(outcome, Ok(Wrote::Blocked | Wrote::Hinted))
             && let Some(k) = kept
         {
-            let _ = crate::klock::let_go_lock_file(k);
+            let _ = if local {
+                crate::klock::let_go_lock_file(k)
+            } else {
+                crate::klock::let_go_in_place(k)
+            };
         }
         let marked = match outcome {
             Ok(Wrote::Full) | Err(Error::Lost { .. }) => return Ok(()),
