@@ -459,6 +459,28 @@ enum Hold {
     Range,
 }
 
+/// LOCK created empty, exclusively, when it does not exist, and claimed at once, on a network
+/// file system, as a take there claims the file it writes (the holder's byte-range lock,
+/// `klock::hold_in_place`, on the read-write descriptor): util-linux flock(1) creates a missing
+/// file too, and a rename over a file it had just created and locked would let it run beside
+/// us. `Ok(None)` when LOCK exists (or cannot be created here: the take's own write then says
+/// why); [`Error::Raced`] when another program locked the new file between our create and our
+/// claim (the caller looks again, and finds it locked). Not on a local disk, where a holder
+/// keeps the file its lease replaced open with its claim: an unlinked file kept open would
+/// keep the file system from being remounted read-only under a holder (PROTOCOL.md §10).
+pub(crate) fn create_lock_claimed(paths: &LockPaths) -> Result<Option<File>> {
+    let Ok((f, _)) = paths.handle().create_new(paths.lock_name(), LEASE_MODE) else {
+        return Ok(None);
+    };
+    match crate::klock::hold_in_place(&f) {
+        Ok(true) => Ok(Some(f)),
+        Ok(false) => Err(Error::Raced {
+            path: paths.lock.clone(),
+        }),
+        Err(e) => Err(Error::io(&paths.lock, "lock", e)),
+    }
+}
+
 /// Writes `bytes` as the whole of `file` (LOCK's own file, open read-write, whose holding
 /// lock we hold: `klock::hold_in_place`) in place — the released bit cleared first, one
 /// `pwrite` from offset 0, the file cut to its new length, `fdatasync` (a descriptor kept

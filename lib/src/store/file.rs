@@ -388,6 +388,14 @@ impl Store for FileStore {
             reserved,
             ..
         } = place;
+        // LOCK's file as we found it, claimed by our look for other programs' locks (see
+        // [`FileStore::foreign_lock`]) — or, on NFS, LOCK missing: created and claimed now,
+        // before any token or mark of ours exists (flock(1) creates a missing file too: we
+        // never rename over a file it just created and locked).
+        let mut claimed = m.take_claimed();
+        if claimed.is_none() && self.storage.network && self.origin.is_none() {
+            claimed = fsio::create_lock_claimed(&self.paths)?;
+        }
         let seen = m.tokens()?;
         let token = match reserved {
             // Nobody reserved or used a token since ours: it is still above every token
@@ -420,13 +428,9 @@ impl Store for FileStore {
         } else {
             m.hold_mark(token);
         }
-        // LOCK's file as we found it: claimed by our look for other programs' locks (see
-        // [`FileStore::foreign_lock`]), or — a takeover no such look preceded — claimed now if
-        // nobody holds it, and kept for the holding either way (PROTOCOL.md §10).
-        let claimed = m.take_claimed();
         // On a network file system (an NFS client), LOCK's inode stays: our lease is written
         // into the very file our claim holds (PROTOCOL.md §9, "In place"), or — no claim: LOCK
-        // missing, not ours to write, or still locked by a frozen holder — renamed into place
+        // not ours to write, or still locked by a frozen holder — renamed into place
         // carrying the same lock; every later record of the holding goes in place.
         if self.storage.network && self.origin.is_none() {
             let started = BootInstant::now();
@@ -450,6 +454,8 @@ impl Store for FileStore {
             let holding = FileHolding::new(self, witness, written, None, mark);
             return Ok((lease, bytes, started, holding));
         }
+        // LOCK's file as we found it: claimed (above), or — a takeover no such look preceded —
+        // claimed now if nobody holds it, and kept for the holding either way (PROTOCOL.md §10).
         let replaced = match (claimed, replaced) {
             (Some(c), _) => Some(c),
             (None, Some(s)) => {
