@@ -1008,36 +1008,29 @@ pub(crate) fn claim_lock_file(
     file: File,
     own: impl Fn(i32) -> bool,
 ) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let id = |f: &File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
-    let mut claimed = section
-        .claimed
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // Looked at again in the same section: a claim of ours on this very file is no other
-    // program's lock (and trying again would meet it).
-    if claimed
-        .as_ref()
-        .is_some_and(|c| id(c).is_some() && id(c) == id(&file))
-    {
-        return None;
+    match claim_with(section, file, |f| {
+        klock::claim_lock_file(f).unwrap_or(false)
+    }) {
+        Ok(()) => None,
+        Err(file) => exclusive_locker(&file, own),
     }
-    *claimed = None;
-    if klock::claim_lock_file(&file).unwrap_or(false) {
-        *claimed = Some(file);
-        return None;
-    }
-    drop(claimed);
-    exclusive_locker(&file, own)
 }
 
 /// A contender's claim on LOCK's file `rw` (open read-write) on a network file system, inside
 /// `section`, where the take writes its lease in place (PROTOCOL.md §9, "In place"): the
 /// holding's byte-range lock (`klock::hold_in_place`), tried without waiting, kept by the
-/// section for the take. `true` when it is claimed (now, or already by this section: a second
-/// look in the same section meets our own claim on another description); `false`, claiming
-/// nothing, when another program or holder holds a lock there.
+/// section for the take. `true` when it is claimed (now, or already by this section);
+/// `false`, claiming nothing, when another program or holder holds a lock there.
 pub(crate) fn claim_in_place(section: &MutexGuard, rw: File) -> bool {
+    claim_with(section, rw, |f| klock::hold_in_place(f).unwrap_or(false)).is_ok()
+}
+
+/// The one home of the section's claim: `file` claimed by `take` (its lock tried without
+/// waiting) and kept by the section for the take — or already claimed by this section (looked
+/// at again in the same section: a claim of ours on this very file is no other program's
+/// lock, and trying again on another description would meet it). `Err(file)`, claiming
+/// nothing, when the try fails.
+fn claim_with(section: &MutexGuard, file: File, take: impl Fn(&File) -> bool) -> Result<(), File> {
     use std::os::unix::fs::MetadataExt;
     let id = |f: &File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
     let mut claimed = section
@@ -1046,16 +1039,16 @@ pub(crate) fn claim_in_place(section: &MutexGuard, rw: File) -> bool {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if claimed
         .as_ref()
-        .is_some_and(|c| id(c).is_some() && id(c) == id(&rw))
+        .is_some_and(|c| id(c).is_some() && id(c) == id(&file))
     {
-        return true;
+        return Ok(());
     }
     *claimed = None;
-    if klock::hold_in_place(&rw).unwrap_or(false) {
-        *claimed = Some(rw);
-        return true;
+    if take(&file) {
+        *claimed = Some(file);
+        return Ok(());
     }
-    false
+    Err(file)
 }
 
 /// Who holds the kernel lock on `file`'s inode, in words: `pid 812 (user bob, state S)`.

@@ -583,6 +583,16 @@ mod tests {
         nix::fcntl::fcntl(f.as_fd(), arg).is_ok()
     }
 
+    /// A store for `lock` told it is on a network file system (on a local one: its kernel
+    /// locks are the same OFD byte-range locks an NFS client forwards to the server).
+    fn told_network(lock: &std::path::Path) -> FileStore {
+        let net = Storage {
+            network: true,
+            memory_backed: false,
+        };
+        FileStore::new(LockPaths::new(lock).unwrap(), net, false)
+    }
+
     /// On a network file system, a file whose holder's lock (from byte 1) is still held — a
     /// frozen holder's — is not written in place: the take renames its lease over it, carrying
     /// its own lock, and never mistakes that lock for another program's (byte 0 is free).
@@ -590,11 +600,7 @@ mod tests {
     fn a_take_on_a_network_file_system_renames_over_a_file_a_holder_s_lock_is_still_on() {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("job.lock");
-        let net = Storage {
-            network: true,
-            memory_backed: false,
-        };
-        let store = || FileStore::new(LockPaths::new(&lock).unwrap(), net, false);
+        let store = || told_network(&lock);
         let b = crate::LeaseBuilder::new(&lock);
         let ino = || std::fs::metadata(&lock).unwrap().ino();
         crate::acquire::through(&b, store(), None, true)
@@ -631,11 +637,7 @@ mod tests {
     fn a_holder_on_a_network_file_system_keeps_lock_s_inode_and_flock1_waits_for_it() {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("job.lock");
-        let net = Storage {
-            network: true,
-            memory_backed: false,
-        };
-        let store = || FileStore::new(LockPaths::new(&lock).unwrap(), net, false);
+        let store = || told_network(&lock);
         let b = crate::LeaseBuilder::new(&lock);
         let ino = || std::fs::metadata(&lock).unwrap().ino();
         let rw = || File::options().read(true).write(true).open(&lock).unwrap();
