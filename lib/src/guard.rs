@@ -297,7 +297,8 @@ impl LeaseGuard {
     /// us (PROTOCOL.md §4). A process that outlives us (the binary's guardian) keeps them and, if
     /// we die before our release served their waiters, serves them itself with
     /// [`serve_blocked`] before it lets go. Empty where there are none (NFS, shared leases,
-    /// etcd, S3, a lock taken when LOCK did not exist).
+    /// etcd, S3, a lock taken when LOCK did not exist, or whose file nobody else had open
+    /// once ours replaced it: see [`drop_unreachable`]).
     ///
     /// ```
     /// # fn main() -> Result<(), leasehold::Error> {
@@ -305,7 +306,7 @@ impl LeaseGuard {
     /// # let path = dir.path().join("job.lock");
     /// leasehold::LeaseBuilder::new(&path).try_acquire()?.release()?;
     /// let guard = leasehold::LeaseBuilder::new(&path).try_acquire()?;
-    /// let old = guard.old_file_descriptors(); // the released record's file, claimed
+    /// let old = guard.old_file_descriptors(); // empty: nobody else had the released file open
     /// guard.release()?;
     /// drop(old);
     /// # Ok(())
@@ -550,4 +551,28 @@ pub fn serve_blocked(
     tell: impl Fn(&crate::Served) + Send + Sync,
 ) {
     crate::handover::serve_old_waiters(files, lock, Some(&tell));
+}
+
+/// Closes the files among `files` (descriptors from [`LeaseGuard::old_file_descriptors`]) that
+/// nobody can ever lock again: nameless, and open through no other open file description (a
+/// duplicate shares the holder's). Kept open, they would only stop the file system from being
+/// remounted read-only (the kernel refuses while an unlinked file is open). What a holder does
+/// at each renewal, for a process that keeps those descriptors for the length of the holding
+/// (the binary's guardian). On file systems without leases (NFS) nothing is closed.
+///
+/// ```
+/// # fn main() -> Result<(), leasehold::Error> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("job.lock");
+/// leasehold::LeaseBuilder::new(&path).try_acquire()?.release()?;
+/// let guard = leasehold::LeaseBuilder::new(&path).try_acquire()?;
+/// let mut old: Vec<std::fs::File> = guard.old_file_descriptors().into_iter().map(Into::into).collect();
+/// leasehold::drop_unreachable(&mut old);
+/// assert!(old.is_empty(), "the released record's file: nameless, and nobody else has it open");
+/// guard.release()?;
+/// # Ok(())
+/// # }
+/// ```
+pub fn drop_unreachable(files: &mut Vec<std::fs::File>) {
+    files.retain(crate::klock::still_reachable);
 }

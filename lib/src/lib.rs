@@ -93,7 +93,7 @@ pub use cancel::Cancel;
 pub use clock::{Clock, SkewedClock, SystemClock, format_rfc3339, human_duration, parse_rfc3339};
 pub use ending::{Ack, Acked, EndKind, History, LastEnding, SKIPPED, ack, last_ending, too_soon};
 pub use error::{Error, Result, TimingError};
-pub use guard::{LeaseGuard, serve_blocked};
+pub use guard::{LeaseGuard, drop_unreachable, serve_blocked};
 pub use handover::{OPEN_TAKES_WITHIN, Served};
 pub use identity::Identity;
 pub use loss::LossReason;

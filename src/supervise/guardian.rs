@@ -22,7 +22,8 @@
 //! that are no longer LOCK (`LeaseGuard::old_file_descriptors`: the file its lease replaced,
 //! claimed); once the job is stopped, a flock(1) blocked on one of them is served
 //! (`leasehold::serve_blocked`) before the guardian exits and lets go of LOCK's, so it never
-//! runs beside the next holder (PROTOCOL.md §4).
+//! runs beside the next holder (PROTOCOL.md §4); those nobody can lock any more (nameless, open
+//! nowhere else) are closed once a second meanwhile, not to stop a read-only remount.
 //! Must never: hold a descriptor but its socket, stderr and those duplicates (no lease file, no
 //! mutex, not the caller's stdout); lock or unlock anything itself but in that serving; signal
 //! a process not verified by `leasehold::process` (this lock's path and this lease id in its
@@ -495,6 +496,25 @@ fn serve(fd: RawFd) -> i32 {
     }
     let mut byte = [0u8; 64];
     loop {
+        // While we keep old files, once a second those nobody can lock any more are closed
+        // (nameless, open nowhere else: `leasehold::drop_unreachable`), so that they do not
+        // stop the file system from being remounted read-only under the job (PROTOCOL.md §3).
+        if !old.is_empty() {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, ours.
+            let r = unsafe { libc::poll(&mut p, 1, 1000) };
+            if r == 0 {
+                leasehold::drop_unreachable(&mut old);
+                continue;
+            }
+            if r < 0 && Errno::last() == Errno::EINTR {
+                continue;
+            }
+        }
         // SAFETY: within `byte`.
         let n = unsafe { libc::read(fd, byte.as_mut_ptr().cast(), byte.len()) };
         if n == 0 || (n < 0 && Errno::last() != Errno::EINTR) {

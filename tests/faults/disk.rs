@@ -6,6 +6,9 @@
 //!   holder is lost, and `leasehold run` fences its command and exits 74, before the TTL counted
 //!   from the last heartbeat anyone could have seen;
 //! - storage vanishes mid-hold (lazy unmount): the same.
+//! - the read-only remount also under a holder that took over an existing LOCK: the file its
+//!   lease replaced is let go of at the take when nobody else has it open, else (the holder and
+//!   `run`'s guardian) within seconds after the last other opener closed it.
 //! - (a real ext4 on a loop device) the disk drops off under a holder and what reached it comes
 //!   back as a new device in the same boot: either the lease is on it (the first lease of a
 //!   mount epoch is synced), or, for a lease that was not synced, the epoch record names the old
@@ -267,12 +270,23 @@ fn full_disk_cli_run_keeps_lease_and_new_run_exits_73() {
 }
 
 /// Makes the storage go away under a holder: remount read-only (retrying while the kernel says
-/// EBUSY, then falling back to a lazy unmount), or a lazy unmount outright.
-fn pull_storage(fs_: &Tmpfs, read_only: bool) -> &'static str {
+/// EBUSY, for `patience`, calling `between` after each refusal; then falling back to a lazy
+/// unmount), or a lazy unmount outright.
+fn pull_storage(
+    fs_: &Tmpfs,
+    read_only: bool,
+    patience: Duration,
+    mut between: impl FnMut(),
+) -> &'static str {
     if read_only {
-        for _ in 0..50 {
+        let until = Instant::now() + patience;
+        loop {
             if fs_.remount_ro() {
                 return "remounted read-only";
+            }
+            between();
+            if Instant::now() > until {
+                break;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -286,36 +300,102 @@ fn pull_storage(fs_: &Tmpfs, read_only: bool) -> &'static str {
 }
 
 /// Watches LOCK's heartbeats (through an open descriptor) for `dur`, then pulls the storage
-/// ([`pull_storage`]); returns how, and when the last heartbeat was seen ([`last_heartbeat`]).
-/// A holder keeps nothing open for writing, so the file system must be able to go read-only
-/// under it.
+/// ([`pull_storage`], watching on between refused remounts); returns how, and when the last
+/// heartbeat was seen ([`last_heartbeat`]). A holder keeps nothing open for writing, and no
+/// unlinked file once nobody else has it open, so the file system must be able to go read-only
+/// under it — within `patience` (the time the holder may take to let go of a replaced file).
 fn pull_storage_watched(
     fs_: &Tmpfs,
     lock: &Path,
     dur: Duration,
     read_only: bool,
+    patience: Duration,
 ) -> (&'static str, Instant) {
     let f = fs::File::open(lock).expect("open LOCK");
-    let (_, at, key) = watch(|| key_fd(&f), dur);
-    let watch_end = Instant::now();
-    let how = pull_storage(fs_, read_only);
+    let (_, mut at, mut key) = watch(|| key_fd(&f), dur);
+    let mut watch_end = Instant::now();
+    let pulling = Instant::now();
+    let how = pull_storage(fs_, read_only, patience, || {
+        let k = key_fd(&f);
+        if k.is_some() && k != key {
+            (at, key) = (Instant::now(), k);
+        }
+        watch_end = Instant::now();
+    });
     assert!(
         !read_only || how == "remounted read-only",
         "the holder kept the file system from going read-only: {how}"
     );
+    println!(
+        "faults: storage {how} {} ms after the first try",
+        pulling.elapsed().as_millis()
+    );
     (how, last_heartbeat(&f, at, &key, watch_end))
 }
 
-fn storage_fails_library(read_only: bool) -> (Duration, &'static str) {
+/// What LOCK was when the holder took it. A take over an existing LOCK renames over its file,
+/// which the holder keeps (with its claim) only while someone else has it open (PROTOCOL.md
+/// §3): an unlinked file kept open would stop the read-only remount.
+#[derive(Clone, Copy, Debug)]
+enum Before {
+    /// No LOCK: the holder creates it.
+    Fresh,
+    /// A released lease left by a run that has ended: nobody has its file open at the take.
+    Ended,
+    /// A released lease whose file someone else has open at the take (as a released holder
+    /// that has not closed it yet, or a `status` look, would), closed once the holder holds:
+    /// the holder, and `run`'s guardian, let go of it within a few seconds.
+    StillOpen,
+}
+
+/// The cases the read-only tests run: a fresh LOCK, and a take over an existing one, whose old
+/// file is let go of at once or later.
+const READ_ONLY_CASES: [(bool, Before); 4] = [
+    (true, Before::Fresh),
+    (true, Before::Ended),
+    (true, Before::StillOpen),
+    (false, Before::Fresh),
+];
+
+/// Lays LOCK down as `before` says, before the holder takes it: what the test itself keeps open
+/// of it (closed once the holder holds).
+fn lay_before(lock: &Path, before: Before) -> Option<fs::File> {
+    if matches!(before, Before::Fresh) {
+        return None;
+    }
+    let st = support::lh()
+        .arg("run")
+        .arg(lock)
+        .args(["--", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .expect("run leasehold");
+    assert!(st.success(), "an earlier run on {}: {st}", lock.display());
+    matches!(before, Before::StillOpen).then(|| fs::File::open(lock).expect("open LOCK"))
+}
+
+/// How long a read-only remount may be refused after the take, for `before`: a file nobody
+/// else had open is let go of at the take; one someone had open, within a renewal of the
+/// holder (a TTL / 3 here) and two seconds of `run`'s guardian (its start, then its look).
+fn patience(before: Before) -> Duration {
+    match before {
+        Before::StillOpen => Duration::from_secs(10),
+        Before::Fresh | Before::Ended => Duration::from_millis(100),
+    }
+}
+
+fn storage_fails_library(read_only: bool, before: Before) -> (Duration, &'static str) {
     let ttl = Duration::from_millis(600);
     let fs_ = Tmpfs::new("4m");
     let lock = fs_.dir.join("job.lock");
+    let kept = lay_before(&lock, before);
     let g = leasehold::LeaseBuilder::new(&lock)
         .ttl(ttl)
         .try_acquire()
         .expect("acquire");
+    drop(kept);
     // Let a few heartbeats pass and note when the last one was seen.
-    let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl, read_only);
+    let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl, read_only, patience(before));
     let reason = g.wait_lost(ttl * 2);
     let lost_at = Instant::now();
     assert!(reason.is_some(), "{how}: guard not lost within 2 TTLs");
@@ -331,24 +411,25 @@ fn storage_fails_library(read_only: bool) -> (Duration, &'static str) {
 
 #[test]
 fn storage_read_only_or_vanished_library_guard_is_lost_before_ttl() {
-    if support::need_root() || support::need_tools(&["mount", "umount"]) {
+    if support::need_root() || support::need_tools(&["mount", "umount", "true"]) {
         return;
     }
-    for ro in [true, false] {
-        let (margin, how) = storage_fails_library(ro);
+    for (ro, before) in READ_ONLY_CASES {
+        let (margin, how) = storage_fails_library(ro, before);
         println!(
-            "faults: storage {how} (library): guard lost {} ms before the TTL (ttl_ms=600)",
+            "faults: storage {how} (library, LOCK {before:?}): guard lost {} ms before the TTL (ttl_ms=600)",
             margin.as_millis()
         );
     }
 }
 
-fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
+fn storage_fails_cli(read_only: bool, before: Before) -> (Duration, &'static str) {
     let ttl = Duration::from_millis(800);
     let w = work();
     let ready = w.path().join("ready");
     let fs_ = Tmpfs::new("4m");
     let lock = fs_.dir.join("job.lock");
+    let kept = lay_before(&lock, before);
     // A command with grandchildren that ignore nothing: fencing must reach the whole group.
     let script = format!(
         "echo $$ > {r}.pid; sleep 60 & sleep 60 & echo x > {r}; wait",
@@ -363,7 +444,8 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
     let pgid = support::pgrp(cmd_pid).expect("the command's group");
     // The wrapper records its command in the lease (a rename): watch the record that has it.
     support::wait_for_child(&lock);
-    let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl / 2, read_only);
+    drop(kept);
+    let (how, last_seen) = pull_storage_watched(&fs_, &lock, ttl / 2, read_only, patience(before));
     let st = holder.wait_timeout(ttl * 4);
     let exited = Instant::now();
     let err = stderr_of(&mut holder);
@@ -383,13 +465,13 @@ fn storage_fails_cli(read_only: bool) -> (Duration, &'static str) {
 
 #[test]
 fn storage_read_only_or_vanished_cli_fences_before_ttl_exit_74() {
-    if support::need_root() || support::need_tools(&["mount", "umount", "sh", "sleep"]) {
+    if support::need_root() || support::need_tools(&["mount", "umount", "sh", "sleep", "true"]) {
         return;
     }
-    for ro in [true, false] {
-        let (margin, how) = storage_fails_cli(ro);
+    for (ro, before) in READ_ONLY_CASES {
+        let (margin, how) = storage_fails_cli(ro, before);
         println!(
-            "faults: storage {how} (leasehold run): command fenced, exit 74, {} ms before the TTL (ttl_ms=800)",
+            "faults: storage {how} (leasehold run, LOCK {before:?}): command fenced, exit 74, {} ms before the TTL (ttl_ms=800)",
             margin.as_millis()
         );
     }

@@ -231,6 +231,21 @@ pub(crate) fn open_only_here(file: &File) -> bool {
     lease_refused(file, libc::F_WRLCK) == Some(false)
 }
 
+/// Whether anyone but us can still lock `file`, a file that is no longer LOCK (the one our
+/// lease replaced, or one of ours a rewrite replaced), whose claim we keep for whoever opened
+/// it before our rename (PROTOCOL.md §10): `true` while it still has a name (a hard link
+/// someone made) or another open file description has it ([`open_only_here`] cannot say so:
+/// anyone's — a flock(1) blocked on our claim, the released holder before us that has not
+/// closed it yet). `false` once it is nameless and open nowhere else: a lock needs an open
+/// description, and a nameless file can no longer be opened, so nobody can ever ask for its
+/// lock again — and keeping it open would only stop the file system from being remounted
+/// read-only under the holding (the kernel refuses while an unlinked file is open, §3).
+pub(crate) fn still_reachable(file: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let named = file.metadata().map_or(true, |m| m.nlink() > 0);
+    named || !open_only_here(file)
+}
+
 /// Whether another open file description has `file`'s inode open *for writing*: `Some(true)`
 /// when the kernel refuses a read lease (`F_SETLEASE` `F_RDLCK`, granted only while nobody
 /// else has the file open for writing, and let go of at once) with EAGAIN, `Some(false)` when
@@ -678,6 +693,34 @@ mod tests {
             "alone again once the others are closed"
         );
         drop(dup);
+    }
+
+    #[test]
+    fn a_replaced_file_stays_reachable_while_it_has_a_name_or_another_opener() {
+        if std::fs::read_to_string("/proc/sys/fs/leases-enable").is_ok_and(|v| v.trim() == "0") {
+            eprintln!("skipped: leases are disabled on this host (fs.leases-enable = 0)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        std::fs::write(&path, b"x").unwrap();
+        let ours = open(&path, false);
+        assert!(still_reachable(&ours), "LOCK's name still leads to it");
+        let link = dir.path().join("link");
+        std::fs::hard_link(&path, &link).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(still_reachable(&ours), "a hard link still leads to it");
+        let other = open(&link, false);
+        std::fs::remove_file(&link).unwrap();
+        assert!(
+            still_reachable(&ours),
+            "nameless, but another description has it open (and may lock it)"
+        );
+        drop(other);
+        assert!(
+            !still_reachable(&ours),
+            "nameless and open only here: nobody can ever lock it again"
+        );
     }
 
     /// An empty file in a new directory, and how a local read-only holder locks it.

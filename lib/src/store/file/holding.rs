@@ -333,6 +333,7 @@ impl Holding for FileHolding {
     }
 
     fn old_locks(&self) -> Vec<std::os::fd::OwnedFd> {
+        self.forget_unreachable();
         let superseded = lock(&self.superseded);
         let replaced = lock(&self.replaced);
         (superseded.iter().chain(replaced.iter()))
@@ -346,6 +347,7 @@ impl Holding for FileHolding {
     }
 
     fn renew(&self, lease_id: &str, bytes: &[u8]) -> std::result::Result<(), Renewal> {
+        self.forget_unreachable();
         let path = &self.paths.lock;
         let (file, mode) = self.open_for_renewal(true, lease_id)?;
         match fsio::read_open(&file, path, mode).map(|c| ours(&c, lease_id)) {
@@ -432,7 +434,8 @@ impl Holding for FileHolding {
         // Never over a revoked record: that would make a broken lease held again.
         self.ensure_ours(mine, None, false)?;
         // The new file carries our flock before it becomes LOCK; the old one keeps ours until
-        // our release serves whoever blocked on it meanwhile (`handover::serve_old_waiters`).
+        // our release serves whoever blocked on it meanwhile (`handover::serve_old_waiters`) —
+        // or is closed at once when nobody else has it open (`klock::still_reachable`).
         // On a network file system, into our own file in place while LOCK still names it
         // (else renamed, carrying our lock, as at a take without a claim).
         if self.in_place() {
@@ -454,7 +457,9 @@ impl Holding for FileHolding {
         } else {
             fsio::replace_holding(&self.paths, &self.paths.lock, bytes, false)?
         };
-        if let Some(old) = lock(&self.written).replace(w).and_then(|o| o.kept) {
+        if let Some(old) = lock(&self.written).replace(w).and_then(|o| o.kept)
+            && (self.storage.network || crate::klock::still_reachable(&old))
+        {
             lock(&self.superseded).push(old);
         }
         Ok(())
@@ -503,6 +508,19 @@ pub(crate) fn not_ours(o: Ours) -> LossReason {
 }
 
 impl FileHolding {
+    /// Closes the files that are no longer LOCK and that nobody can ever lock again (see
+    /// `klock::still_reachable`): the file our lease replaced once the holder before us has
+    /// closed it, our own earlier files once nobody else has them open. Kept, they would stop
+    /// the file system from being remounted read-only under us (PROTOCOL.md §3). Local file
+    /// systems only (an NFS client has no leases to ask: everything stays reachable there).
+    fn forget_unreachable(&self) {
+        if self.storage.network {
+            return;
+        }
+        let _ = lock(&self.replaced).take_if(|f| !crate::klock::still_reachable(f));
+        lock(&self.superseded).retain(crate::klock::still_reachable);
+    }
+
     /// Releases our lease in the file we hold it in (see [`Holding::release`]).
     fn release_here(&self, r: Release<'_>) -> Result<()> {
         // First, while our lease still keeps every contender out: programs blocked on files
