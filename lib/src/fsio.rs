@@ -459,24 +459,35 @@ enum Hold {
     Range,
 }
 
-/// LOCK created empty, exclusively, when it does not exist, and claimed at once, on a network
-/// file system, as a take there claims the file it writes (the holder's byte-range lock,
-/// `klock::hold_in_place`, on the read-write descriptor): util-linux flock(1) creates a missing
-/// file too, and a rename over a file it had just created and locked would let it run beside
-/// us. `Ok(None)` when LOCK exists (or cannot be created here: the take's own write then says
-/// why); [`Error::Raced`] when another program locked the new file between our create and our
-/// claim (the caller looks again, and finds it locked). Not on a local disk, where a holder
-/// keeps the file its lease replaced open with its claim: an unlinked file kept open would
-/// keep the file system from being remounted read-only under a holder (PROTOCOL.md §10).
-pub(crate) fn create_lock_claimed(paths: &LockPaths) -> Result<Option<File>> {
-    let Ok((f, _)) = paths.handle().create_new(paths.lock_name(), LEASE_MODE) else {
-        return Ok(None);
+/// LOCK, missing at the contender's look, created empty (`O_EXCL`) and claimed at once —
+/// before any token or mark of ours exists — as a take claims the file it found: util-linux
+/// flock(1) creates a missing file too, and a rename over a file it had just created and locked
+/// would let it run beside us. On a network file system the claim is the holder's byte-range
+/// lock (`klock::hold_in_place`), and our lease is then written into the file; on a local one
+/// it is a found file's claim (`klock::claim_lock_file`), and our lease is renamed over the
+/// file, which is kept only while someone else has it open (`klock::still_reachable`).
+/// [`Error::Raced`] when LOCK exists after all (created since our look) or another program
+/// locked the new file between our create and our claim: the caller looks again, and finds it.
+/// `Ok(None)` when it cannot be created here (a full or read-only disk, a directory we may not
+/// write): the take's own write then says why. If that write fails after the create, LOCK is
+/// left empty, which reads as free.
+pub(crate) fn create_lock_claimed(paths: &LockPaths, network: bool) -> Result<Option<File>> {
+    let raced = || Error::Raced {
+        path: paths.lock.clone(),
     };
-    match crate::klock::hold_in_place(&f) {
+    let f = match paths.handle().create_new(paths.lock_name(), LEASE_MODE) {
+        Ok((f, _)) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(raced()),
+        Err(_) => return Ok(None),
+    };
+    let claimed = if network {
+        crate::klock::hold_in_place(&f)
+    } else {
+        crate::klock::claim_lock_file(&f)
+    };
+    match claimed {
         Ok(true) => Ok(Some(f)),
-        Ok(false) => Err(Error::Raced {
-            path: paths.lock.clone(),
-        }),
+        Ok(false) => Err(raced()),
         Err(e) => Err(Error::io(&paths.lock, "lock", e)),
     }
 }

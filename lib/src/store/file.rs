@@ -71,6 +71,8 @@ pub(crate) struct Place {
     seen: Option<Seen>,
     /// A token reserved in the high-water mark while we were next in line.
     reserved: Option<u64>,
+    /// LOCK did not exist at our last look: a take creates it (`fsio::create_lock_claimed`).
+    missing: bool,
 }
 
 /// How many tokens one durable raise of the ceiling covers on a local disk (PROTOCOL.md §3).
@@ -283,6 +285,7 @@ impl Store for FileStore {
     fn current(&self, _: &MutexGuard, place: &mut Place) -> Result<LockContent> {
         let before = place.seen.as_ref().map(|s| s.sig.id());
         let (content, seen) = fsio::read_lock_keep(&self.paths, place.seen.take())?;
+        place.missing = matches!(content, LockContent::Missing);
         // Never keep LOCK open on a network file system: an NFS client that renames over a
         // file it has open keeps the old file alive on the server (a silly rename), and another
         // host whose cached name still leads to it would read the old lease instead of getting
@@ -386,15 +389,17 @@ impl Store for FileStore {
             seen: replaced,
             mut ticket,
             reserved,
+            missing,
             ..
         } = place;
         // LOCK's file as we found it, claimed by our look for other programs' locks (see
-        // [`FileStore::foreign_lock`]) — or, on NFS, LOCK missing: created and claimed now,
-        // before any token or mark of ours exists (flock(1) creates a missing file too: we
-        // never rename over a file it just created and locked).
+        // [`FileStore::foreign_lock`]) — or, LOCK missing at that look: created and claimed
+        // now, before any token or mark of ours exists (flock(1) creates a missing file too:
+        // we never rename over a file it just created and locked; one created since our look
+        // is looked at again).
         let mut claimed = m.take_claimed();
-        if claimed.is_none() && self.storage.network && self.origin.is_none() {
-            claimed = fsio::create_lock_claimed(&self.paths)?;
+        if claimed.is_none() && missing && self.origin.is_none() {
+            claimed = fsio::create_lock_claimed(&self.paths, self.storage.network)?;
         }
         let seen = m.tokens()?;
         let token = match reserved {
@@ -692,6 +697,45 @@ mod tests {
                     && l.ended.as_ref().is_some_and(|e| e.how == "exit 3")),
             "the released record, with how the job ended, in place: {c:?}"
         );
+    }
+
+    /// LOCK missing at a contender's look, and created and locked since by another program
+    /// (util-linux flock(1) creates a missing file): the take loses the race (`Raced`: it looks
+    /// again) before it makes a lease, and never renames over that program's file — on a local
+    /// disk and on NFS alike. (Before, the take renamed over it, and flock(1) ran beside us.)
+    #[test]
+    fn a_take_never_renames_over_a_lock_file_created_and_locked_since_its_look() {
+        for network in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let lock = dir.path().join("job.lock");
+            let storage = Storage {
+                network,
+                memory_backed: false,
+            };
+            let store = FileStore::new(LockPaths::new(&lock).unwrap(), storage, false);
+            let mut kept = None;
+            let policy = StuckPolicy::Report;
+            let m =
+                (store.enter(&mut kept, None, Duration::from_secs(5), policy, None, None)).unwrap();
+            let mut place = Place::default();
+            let content = store.current(&m, &mut place).unwrap();
+            assert!(matches!(content, LockContent::Missing), "{content:?}");
+            // flock(1) creates LOCK and locks it, between our look and our take.
+            let flock1 = File::create(&lock).unwrap();
+            assert!(whole_file_lock(&flock1));
+            let ino = std::fs::metadata(&lock).unwrap().ino();
+            let took = store.take(m, place, 0, &mut |_| {
+                panic!("a lease made after LOCK appeared since the look (network: {network})")
+            });
+            assert!(
+                matches!(&took, Err(Error::Raced { .. })),
+                "network: {network}: {:?}",
+                took.as_ref().map(|_| "taken")
+            );
+            let meta = std::fs::metadata(&lock).unwrap();
+            assert_eq!(meta.ino(), ino, "flock(1)'s file is still LOCK");
+            assert_eq!(meta.len(), 0, "and nothing was written into it");
+        }
     }
 
     /// A contender's read of LOCK under the mutex places its hint on the file at once (before
