@@ -7,8 +7,8 @@
 //!   from the last heartbeat anyone could have seen;
 //! - storage vanishes mid-hold (lazy unmount): the same.
 //! - the read-only remount also under a holder that took over an existing LOCK: the file its
-//!   lease replaced is let go of at the take when nobody else has it open, else (the holder and
-//!   `run`'s guardian) within seconds after the last other opener closed it.
+//!   lease replaced is let go of at the holder's first renewal when nobody else has it open,
+//!   else (the holder and `run`'s guardian) within seconds after the last other opener closed it.
 //! - (a real ext4 on a loop device) the disk drops off under a holder and what reached it comes
 //!   back as a new device in the same boot: either the lease is on it (the first lease of a
 //!   mount epoch is synced), or, for a lease that was not synced, the epoch record names the old
@@ -334,8 +334,8 @@ fn pull_storage_watched(
 }
 
 /// What LOCK was when the holder took it. A take over an existing LOCK renames over its file,
-/// which the holder keeps (with its claim) only while someone else has it open (PROTOCOL.md
-/// §3): an unlinked file kept open would stop the read-only remount.
+/// which the holder keeps (with its claim) only while someone else has it open, as its
+/// renewals check (PROTOCOL.md §3): an unlinked file kept open would stop the read-only remount.
 #[derive(Clone, Copy, Debug)]
 enum Before {
     /// No LOCK: the holder creates it.
@@ -374,9 +374,11 @@ fn lay_before(lock: &Path, before: Before) -> Option<fs::File> {
     matches!(before, Before::StillOpen).then(|| fs::File::open(lock).expect("open LOCK"))
 }
 
-/// How long a read-only remount may be refused after the take, for `before`: a file nobody
-/// else had open is let go of at the take; one someone had open, within a renewal of the
-/// holder (a TTL / 3 here) and two seconds of `run`'s guardian (its start, then its look).
+/// How long a read-only remount may be refused once the storage is pulled, for `before`: a
+/// file nobody else had open is let go of at the holder's first renewal (TTL/3, inside the
+/// heartbeats watched before the pull), and never passed to `run`'s guardian; one someone had
+/// open, at the holder's first renewal after it was closed, and within two seconds of the
+/// guardian's start (it looks once a second).
 fn patience(before: Before) -> Duration {
     match before {
         Before::StillOpen => Duration::from_secs(10),

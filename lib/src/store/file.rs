@@ -492,10 +492,10 @@ impl Store for FileStore {
         let witness = m.unlock();
         drop(ticket);
         // The file our lease replaced is nameless now: kept (with its claim) only while someone
-        // else has it open and so may ask for its lock; otherwise closed, so that the file
-        // system can still be remounted read-only under us (PROTOCOL.md §3). A holder that
-        // still had it open is looked at again at each renewal (`FileHolding::forget_unreachable`).
-        let replaced = replaced.filter(crate::klock::still_reachable);
+        // else may ask for its lock; closed at our first renewal once nobody can, so that the
+        // file system can still be remounted read-only under us (`FileHolding::forget_unreachable`,
+        // PROTOCOL.md §3) — not here: closing the last reference to a nameless file frees it,
+        // which on a disk cost the next holder's take ~80 us.
         let mut holding = FileHolding::new(self, witness, written, replaced, mark);
         holding.sync = sync;
         holding.rests_on = Mutex::new(vouched);

@@ -333,10 +333,12 @@ impl Holding for FileHolding {
     }
 
     fn old_locks(&self) -> Vec<std::os::fd::OwnedFd> {
-        self.forget_unreachable();
         let superseded = lock(&self.superseded);
         let replaced = lock(&self.replaced);
+        // Not those nobody can lock any more (closed at our next renewal, `forget_unreachable`).
+        let reachable = |f: &&File| self.storage.network || crate::klock::still_reachable(f);
         (superseded.iter().chain(replaced.iter()))
+            .filter(reachable)
             .filter(|f| crate::os::linux::procfs::holds_exclusive_flock(f) == Some(true))
             .filter_map(|f| f.try_clone().ok().map(std::os::fd::OwnedFd::from))
             .collect()
@@ -435,7 +437,7 @@ impl Holding for FileHolding {
         self.ensure_ours(mine, None, false)?;
         // The new file carries our flock before it becomes LOCK; the old one keeps ours until
         // our release serves whoever blocked on it meanwhile (`handover::serve_old_waiters`) —
-        // or is closed at once when nobody else has it open (`klock::still_reachable`).
+        // or is closed at a renewal once nobody else has it open (`forget_unreachable`).
         // On a network file system, into our own file in place while LOCK still names it
         // (else renamed, carrying our lock, as at a take without a claim).
         if self.in_place() {
@@ -457,9 +459,7 @@ impl Holding for FileHolding {
         } else {
             fsio::replace_holding(&self.paths, &self.paths.lock, bytes, false)?
         };
-        if let Some(old) = lock(&self.written).replace(w).and_then(|o| o.kept)
-            && (self.storage.network || crate::klock::still_reachable(&old))
-        {
+        if let Some(old) = lock(&self.written).replace(w).and_then(|o| o.kept) {
             lock(&self.superseded).push(old);
         }
         Ok(())
@@ -509,9 +509,10 @@ pub(crate) fn not_ours(o: Ours) -> LossReason {
 
 impl FileHolding {
     /// Closes the files that are no longer LOCK and that nobody can ever lock again (see
-    /// `klock::still_reachable`): the file our lease replaced once the holder before us has
-    /// closed it, our own earlier files once nobody else has them open. Kept, they would stop
-    /// the file system from being remounted read-only under us (PROTOCOL.md §3). Local file
+    /// `klock::still_reachable`): the file our lease replaced, our own earlier files, once
+    /// nobody else has them open. Kept, they would stop the file system from being remounted
+    /// read-only under us (PROTOCOL.md §3). At each renewal, never at the take: closing the
+    /// last reference to a nameless file frees it, off the hand-over's path here. Local file
     /// systems only (an NFS client has no leases to ask: everything stays reachable there).
     fn forget_unreachable(&self) {
         if self.storage.network {
