@@ -144,6 +144,40 @@ echo "attempts=$n codes:$codes (never acquired)"; exit 1
 EOF
 }
 
+flock_race_report() {  # flock_race_report DIR N FLOCK_SIDE LEASEHOLD_SIDE FLOCK_MIN LEASEHOLD_MIN EITHER_MIN
+    # The report of N racing rounds of `/usr/bin/flock -n` (exits 0/1 in DIR/rc.client) against
+    # `leasehold run -n` (0/75 in DIR/rc.server), each side named for the report: one line of
+    # figures, then a PROBLEM line for each failed check — an overlap (DIR/overlap.*), an exit
+    # status other than those, a side that never ran or finished fewer rounds, and fewer
+    # refusals of flock(1), of leasehold or of either than the minimums given (the two sides
+    # must have met for the race to say anything).
+    $PY - "$@" <<'EOF'
+import glob, os, sys
+from collections import Counter
+d, n, fl, lh = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+fl_min, lh_min, either_min = (int(x) for x in sys.argv[5:8])
+problems = []
+def codes(side):
+    p = os.path.join(d, "rc." + side)
+    return [l.strip() for l in open(p)] if os.path.exists(p) else []
+c, s = codes("client"), codes("server")
+for side, cs, want in ((fl, c, ("0", "1")), (lh, s, ("0", "75"))):
+    if len(cs) != n: problems.append("%s finished %d of %d rounds" % (side, len(cs), n))
+    odd = Counter(x for x in cs if x not in want)
+    if odd: problems.append("%s exit statuses other than %s: %s" % (side, " or ".join(want), dict(odd)))
+overlaps = []
+for f in glob.glob(os.path.join(d, "overlap.*")):
+    overlaps += open(f).read().strip().split("\n")
+if overlaps: problems.append("OVERLAP x%d: %s" % (len(overlaps), "; ".join(overlaps[:5])))
+if c.count("0") == 0 or s.count("0") == 0: problems.append("one side never ran its command")
+if c.count("1") + s.count("75") < either_min: problems.append("only %d refusals in %d rounds: the two sides rarely met" % (c.count("1") + s.count("75"), n))
+if c.count("1") < fl_min: problems.append("flock(1) refused only %d times: it does not see leasehold's holder" % c.count("1"))
+if s.count("75") < lh_min: problems.append("leasehold refused only %d times: the two sides rarely met" % s.count("75"))
+print("rounds=%d overlaps=%d %s: %d ran, %d refused; %s: %d ran, %d refused" % (n, len(overlaps), fl, c.count("0"), c.count("1"), lh, s.count("0"), s.count("75")))
+for p in problems: print("PROBLEM " + p)
+EOF
+}
+
 wait_file() {  # wait_file PATH SECONDS (host side): until PATH is non-empty (markers must have content)
     local i=0 n=$(($2 * 20))
     while [ ! -s "$1" ]; do i=$((i + 1)); [ $i -le $n ] || return 1; sleep 0.05; done
@@ -770,43 +804,17 @@ sc_flock_coexist() {
         wait $gp
     done
     local res
-    res=$($PY - "$r" "$n" <<'EOF'
-import glob, os, sys
-from collections import Counter
-d, n = sys.argv[1], int(sys.argv[2])
-problems = []
-def codes(side):
-    p = os.path.join(d, "rc." + side)
-    return [l.strip() for l in open(p)] if os.path.exists(p) else []
-c, s = codes("client"), codes("server")
-for side, cs, want in (("client flock(1)", c, ("0", "1")), ("server leasehold", s, ("0", "75"))):
-    if len(cs) != n: problems.append("%s finished %d of %d rounds" % (side, len(cs), n))
-    odd = Counter(x for x in cs if x not in want)
-    if odd: problems.append("%s exit statuses other than %s: %s" % (side, " or ".join(want), dict(odd)))
-overlaps = []
-for f in glob.glob(os.path.join(d, "overlap.*")):
-    overlaps += open(f).read().strip().split("\n")
-# A flock(1) that opened LOCK's file just before a contender renamed its lease over it, and
-# locked it just after the contender looked, used to hold a file nobody looks at (on NFS the
-# client's open and lock are two round trips apart): 0-3 overlaps in 100 rounds, and 13 in 30
-# before the holder's OFD lock. The contender's look now claims the file it replaces and keeps
-# the claim for its holding (PROTOCOL.md §4): any overlap is a failure.
-if overlaps: problems.append("OVERLAP x%d: %s" % (len(overlaps), "; ".join(overlaps[:5])))
-limits = []
-refused = c.count("1") + s.count("75")
-if refused < max(5, n // 10): problems.append("only %d refusals in %d rounds: the two sides rarely met" % (refused, n))
-if c.count("0") == 0 or s.count("0") == 0: problems.append("one side never ran its command")
-# flock(1) is refused only if it sees leasehold's holder (before the holder's locks: 0 in 30)
-if c.count("1") < max(3, n // 10): problems.append("flock(1) refused only %d times: it does not see leasehold's holder" % c.count("1"))
-print("rounds=%d overlaps=%d client flock(1): %d ran, %d refused; server leasehold: %d ran, %d refused" % (n, len(overlaps), c.count("0"), c.count("1"), s.count("0"), s.count("75")))
-for l in limits: print(l)
-for p in problems: print("PROBLEM " + p)
-EOF
-)
+    # A flock(1) that opened LOCK's file just before a contender renamed its lease over it, and
+    # locked it just after the contender looked, used to hold a file nobody looks at (on NFS the
+    # client's open and lock are two round trips apart): 0-3 overlaps in 100 rounds, and 13 in 30
+    # before the holder's OFD lock. The contender's look now claims the file it replaces and
+    # keeps the claim for its holding (PROTOCOL.md §4): any overlap is a failure. flock(1) is
+    # refused only if it sees leasehold's holder (before the holder's locks: 0 in 30).
+    res=$(flock_race_report "$r" "$n" "client flock(1)" "server leasehold" \
+        $((n / 10 > 3 ? n / 10 : 3)) 0 $((n / 10 > 5 ? n / 10 : 5)))
     echo "$res" | sed 's/^/    /'
     [ -s "$r/err.server" ] && sort "$r/err.server" | uniq -c | sort -rn | head -5 | sed 's/^/    server stderr: /'
     [ -s "$r/err.client" ] && sort "$r/err.client" | uniq -c | sort -rn | head -5 | sed 's/^/    client stderr: /'
-    while read -r _ note; do lim "[$mode] (i) 6. $note"; done < <(echo "$res" | grep '^LIMIT')
     if echo "$res" | grep -q PROBLEM; then
         bad "[$mode] (i) 6. /usr/bin/flock -n on a client racing leasehold run -n on the server's path"
     else
@@ -870,31 +878,10 @@ EOF
         gx 60 hosta "sleep $ld; $LH run -q -n --ttl 5s $G/i9.lock -- sh $G/cs.sh $G/i/race9 0.3 2>>$G/i/race9/err.server; echo \$? >>$G/i/race9/rc.server" >/dev/null 2>&1
         wait $gp
     done
-    res=$($PY - "$r9" "$n9" <<'EOF'
-import glob, os, sys
-from collections import Counter
-d, n = sys.argv[1], int(sys.argv[2])
-problems = []
-def codes(side):
-    p = os.path.join(d, "rc." + side)
-    return [l.strip() for l in open(p)] if os.path.exists(p) else []
-c, s = codes("client"), codes("server")
-for side, cs, want in (("hostb flock(1)", c, ("0", "1")), ("hosta leasehold", s, ("0", "75"))):
-    if len(cs) != n: problems.append("%s finished %d of %d rounds" % (side, len(cs), n))
-    odd = Counter(x for x in cs if x not in want)
-    if odd: problems.append("%s exit statuses other than %s: %s" % (side, " or ".join(want), dict(odd)))
-overlaps = []
-for f in glob.glob(os.path.join(d, "overlap.*")):
-    overlaps += open(f).read().strip().split("\n")
-if overlaps: problems.append("OVERLAP x%d: %s" % (len(overlaps), "; ".join(overlaps[:5])))
-if c.count("0") == 0 or s.count("0") == 0: problems.append("one side never ran its command")
-# flock(1) is refused only when it sees leasehold's holder (before holders kept a lock on NFS: never)
-if c.count("1") < max(1, n // 20): problems.append("flock(1) refused only %d times: it does not see leasehold's holder" % c.count("1"))
-if s.count("75") < max(1, n // 20): problems.append("leasehold refused only %d times: the two sides rarely met" % s.count("75"))
-print("rounds=%d overlaps=%d hostb flock(1): %d ran, %d refused; hosta leasehold: %d ran, %d refused" % (n, len(overlaps), c.count("0"), c.count("1"), s.count("0"), s.count("75")))
-for p in problems: print("PROBLEM " + p)
-EOF
-)
+    # flock(1) is refused only when it sees leasehold's holder (before holders kept a lock on
+    # NFS: never).
+    res=$(flock_race_report "$r9" "$n9" "hostb flock(1)" "hosta leasehold" \
+        $((n9 / 20 > 1 ? n9 / 20 : 1)) $((n9 / 20 > 1 ? n9 / 20 : 1)) 0)
     echo "$res" | sed 's/^/    /'
     if echo "$res" | grep -q '^PROBLEM'; then
         bad "[$mode] (i) 9. /usr/bin/flock -n on hostb racing leasehold run -n on hosta"

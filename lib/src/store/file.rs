@@ -437,7 +437,7 @@ impl Store for FileStore {
         // into the very file our claim holds (PROTOCOL.md §9, "In place"), or — no claim: LOCK
         // not ours to write, or still locked by a frozen holder — renamed into place
         // carrying the same lock; every later record of the holding goes in place.
-        if self.storage.network && self.origin.is_none() {
+        let (written, replaced, started) = if self.storage.network && self.origin.is_none() {
             let started = BootInstant::now();
             let written = match claimed {
                 Some(c) => {
@@ -453,38 +453,37 @@ impl Store for FileStore {
                 }
                 None => fsio::replace_in_place(&self.paths, &self.paths.lock, &bytes)?,
             };
-            let ticket = ticket.map(Ticket::unlink_held);
-            let witness = m.unlock();
-            drop(ticket);
-            let holding = FileHolding::new(self, witness, written, None, mark);
-            return Ok((lease, bytes, started, holding));
-        }
-        // LOCK's file as we found it: claimed (above), or — a takeover no such look preceded —
-        // claimed now if nobody holds it, and kept for the holding either way (PROTOCOL.md §10).
-        let replaced = match (claimed, replaced) {
-            (Some(c), _) => Some(c),
-            (None, Some(s)) => {
-                if !self.storage.network && self.origin.is_none() {
-                    let _ = crate::klock::claim_lock_file(&s.file);
+            (written, None, started)
+        } else {
+            // LOCK's file as we found it: claimed (above), or — a takeover no such look
+            // preceded — claimed now if nobody holds it, and kept for the holding either way
+            // (PROTOCOL.md §10).
+            let replaced = match (claimed, replaced) {
+                (Some(c), _) => Some(c),
+                (None, Some(s)) => {
+                    if !self.storage.network && self.origin.is_none() {
+                        let _ = crate::klock::claim_lock_file(&s.file);
+                    }
+                    Some(s.file)
                 }
-                Some(s.file)
-            }
-            (None, None) => None,
-        };
-        // The renew deadline counts from before the lease becomes visible: conservative.
-        let started = BootInstant::now();
-        let prepared = ticket
-            .as_mut()
-            .and_then(|t| t.install(&bytes, sync, &self.paths));
-        let written = match prepared {
-            Some(w) => w?,
-            // A holder of LOCK on a local file system holds a flock on its file for the whole
-            // holding, taken before the rename (util-linux flock(1) waits for it, PROTOCOL.md
-            // §10). (On NFS: in place, above.)
-            None if !self.storage.network && self.origin.is_none() => {
-                fsio::replace_holding(&self.paths, &self.paths.lock, &bytes, sync)?
-            }
-            None => fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, sync)?,
+                (None, None) => None,
+            };
+            // The renew deadline counts from before the lease becomes visible: conservative.
+            let started = BootInstant::now();
+            let prepared = ticket
+                .as_mut()
+                .and_then(|t| t.install(&bytes, sync, &self.paths));
+            let written = match prepared {
+                Some(w) => w?,
+                // A holder of LOCK on a local file system holds a flock on its file for the
+                // whole holding, taken before the rename (util-linux flock(1) waits for it,
+                // PROTOCOL.md §10). (On NFS: in place, above.)
+                None if !self.storage.network && self.origin.is_none() => {
+                    fsio::replace_holding(&self.paths, &self.paths.lock, &bytes, sync)?
+                }
+                None => fsio::replace_keep(&self.paths, &self.paths.lock, &bytes, sync)?,
+            };
+            (written, replaced, started)
         };
         // Leave the queue: the name goes while we hold the mutex (so it is surely ours), the
         // lock after the mutex is free, waking exactly our successor.
@@ -497,6 +496,7 @@ impl Store for FileStore {
         // PROTOCOL.md §3) — not here: closing the last reference to a nameless file frees it,
         // which on a disk cost the next holder's take ~80 us.
         let mut holding = FileHolding::new(self, witness, written, replaced, mark);
+        // (No epoch record vouches on NFS: `sync` is the store's there, `vouched` none.)
         holding.sync = sync;
         holding.rests_on = Mutex::new(vouched);
         Ok((lease, bytes, started, holding))
