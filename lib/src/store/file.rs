@@ -67,7 +67,8 @@ pub(crate) struct Place {
     /// numbered above every ticket present, so it stays first for as long as it exists.
     head: bool,
     /// LOCK's file as last read (local file systems only): read again through it without
-    /// opening, kept open past our rename when we take the lease, and carrying our waiting hint.
+    /// opening, kept open past our rename when we take the lease, and carrying our waiting hint
+    /// — let go of while we sleep behind others in line (see `wait`).
     seen: Option<Seen>,
     /// A token reserved in the high-water mark while we were next in line.
     reserved: Option<u64>,
@@ -565,7 +566,16 @@ impl Store for FileStore {
             t.beat();
         }
         match ahead {
-            Some(p) => waker.wait_turn(p, deadline),
+            // Behind others in line, LOCK's file as we last read it is let go of before we
+            // sleep: we do not wake when LOCK changes, so it soon is an old file, whose holder
+            // — the one whose lease replaced it — would find it open here at its release, and
+            // read /proc/locks to learn whether we are blocked on it (every release at N = 8
+            // in the contention bench). Our hint on it serves nobody: the head's is what a
+            // releasing holder finds. We read LOCK afresh when our turn comes.
+            Some(p) => {
+                place.seen = None;
+                waker.wait_turn(p, deadline)
+            }
             None => waker.wait_lease(seen, place.seen.as_ref().map(|s| s.sig), deadline),
         }
     }
