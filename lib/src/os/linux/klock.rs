@@ -659,15 +659,24 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn a_file_is_open_only_here_until_another_description_of_it_is_opened() {
+    /// A file `lock` in a new directory, for the lease probes' tests; `None` (saying so) where
+    /// leases are off (`fs.leases-enable` = 0), where no probe can answer.
+    fn leased_file() -> Option<(tempfile::TempDir, std::path::PathBuf)> {
         if std::fs::read_to_string("/proc/sys/fs/leases-enable").is_ok_and(|v| v.trim() == "0") {
             eprintln!("skipped: leases are disabled on this host (fs.leases-enable = 0)");
-            return;
+            return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lock");
         std::fs::write(&path, b"x").unwrap();
+        Some((dir, path))
+    }
+
+    #[test]
+    fn a_file_is_open_only_here_until_another_description_of_it_is_opened() {
+        let Some((_dir, path)) = leased_file() else {
+            return;
+        };
         let ours = open(&path, false);
         assert!(open_only_here(&ours), "nobody else has it open");
         // A duplicate (or a forked child's copy) is the same description.
@@ -697,13 +706,9 @@ mod tests {
 
     #[test]
     fn a_replaced_file_stays_reachable_while_it_has_a_name_or_another_opener() {
-        if std::fs::read_to_string("/proc/sys/fs/leases-enable").is_ok_and(|v| v.trim() == "0") {
-            eprintln!("skipped: leases are disabled on this host (fs.leases-enable = 0)");
+        let Some((dir, path)) = leased_file() else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("lock");
-        std::fs::write(&path, b"x").unwrap();
+        };
         let ours = open(&path, false);
         assert!(still_reachable(&ours), "LOCK's name still leads to it");
         let link = dir.path().join("link");
