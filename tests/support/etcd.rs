@@ -135,12 +135,26 @@ fn sign(dir: &std::path::Path, name: &str, ext: &str) {
 }
 
 /// A free loopback port (bound, then released for a member to take; or, left alone, a port
-/// where connecting is refused).
+/// where connecting is refused). Never one this process handed out before: clusters start side
+/// by side in parallel tests. Below the kernel's ephemeral range (32768 and up by default): a
+/// port from `bind(…:0)` is one an outgoing connection (a member's to its peers) can take in
+/// the moment before the member binds it, and a member that cannot bind its port leaves its
+/// cluster unhealthy (a CI run failed so once).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    // Each process starts at its own place in the span.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % u32::from(SPAN)) as u16;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = FIRST + (start + n % SPAN) % SPAN;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
 }
 
 /// The command line of member `name` (client port, peer port) of a new cluster.
