@@ -6,7 +6,8 @@
 //! same-host holder process (death wakes it at once), and a tick that covers lost events,
 //! foreign holders' TTL and hung holders. A waiter behind another waits
 //! only for its predecessor's ticket: a thread blocks in flock on it, so the kernel wakes exactly
-//! that one successor when the predecessor leaves or dies. On network file systems (or `--poll`)
+//! that one successor when the predecessor leaves or dies; such threads are kept for the
+//! process's next waits. On network file systems (or `--poll`)
 //! nothing of that reaches us from other hosts, so it sleeps a jittered interval derived from the
 //! TTL and lets the next pass re-check with try-locks.
 //! Must never: sleep past the caller's deadline, block in a kernel lock call on a network file
@@ -311,10 +312,25 @@ fn pool_put(dir: &Path, ino: Inotify) {
     }
 }
 
-/// A thread that blocks in the kernel lock (`klock.rs`) on the predecessor's ticket and says when it got it (the
-/// predecessor left or died). It opens the very inode that was judged live, through
-/// /proc/self/fd (a new open file description, so its lock is its own and goes when it lets go
-/// at once). If we stop caring, it lingers until the predecessor's lock is released, then ends.
+/// One wait for a predecessor's ticket: a descriptor of the ticket open for writing, and the
+/// write end of the pipe to hang up once its lock was had.
+type TicketWait = (std::fs::File, OwnedFd);
+
+/// Queue threads between waits, each reachable through its channel (at most
+/// [`QUEUE_THREADS_KEPT`]). A thread that ended at each wake-up did so in the middle of the
+/// predecessor's take, which wakes it: its exit (the stack given back with `madvise`, a TLB
+/// shootdown across the process's CPUs) cost that new holder ~20 µs before its job could start
+/// (docs/performance.md, *A hand-over*).
+static QUEUE_THREADS: std::sync::Mutex<Vec<std::sync::mpsc::Sender<TicketWait>>> =
+    std::sync::Mutex::new(Vec::new());
+const QUEUE_THREADS_KEPT: usize = 2;
+
+/// A thread that blocks in the kernel lock (`klock.rs`) on the predecessor's ticket and says
+/// when it got it (the predecessor left or died). It opens the very inode that was judged
+/// live, through /proc/self/fd (a new open file description, so its lock is its own and goes
+/// when it lets go at once). If we stop caring, it lingers until the predecessor's lock is
+/// released. A thread kept from an earlier wait takes the wait if there is one; a new one is
+/// started otherwise; either is kept for the next wait after it, or ends if enough are kept.
 fn flock_waiter(ticket: &std::fs::File) -> Option<OwnedFd> {
     // A pipe rather than a channel, so that a wait can poll it beside a cancel handle. None
     // when no pipe can be had (out of descriptors): the caller naps a tick and looks again.
@@ -324,18 +340,46 @@ fn flock_waiter(ticket: &std::fs::File) -> Option<OwnedFd> {
         .write(true)
         .custom_flags((OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
         .open(format!("/proc/self/fd/{}", ticket.as_raw_fd()));
-    if let Ok(file) = opened {
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-queue".into())
-            .spawn(move || {
-                let _ = crate::klock::wait_free(&file);
-                drop(tx); // hang up: the waiter's poll wakes
-            });
-        if spawned.is_err() {
-            // No thread: the write end is gone with it, and the caller simply looks again.
+    // No descriptor: the write end goes now, and the caller simply looks again.
+    let Ok(file) = opened else {
+        return Some(rx);
+    };
+    let mut wait = (file, tx);
+    loop {
+        let kept = QUEUE_THREADS.lock().ok().and_then(|mut k| k.pop());
+        let Some(thread) = kept else {
+            break;
+        };
+        // A thread that is gone hands the wait back.
+        match thread.send(wait) {
+            Ok(()) => return Some(rx),
+            Err(back) => wait = back.0,
         }
     }
+    // No thread: the write end is gone with the closure, and the caller simply looks again.
+    let _ = std::thread::Builder::new()
+        .name("leasehold-queue".into())
+        .spawn(move || queue_thread(wait));
     Some(rx)
+}
+
+/// The body of a queue thread: one wait after the other, as long as it is kept between them.
+fn queue_thread(mut wait: TicketWait) {
+    loop {
+        let (file, tx) = wait;
+        let _ = crate::klock::wait_free(&file);
+        drop(file);
+        drop(tx); // hang up: the waiter's poll wakes
+        let (give, next) = std::sync::mpsc::channel();
+        match QUEUE_THREADS.lock() {
+            Ok(mut kept) if kept.len() < QUEUE_THREADS_KEPT => kept.push(give),
+            _ => return,
+        }
+        wait = match next.recv() {
+            Ok(w) => w,
+            Err(_) => return,
+        };
+    }
 }
 
 /// The holder's recorded processes, as (pid, start time).
@@ -401,3 +445,95 @@ fn stale_in(seen: &Verdict) -> Duration {
 
 /// See [`stale_in`].
 const UNSEEN_NAP: Duration = Duration::from_millis(50);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ids of our threads named `leasehold-queue`, once every one of them sleeps (state
+    /// `S`: blocked in a kernel lock, or kept and waiting for the next wait). No other unit
+    /// test of this crate starts such threads.
+    fn queue_threads_asleep() -> Vec<String> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut ids = Vec::new();
+            let mut asleep = true;
+            for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+                let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                if comm.trim() != "leasehold-queue" {
+                    continue;
+                }
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                let state = stat.rsplit_once(") ").map(|(_, r)| r.starts_with('S'));
+                asleep &= state == Some(true);
+                ids.push(t.file_name().to_string_lossy().into_owned());
+            }
+            if asleep && !ids.is_empty() {
+                ids.sort();
+                return ids;
+            }
+            assert!(
+                Instant::now() < until,
+                "queue threads still running: {ids:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// A predecessor's ticket, locked as its owner locks it; the lock goes with the `File`.
+    fn locked_ticket(dir: &Path, name: &str) -> (std::fs::File, std::fs::File) {
+        let path = dir.join(name);
+        let ticket = std::fs::File::create(&path).unwrap();
+        let owner = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let at = crate::klock::Where {
+            network: false,
+            writable: true,
+        };
+        assert!(crate::klock::try_exclusive(&owner, at).unwrap());
+        (ticket, owner)
+    }
+
+    fn woke(rx: &OwnedFd) -> bool {
+        let mut fds = [PollFd::new(rx.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::from(10_000u16)).unwrap() == 1
+    }
+
+    /// The thread that waits for a predecessor's ticket wakes the waiter when the predecessor
+    /// leaves, and is then kept for the next wait instead of ending: its end fell in the middle
+    /// of that predecessor's take. The next wait is served by the same thread.
+    #[test]
+    fn a_queue_thread_wakes_its_waiter_and_is_kept_for_the_next_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, owner) = locked_ticket(dir.path(), "q-1");
+        let rx = flock_waiter(&first).expect("a pipe");
+        let before = queue_threads_asleep();
+        assert!(!woke_now(&rx), "the predecessor is still in line");
+        drop(owner);
+        assert!(woke(&rx), "the predecessor left: the waiter wakes");
+        // Kept: it puts itself back among the kept threads.
+        let until = Instant::now() + Duration::from_secs(10);
+        while QUEUE_THREADS.lock().unwrap().is_empty() {
+            assert!(Instant::now() < until, "the queue thread was not kept");
+            std::thread::yield_now();
+        }
+        let (second, owner) = locked_ticket(dir.path(), "q-2");
+        let rx = flock_waiter(&second).expect("a pipe");
+        assert_eq!(
+            queue_threads_asleep(),
+            before,
+            "no new thread for the next wait"
+        );
+        assert!(!woke_now(&rx));
+        drop(owner);
+        assert!(woke(&rx));
+    }
+
+    fn woke_now(rx: &OwnedFd) -> bool {
+        let mut fds = [PollFd::new(rx.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::ZERO).unwrap() == 1
+    }
+}
