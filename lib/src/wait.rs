@@ -317,9 +317,9 @@ fn pool_put(dir: &Path, ino: Inotify) {
 type TicketWait = (std::fs::File, OwnedFd);
 
 /// Queue threads between waits, each reachable through its channel (at most
-/// [`QUEUE_THREADS_KEPT`]). A thread that ended at each wake-up did so in the middle of the
-/// predecessor's take, which wakes it: its exit (the stack given back with `madvise`, a TLB
-/// shootdown across the process's CPUs) cost that new holder ~20 µs before its job could start
+/// [`QUEUE_THREADS_KEPT`]). A thread started for each wait and ended at its wake-up cost a
+/// thread's start and end at every queued wait (contended throughput on tmpfs was 17–61 %
+/// lower), and its end fell in the middle of the predecessor's take, which wakes it
 /// (docs/performance.md, *A hand-over*).
 static QUEUE_THREADS: std::sync::Mutex<Vec<std::sync::mpsc::Sender<TicketWait>>> =
     std::sync::Mutex::new(Vec::new());
